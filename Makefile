@@ -1,0 +1,38 @@
+# vllm-uma: the two commands of the quick start, plus helpers.
+#   make serve   set up .venv, prepare the default model, serve on HOST:PORT
+#   make test    set up .venv, then run every test (unit and end-to-end)
+
+VENV  ?= .venv
+HOST  ?= 127.0.0.1
+PORT  ?= 8000
+ARGS  ?=
+PYTEST_ARGS ?=
+
+STAMP := $(VENV)/.vllm-uma-installed
+BIN   := $(VENV)/bin
+
+.PHONY: serve test test-unit install model clean
+
+$(STAMP): pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(VENV)
+	touch $@
+
+install: $(STAMP)
+
+model: $(STAMP)
+	$(BIN)/vllm-uma prepare-model
+
+serve: model
+	$(BIN)/vllm-uma serve --host $(HOST) --port $(PORT) $(ARGS)
+
+# pytest exits 5 when it collected no test: that is a broken suite, not a pass.
+test: model
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; failing." >&2; fi; \
+	exit $$rc
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

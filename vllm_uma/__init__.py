@@ -1,0 +1,26 @@
+"""vllm-uma: a vLLM hardware plugin for unified-memory machines.
+
+vLLM discovers the plugin through the ``vllm.platform_plugins`` entry point
+(see pyproject.toml) and calls :func:`register` in every process that resolves
+``vllm.platforms.current_platform``: the API server, the engine core and each
+worker. Registration must therefore be cheap, import nothing heavy and be safe
+to run many times.
+"""
+
+from __future__ import annotations
+
+import sys
+
+PLATFORM_QUALNAME = "vllm_uma.platform.UmaPlatform"
+
+
+def register() -> str | None:
+    """Return the platform class vLLM should use, or None to stay out.
+
+    The plugin drives vLLM's CPU backend, which this package only supports on
+    Linux (the memory accounting reads /proc). Elsewhere it declines, so vLLM
+    falls back to its own platform detection.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    return PLATFORM_QUALNAME

@@ -1,0 +1,58 @@
+"""The plugin's own settings, read once from vLLM's ``--additional-config``.
+
+vLLM passes ``--additional-config`` (a JSON object) to every process in the
+``VllmConfig``; it is the channel vLLM provides for platform plugins. Our keys
+live under ``"vllm_uma"`` so they cannot collide with another plugin's::
+
+    --additional-config '{"vllm_uma": {"wire_weights": false}}'
+
+(``vllm-uma serve --no-wire-weights`` writes exactly that.) The object is
+checked where it enters, in the platform's ``check_and_update_config`` in the
+API-server process, so a typo fails start-up before any weights load; the
+worker reads the same dataclass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+NAMESPACE = "vllm_uma"
+
+
+class UmaConfigError(ValueError):
+    """A bad ``vllm_uma`` setting; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class UmaConfig:
+    # Lock the weights in RAM after loading (wiring.py).
+    wire_weights: bool = True
+
+    @classmethod
+    def from_additional_config(cls, additional: Any) -> "UmaConfig":
+        if not isinstance(additional, dict):
+            return cls()
+        raw = additional.get(NAMESPACE, {})
+        if not isinstance(raw, dict):
+            raise UmaConfigError(
+                f"--additional-config {NAMESPACE!r} must be a JSON object, got "
+                f"{raw!r}. Example: '{{\"{NAMESPACE}\": {{\"wire_weights\": false}}}}'."
+            )
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise UmaConfigError(
+                f"unknown key(s) {unknown} in --additional-config "
+                f"{NAMESPACE!r}; the known keys are {sorted(known)}. Remove or "
+                f"correct them."
+            )
+        values = {}
+        for name, value in raw.items():
+            if not isinstance(value, bool):
+                raise UmaConfigError(
+                    f"--additional-config {NAMESPACE}.{name}={value!r} is "
+                    f"invalid: it must be true or false."
+                )
+            values[name] = value
+        return cls(**values)

@@ -1,0 +1,125 @@
+"""The memory budget: ``--gpu-memory-utilization`` as a ceiling over RAM.
+
+On a unified-memory machine the weights, the activations, vLLM's KV cache
+(L1) and the KV offload pool (L2) all live in one RAM. The budget is
+``gpu_memory_utilization x total RAM``; the KV cache gets what the others
+leave::
+
+    0                                                    budget      total RAM
+    |-- weights --|-- activations --|-- pool --|-- kv_cache --|.. others ..|
+
+It is a ceiling, not a reservation: nothing here checks how much RAM is free
+right now (stock vLLM CPU refuses to start unless the whole budget is free at
+start-up). The KV cache is allocated lazily (lazy_kv.py), so it becomes
+resident only as blocks are written.
+
+Start-up fails only when the budget cannot hold the weights, the activations,
+the pool and the KV cache of one request of ``max_model_len`` tokens. The
+error shows the breakdown and the smallest utilization that would work.
+
+Pure arithmetic: no torch, no vLLM, so it is tested exhaustively on numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+
+GiB = 1 << 30
+BREAKDOWN_PREFIX = "memory breakdown:"
+
+
+class MemoryBudgetError(ValueError):
+    """The budget cannot hold the model; the message carries the fix."""
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Every byte figure of the start-up line, as integers."""
+
+    total: int
+    budget: int
+    weights: int
+    activations: int
+    kv_cache: int
+    kv_offload_pool: int
+    wired: int
+    per_block_bytes: int
+    num_blocks: int
+    max_tokens_cached: int
+
+    def log_line(self) -> str:
+        """One line a script can parse: ``key=int`` pairs, then human units."""
+        pairs = " ".join(f"{k}={v}" for k, v in asdict(self).items())
+        human = ", ".join(
+            f"{k} {fmt_gib(getattr(self, k))}"
+            for k in ("total", "budget", "weights", "activations", "kv_cache",
+                      "kv_offload_pool", "wired")
+        )
+        return f"{BREAKDOWN_PREFIX} {pairs} ({human})"
+
+
+def parse_breakdown(line: str) -> dict[str, int]:
+    """Inverse of :meth:`MemoryBreakdown.log_line`, for scripts and tests."""
+    start = line.index(BREAKDOWN_PREFIX) + len(BREAKDOWN_PREFIX)
+    head = line[start:].split("(", 1)[0]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", head)}
+
+
+def fmt_gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class BudgetInputs:
+    total: int  # RAM of the machine, bytes
+    utilization: float  # --gpu-memory-utilization
+    weights: int
+    activations: int  # peak non-weight memory of the worker (runtime + workspace)
+    kv_offload_pool: int
+    min_kv_cache: int  # KV bytes of one max_model_len request
+    max_model_len: int
+
+    @property
+    def budget(self) -> int:
+        return int(self.total * self.utilization)
+
+    @property
+    def needed(self) -> int:
+        return self.weights + self.activations + self.kv_offload_pool + self.min_kv_cache
+
+
+def min_kv_cache_bytes(max_model_len: int, block_size: int, per_block_bytes: int) -> int:
+    """KV bytes for one request of ``max_model_len`` tokens, in whole blocks."""
+    return math.ceil(max_model_len / block_size) * per_block_bytes
+
+
+def kv_cache_bytes(inputs: BudgetInputs) -> int:
+    """The KV cache (L1) size the budget allows, or a MemoryBudgetError."""
+    kv = inputs.budget - inputs.weights - inputs.activations - inputs.kv_offload_pool
+    if kv >= inputs.min_kv_cache:
+        return kv
+    raise MemoryBudgetError(_shortfall_message(inputs, kv))
+
+
+def _shortfall_message(inputs: BudgetInputs, kv: int) -> str:
+    need_util = math.ceil(inputs.needed / inputs.total * 100) / 100
+    parts = [
+        f"--gpu-memory-utilization={inputs.utilization} gives a budget of "
+        f"{fmt_gib(inputs.budget)} ({inputs.utilization:.0%} of "
+        f"{fmt_gib(inputs.total)} RAM), which cannot hold weights "
+        f"{fmt_gib(inputs.weights)} + activations {fmt_gib(inputs.activations)}"
+        f" + kv_offload_pool {fmt_gib(inputs.kv_offload_pool)} + the KV cache "
+        f"of one {inputs.max_model_len}-token request "
+        f"{fmt_gib(inputs.min_kv_cache)}; {fmt_gib(max(kv, 0))} is left for "
+        f"the KV cache."
+    ]
+    fixes = []
+    if need_util <= 1.0:
+        fixes.append(f"raise --gpu-memory-utilization to at least {need_util:.2f}")
+    fixes.append("lower --max-model-len")
+    if inputs.kv_offload_pool:
+        fixes.append("shrink --kv-offloading-size")
+    parts.append(" To fix: " + ", or ".join(fixes) + ".")
+    return "".join(parts)

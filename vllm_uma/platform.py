@@ -1,0 +1,83 @@
+"""The unified-memory platform: vLLM's CPU platform with RAM as device memory.
+
+Extension point: ``vllm.platform_plugins`` resolves to :class:`UmaPlatform`,
+which subclasses ``vllm.platforms.cpu.CpuPlatform`` so that vLLM's CPU kernels,
+attention backend and worker keep doing the compute. Out-of-tree platforms win
+over vLLM's built-in ones, and ``current_platform.is_cpu()`` stays True, so
+every CPU code path in vLLM still applies.
+
+Process: the class is instantiated in each vLLM process (API server, engine
+core, workers). Nothing crosses a process boundary here: every process reads
+the same facts from the kernel.
+
+What changes from the CPU platform, and why:
+- Device memory is the machine's whole RAM (``/proc/meminfo`` via psutil).
+  vLLM CPU reads the NUMA node's meminfo instead, which on some virtual
+  machines reports a third of the RAM for the only node (see docs/serving.md).
+- One device, and no pinned memory: on one RAM there is nothing to pin for a
+  faster host-to-device copy.
+- The worker is :class:`vllm_uma.worker.UmaWorker`: the memory budget as a
+  ceiling, a lazily allocated KV cache, wired weights (worker.py).
+- ``--additional-config '{"vllm_uma": {...}}'`` is validated here, in the
+  API-server process, before any weights load (config.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import psutil
+from vllm_uma.log import get_logger
+from vllm.platforms.cpu import CpuPlatform
+
+from vllm_uma.config import UmaConfig
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = get_logger(__name__)
+
+WORKER_QUALNAME = "vllm_uma.worker.UmaWorker"
+
+
+def total_ram_bytes() -> int:
+    """The machine's RAM as the kernel reports it in /proc/meminfo."""
+    return int(psutil.virtual_memory().total)
+
+
+class UmaPlatform(CpuPlatform):
+    """vLLM's CPU platform, accounting memory as one unified RAM."""
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "cpu"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return total_ram_bytes()
+
+    @classmethod
+    def device_count(cls) -> int:
+        # Unified memory: one device, whatever the NUMA layout says.
+        return 1
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
+        # vLLM's own "Platform plugin uma is activated" line is emitted while
+        # the platform resolves, before vLLM configures logging, so it never
+        # shows. This runs in the API server once logging is set up.
+        logger.info_once(
+            "vllm-uma platform plugin activated: device memory is the "
+            "machine's RAM (%.1f GiB), 1 device, no pinned memory.",
+            total_ram_bytes() / 2**30,
+        )
+        # Checked here, in the API server, before any weights load.
+        UmaConfig.from_additional_config(vllm_config.additional_config)
+        parallel_config = vllm_config.parallel_config
+        if parallel_config.worker_cls == "auto":
+            parallel_config.worker_cls = WORKER_QUALNAME
+        super().check_and_update_config(vllm_config)

@@ -1,0 +1,137 @@
+"""``vllm-uma serve``: vLLM's OpenAI-compatible server, with our defaults.
+
+Runs in the command's own process, which becomes vLLM's API server; vLLM
+spawns the engine core and the worker from it, and those load this plugin
+through the ``vllm.platform_plugins`` entry point.
+
+What this adds on top of ``vllm serve``:
+- without MODEL, the default model is prepared (once) and served under the
+  name ``SmolLM2-135M-Instruct``;
+- eager mode unless the user chooses a compilation mode: vLLM's compiled CPU
+  path gave wrong answers on this model here (docs/serving.md says more);
+- one clear line, not a traceback, for a missing model, a directory that is
+  not a model, or a busy port (``preflight.py``); any other start-up error is
+  shortened to its message (set VLLM_LOGGING_LEVEL=DEBUG for the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from vllm_uma import default_model
+from vllm_uma.config import NAMESPACE
+from vllm_uma.preflight import PreflightError, check_model, check_port
+
+PROG = "vllm-uma serve"
+
+# Flags with which the user takes charge of compilation; with any of them we
+# leave vLLM's choice alone.
+COMPILATION_FLAGS = (
+    "--enforce-eager",
+    "--no-enforce-eager",
+    "-O",
+    "--compilation-config",
+    "-cc",
+)
+
+
+def _given(argv: list[str], *flags: str) -> bool:
+    """True if any of ``flags`` appears in ``argv`` (``--f``, ``--f=x``, ``-O3``)."""
+    for arg in argv:
+        for flag in flags:
+            if arg == flag or arg.startswith(flag + "="):
+                return True
+            # vLLM accepts -O3, -O.mode=..., -cc.mode=... glued to the flag.
+            if flag in ("-O", "-cc") and arg.startswith(flag) and arg != flag:
+                return True
+    return False
+
+
+def names_a_model(args: argparse.Namespace, argv: list[str]) -> bool:
+    """True if the command line names a model (positionally or with --model)."""
+    return args.model_tag is not None or _given(argv, "--model")
+
+
+def apply_defaults(
+    args: argparse.Namespace, argv: list[str], default_dir: str | None
+) -> None:
+    """Fill in what vllm-uma chooses when the user did not.
+
+    ``default_dir`` is the prepared default model, or None when the command
+    line names a model (the default model is then never prepared).
+    """
+    if default_dir is not None:
+        args.model_tag = default_dir
+        if not _given(argv, "--served-model-name"):
+            args.served_model_name = [default_model.DEFAULT_MODEL_NAME]
+    if args.model_tag is not None:
+        # vLLM's serve command gives the positional MODEL precedence too.
+        args.model = args.model_tag
+    if not _given(argv, *COMPILATION_FLAGS):
+        args.enforce_eager = True
+    # Our own flag travels to the workers through vLLM's --additional-config.
+    if getattr(args, "no_wire_weights", False):
+        additional = dict(args.additional_config or {})
+        additional[NAMESPACE] = {**additional.get(NAMESPACE, {}), "wire_weights": False}
+        args.additional_config = additional
+    if hasattr(args, "no_wire_weights"):
+        del args.no_wire_weights
+
+
+def build_parser():
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    root = FlexibleArgumentParser(prog="vllm-uma")
+    subparsers = root.add_subparsers(dest="subparser")
+    command = ServeSubcommand()
+    parser = command.subparser_init(subparsers)
+    parser.usage = f"{PROG} [MODEL] [options]"
+    parser.add_argument(
+        "--no-wire-weights",
+        action="store_true",
+        help="vllm-uma: do not lock the weights in RAM (mlock). Same as "
+        "--additional-config '{\"vllm_uma\": {\"wire_weights\": false}}'.",
+    )
+    return root, command
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def serve_main(argv: list[str]) -> int:
+    root, command = build_parser()
+    args = root.parse_args(["serve", *argv])
+
+    default_dir = None
+    if not names_a_model(args, argv):
+        try:
+            default_dir = str(default_model.prepare())
+        except default_model.PrepareError as exc:
+            return _fail(str(exc))
+    apply_defaults(args, argv, default_dir)
+
+    try:
+        check_model(args.model)
+        if not args.uds:
+            check_port(args.host, args.port)
+    except PreflightError as exc:
+        return _fail(str(exc))
+
+    from vllm.logger import configure_logging_from_args
+
+    configure_logging_from_args(args)
+    try:
+        command.validate(args)
+        command.cmd(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place errors reach the user
+        if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG":
+            raise
+        return _fail(f"{type(exc).__name__}: {exc}")
+    return 0

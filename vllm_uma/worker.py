@@ -1,0 +1,201 @@
+"""The worker: vLLM's CPU worker with the unified-memory model.
+
+Extension point: the platform sets ``parallel_config.worker_cls`` to
+:class:`UmaWorker`, which vLLM instantiates in the worker process. Nothing
+here crosses a process boundary except what vLLM already sends: the KV size
+returned by ``determine_available_memory`` goes to the engine core, which
+turns it into a ``KVCacheConfig`` and sends it back to
+``initialize_from_config``.
+
+Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
+- no start-up check that ``utilization x NUMA-node RAM`` is free now: the
+  budget is a ceiling over the whole RAM (memory.py);
+- the KV cache size is ``budget - weights - activations - pool``;
+- the KV buffer is allocated lazily (lazy_kv.py) unless vLLM says the layout
+  needs zeroing;
+- the weights are locked in RAM after loading (wiring.py);
+- one parseable ``memory breakdown:`` line once the KV cache exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from contextlib import AbstractContextManager
+
+import psutil
+import torch
+from vllm_uma.log import get_logger
+from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_visible_memory_node
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker
+
+from vllm_uma.config import UmaConfig
+from vllm_uma.lazy_kv import LazyZerosMode
+from vllm_uma.memory import (
+    BudgetInputs,
+    MemoryBreakdown,
+    fmt_gib,
+    kv_cache_bytes,
+    min_kv_cache_bytes,
+)
+from vllm_uma.platform import total_ram_bytes
+from vllm_uma.wiring import WiringResult, read_maps, wire_new_memory
+
+logger = get_logger(__name__)
+
+
+def _memory_node() -> int:
+    """The NUMA node vLLM's CPU worker binds to (its first allowed core's)."""
+    allowed_nodes = get_visible_memory_node()
+    node = get_allowed_cpu_list()[0].numa_node
+    return node if node in allowed_nodes else allowed_nodes[0]
+
+
+def _rss() -> int:
+    return psutil.Process(os.getpid()).memory_info().rss
+
+
+def kv_allocation_bytes(kv_cache_config: KVCacheConfig) -> int:
+    # All KVCacheTensors describe one shared backing allocation of ``size``.
+    return max((t.size for t in kv_cache_config.kv_cache_tensors), default=0)
+
+
+def kv_block_geometry(specs: dict[str, KVCacheSpec]) -> tuple[int, int]:
+    """(bytes of one block across all layers, tokens per block)."""
+    per_block = sum(spec.page_size_bytes for spec in specs.values())
+    block_size = max((spec.block_size for spec in specs.values()), default=1)
+    return per_block, block_size
+
+
+class UmaWorker(CPUWorker):
+    def __init__(
+        self,
+        vllm_config,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ):
+        # CPUWorker.__init__ binds the memory node, then refuses to start
+        # unless utilization x the NUMA node's RAM is free right now. Do the
+        # binding and skip the check: the budget is a ceiling (memory.py).
+        torch.ops._C.init_cpu_memory_env([_memory_node()])
+        Worker.__init__(
+            self,
+            vllm_config,
+            local_rank,
+            rank,
+            distributed_init_method,
+            is_driver_worker=is_driver_worker,
+        )
+        self.parallel_config.disable_custom_all_reduce = True
+        self.uma_config = UmaConfig.from_additional_config(vllm_config.additional_config)
+        self.weights_bytes = 0
+        self.wiring = WiringResult(0, None)
+        self.budget: BudgetInputs | None = None
+        self.lazy_kv = True
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        # The weights' footprint is what loading adds to the process: vLLM
+        # CPU repacks linear weights into C++-owned buffers after loading,
+        # so counting parameters would miss most of them (wiring.py).
+        maps_before = read_maps()
+        rss_before = _rss()
+        super().load_model(load_dummy_weights=load_dummy_weights)
+        self.weights_bytes = max(0, _rss() - rss_before)
+        if not self.uma_config.wire_weights:
+            logger.info("Weights not wired (wire_weights is off).")
+            return
+        self.wiring = wire_new_memory(maps_before, self.weights_bytes)
+        if self.wiring.error:
+            logger.warning("Could not wire all weights: %s", self.wiring.error)
+        else:
+            logger.info(
+                "Wired %s of weights in RAM (mlock; weights took %s).",
+                fmt_gib(self.wiring.wired_bytes),
+                fmt_gib(self.weights_bytes),
+            )
+
+    def determine_available_memory(self) -> int:
+        if self._should_warm_up_model():
+            self.model_runner.warming_up_model()
+        per_block, block_size = kv_block_geometry(self.model_runner.get_kv_cache_spec())
+        weights = self.weights_bytes
+        max_model_len = self.model_config.max_model_len
+        self.budget = BudgetInputs(
+            total=total_ram_bytes(),
+            utilization=self.cache_config.gpu_memory_utilization,
+            weights=weights,
+            activations=max(0, _rss() - weights),
+            kv_offload_pool=0,
+            min_kv_cache=min_kv_cache_bytes(max_model_len, block_size, per_block),
+            max_model_len=max_model_len,
+        )
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit is not None:
+            # vLLM's --kv-cache-memory-bytes sizes the KV cache exactly and
+            # takes precedence over the utilization, as in stock vLLM.
+            logger.info("KV cache sized by --kv-cache-memory-bytes: %s.", fmt_gib(explicit))
+            return explicit
+        kv = kv_cache_bytes(self.budget)
+        self._warn_if_budget_exceeds_free_ram(kv)
+        return kv
+
+    def _warn_if_budget_exceeds_free_ram(self, kv: int) -> None:
+        available = psutil.virtual_memory().available
+        if kv > available:
+            logger.warning(
+                "The KV cache may grow to %s but only %s of RAM is free now. "
+                "It is allocated lazily, so this costs nothing until it "
+                "fills; if other processes keep their memory, lower "
+                "--gpu-memory-utilization to avoid running out of RAM.",
+                fmt_gib(kv),
+                fmt_gib(available),
+            )
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        self.lazy_kv = not kv_cache_config.needs_kv_cache_zeroing
+        rss_before = _rss()
+        super().initialize_from_config(kv_cache_config)
+        kv_bytes = kv_allocation_bytes(kv_cache_config)
+        logger.info(
+            "KV cache allocated %s: %s reserved, %s resident after allocation.",
+            "lazily" if self.lazy_kv else "zeroed (the layout needs zeroing)",
+            fmt_gib(kv_bytes),
+            fmt_gib(max(0, _rss() - rss_before)),
+        )
+        logger.info("%s", self.breakdown(kv_cache_config).log_line())
+
+    def breakdown(self, kv_cache_config: KVCacheConfig) -> MemoryBreakdown:
+        budget = self.budget
+        kv_bytes = kv_allocation_bytes(kv_cache_config)
+        num_blocks = kv_cache_config.num_blocks
+        groups = kv_cache_config.kv_cache_groups
+        block_size = groups[0].kv_cache_spec.block_size if groups else 0
+        return MemoryBreakdown(
+            total=budget.total if budget else total_ram_bytes(),
+            budget=budget.budget if budget else 0,
+            weights=self.weights_bytes,
+            activations=budget.activations if budget else 0,
+            kv_cache=kv_bytes,
+            kv_offload_pool=budget.kv_offload_pool if budget else 0,
+            wired=self.wiring.wired_bytes,
+            per_block_bytes=kv_bytes // num_blocks if num_blocks else 0,
+            num_blocks=num_blocks,
+            max_tokens_cached=num_blocks * block_size,
+        )
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
+        base = super()._maybe_get_memory_pool_context(tag)
+        if tag != "kv_cache" or not self.lazy_kv:
+            return base
+        return _lazily(base)
+
+
+@contextlib.contextmanager
+def _lazily(base: AbstractContextManager):
+    # Entered only around vLLM's allocate_kv_cache call, not when created.
+    with base, LazyZerosMode():
+        yield
