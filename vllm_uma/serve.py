@@ -49,9 +49,17 @@ def _given(argv: list[str], *flags: str) -> bool:
     return False
 
 
-def names_a_model(args: argparse.Namespace, argv: list[str]) -> bool:
-    """True if the command line names a model (positionally or with --model)."""
-    return args.model_tag is not None or _given(argv, "--model")
+def names_a_model(argv: list[str], parse) -> bool:
+    """True if the command line names a model (positionally or with --model).
+
+    ``parse`` is vLLM's serve parser. vLLM refuses --served-model-name unless
+    the model comes first, so that case is settled before parsing.
+    """
+    if _given(argv, "--model"):
+        return True
+    if (not argv or argv[0].startswith("-")) and _given(argv, "--served-model-name"):
+        return False
+    return parse(argv).model_tag is not None
 
 
 def apply_defaults(
@@ -59,13 +67,11 @@ def apply_defaults(
 ) -> None:
     """Fill in what vllm-uma chooses when the user did not.
 
-    ``default_dir`` is the prepared default model, or None when the command
-    line names a model (the default model is then never prepared).
+    ``default_dir`` is the default model when the command line named none
+    (``args`` was then parsed with it as MODEL), else None.
     """
-    if default_dir is not None:
-        args.model_tag = default_dir
-        if not _given(argv, "--served-model-name"):
-            args.served_model_name = [default_model.DEFAULT_MODEL_NAME]
+    if default_dir is not None and not _given(argv, "--served-model-name"):
+        args.served_model_name = [default_model.DEFAULT_MODEL_NAME]
     if args.model_tag is not None:
         # vLLM's serve command gives the positional MODEL precedence too.
         args.model = args.model_tag
@@ -78,6 +84,25 @@ def apply_defaults(
         args.additional_config = additional
     if hasattr(args, "no_wire_weights"):
         del args.no_wire_weights
+
+
+def parse_serve_args(
+    argv: list[str], prepare_default=default_model.prepare
+) -> argparse.Namespace:
+    """vLLM's serve parser, the default model when none is named, our defaults."""
+    root = build_parser()
+
+    def parse(line: list[str]) -> argparse.Namespace:
+        return root.parse_args(["serve", *line])
+
+    default_dir = None
+    if not names_a_model(argv, parse):
+        # Parsed as if the user had typed the directory, so vLLM treats the
+        # default model exactly like a named one.
+        default_dir = str(prepare_default())
+    args = parse(argv if default_dir is None else [default_dir, *argv])
+    apply_defaults(args, argv, default_dir)
+    return args
 
 
 def build_parser():
@@ -95,7 +120,7 @@ def build_parser():
         help="vllm-uma: do not lock the weights in RAM (mlock). Same as "
         "--additional-config '{\"vllm_uma\": {\"wire_weights\": false}}'.",
     )
-    return root, command
+    return root
 
 
 def _fail(message: str) -> int:
@@ -104,17 +129,10 @@ def _fail(message: str) -> int:
 
 
 def serve_main(argv: list[str]) -> int:
-    root, command = build_parser()
-    args = root.parse_args(["serve", *argv])
-
-    default_dir = None
-    if not names_a_model(args, argv):
-        try:
-            default_dir = str(default_model.prepare())
-        except default_model.PrepareError as exc:
-            return _fail(str(exc))
-    apply_defaults(args, argv, default_dir)
-
+    try:
+        args = parse_serve_args(argv)
+    except default_model.PrepareError as exc:
+        return _fail(str(exc))
     try:
         check_model(args.model)
         if not args.uds:
@@ -122,8 +140,10 @@ def serve_main(argv: list[str]) -> int:
     except PreflightError as exc:
         return _fail(str(exc))
 
+    from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.logger import configure_logging_from_args
 
+    command = ServeSubcommand()
     configure_logging_from_args(args)
     try:
         command.validate(args)

@@ -1,0 +1,94 @@
+"""Start and stop a real `vllm-uma serve` for end-to-end tests.
+
+The server runs in its own session so that stopping it also stops vLLM's
+engine-core and worker processes. Its log goes to a file the test can read.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+READY_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, exe: str, args: list[str], log_path: Path, env: dict | None = None):
+        self.port = free_port()
+        self.log_path = log_path
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [exe, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> "Server":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
+
+    def worker(self) -> psutil.Process:
+        """vLLM's worker process (it holds the weights and the KV cache)."""
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            if "Worker" in child.name() or any("Worker" in a for a in child.cmdline()[:1]):
+                return child
+        raise LookupError("no VLLM::Worker process under the server")
+
+    def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
+        response = requests.post(f"{self.url}{path}", json=payload, timeout=timeout)
+        response.raise_for_status()
+        return response.json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        # Children that outlived the parent (the group is the session).
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+
+
+def proc_status(pid: int, key: str) -> int:
+    """A kB field of /proc/PID/status, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)

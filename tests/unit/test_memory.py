@@ -1,0 +1,96 @@
+"""Budget arithmetic and the breakdown line (vllm_uma/memory.py)."""
+
+import pytest
+
+from vllm_uma.memory import (
+    GiB,
+    BudgetInputs,
+    MemoryBreakdown,
+    MemoryBudgetError,
+    kv_cache_bytes,
+    min_kv_cache_bytes,
+    parse_breakdown,
+)
+
+PER_TOKEN = 23_040  # SmolLM2-135M in bf16: 2 x 30 layers x 3 heads x 64 x 2 B
+
+
+def inputs(**overrides) -> BudgetInputs:
+    base = dict(
+        total=24 * GiB,
+        utilization=0.5,
+        weights=1 * GiB,
+        activations=1 * GiB,
+        kv_offload_pool=0,
+        min_kv_cache=min_kv_cache_bytes(8192, 128, 128 * PER_TOKEN),
+        max_model_len=8192,
+    )
+    base.update(overrides)
+    return BudgetInputs(**base)
+
+
+def test_kv_cache_gets_what_the_budget_leaves():
+    assert kv_cache_bytes(inputs()) == 12 * GiB - 2 * GiB
+
+
+def test_pool_is_carved_out_of_the_budget_not_added():
+    without = kv_cache_bytes(inputs())
+    with_pool = kv_cache_bytes(inputs(kv_offload_pool=3 * GiB))
+    assert without - with_pool == 3 * GiB
+
+
+def test_min_kv_cache_rounds_up_to_whole_blocks():
+    assert min_kv_cache_bytes(100, 16, 1000) == 7 * 1000
+    assert min_kv_cache_bytes(128, 16, 1000) == 8 * 1000
+
+
+def test_exactly_one_request_fits():
+    need = inputs().min_kv_cache
+    tight = inputs(total=2 * (2 * GiB + need), utilization=0.5)
+    assert kv_cache_bytes(tight) == need
+
+
+def test_refusal_names_the_figures_and_the_fix():
+    too_small = inputs(utilization=0.05)  # 1.2 GiB cannot hold 2 GiB of weights+act
+    with pytest.raises(MemoryBudgetError) as err:
+        kv_cache_bytes(too_small)
+    msg = str(err.value)
+    assert "--gpu-memory-utilization=0.05" in msg
+    assert "weights 1.00 GiB" in msg and "activations 1.00 GiB" in msg
+    assert "8192-token request" in msg
+    # 2 GiB + 0.18 GiB of one request over 24 GiB -> at least 0.10
+    assert "raise --gpu-memory-utilization to at least 0.10" in msg
+    assert "lower --max-model-len" in msg
+    assert "--kv-offloading-size" not in msg  # no pool, so not suggested
+
+
+def test_refusal_with_a_pool_suggests_shrinking_it():
+    with pytest.raises(MemoryBudgetError) as err:
+        kv_cache_bytes(inputs(kv_offload_pool=11 * GiB))
+    assert "shrink --kv-offloading-size" in str(err.value)
+
+
+def test_refusal_when_even_all_ram_is_not_enough_omits_impossible_fix():
+    with pytest.raises(MemoryBudgetError) as err:
+        kv_cache_bytes(inputs(weights=30 * GiB, utilization=0.9))
+    assert "raise --gpu-memory-utilization" not in str(err.value)
+    assert "lower --max-model-len" in str(err.value)
+
+
+def test_breakdown_line_round_trips():
+    b = MemoryBreakdown(
+        total=25_276_059_648,
+        budget=12_638_029_824,
+        weights=503_078_912,
+        activations=650_354_688,
+        kv_cache=11_000_000_000,
+        kv_offload_pool=0,
+        wired=503_734_272,
+        per_block_bytes=2_949_120,
+        num_blocks=3729,
+        max_tokens_cached=477_312,
+    )
+    line = "(Worker pid=1) INFO 11-29 13:13:51 [worker.py:169] " + b.log_line()
+    assert parse_breakdown(line) == b.__dict__
+    assert "memory breakdown: total=25276059648 budget=" in line
+    assert line.endswith("wired 0.47 GiB)")

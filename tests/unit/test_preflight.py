@@ -1,0 +1,85 @@
+"""One-line errors before vLLM starts (vllm_uma/preflight.py)."""
+
+import socket
+
+import pytest
+
+from vllm_uma.preflight import PreflightError, check_model, check_port, looks_like_local_path
+
+
+@pytest.mark.parametrize(
+    "model, is_path",
+    [
+        ("/abs/dir", True),
+        ("./rel", True),
+        ("../up", True),
+        ("~/models/x", True),
+        ("a/b/c", True),
+        ("dir/", True),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", False),
+        ("gpt2", False),
+    ],
+)
+def test_what_counts_as_a_local_path(model, is_path):
+    assert looks_like_local_path(model) is is_path
+
+
+def test_missing_directory(tmp_path):
+    missing = str(tmp_path / "nope")
+    with pytest.raises(PreflightError) as err:
+        check_model(missing)
+    assert str(err.value) == (
+        f"model directory {missing!r} does not exist. Check the path, or leave "
+        "MODEL out to serve the default model."
+    )
+
+
+def test_directory_without_config_is_not_a_model(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(PreflightError, match="is not a model: it has no config.json"):
+        check_model(str(tmp_path))
+
+
+def test_plain_file_is_not_a_model_directory(tmp_path):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"\0")
+    with pytest.raises(PreflightError, match="is a file, not a model directory"):
+        check_model(str(f))
+
+
+def test_model_directory_and_hub_ids_pass(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    check_model(str(tmp_path))
+    check_model("HuggingFaceTB/SmolLM2-135M-Instruct")  # left to vLLM
+
+
+def test_busy_port_names_the_port_and_the_fix():
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(PreflightError) as err:
+            check_port("127.0.0.1", port)
+        msg = str(err.value)
+        assert msg.startswith(f"127.0.0.1:{port} is already in use")
+        assert "choose another port with --port" in msg
+        assert "\n" not in msg
+    finally:
+        holder.close()
+
+
+def test_free_port_passes_and_is_left_free():
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    check_port("127.0.0.1", port)
+    again = socket.socket()
+    again.bind(("127.0.0.1", port))  # the check did not keep it
+    again.close()
+
+
+def test_host_that_is_not_ours():
+    with pytest.raises(PreflightError, match="is not an address of this machine"):
+        check_port("192.0.2.1", 8000)  # TEST-NET-1: never local

