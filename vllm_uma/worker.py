@@ -36,6 +36,7 @@ from vllm_uma.lazy_kv import LazyZerosMode
 from vllm_uma.memory import (
     BudgetInputs,
     MemoryBreakdown,
+    MemoryBudgetError,
     fmt_gib,
     kv_cache_bytes,
     min_kv_cache_bytes,
@@ -139,7 +140,12 @@ class UmaWorker(CPUWorker):
             # takes precedence over the utilization, as in stock vLLM.
             logger.info("KV cache sized by --kv-cache-memory-bytes: %s.", fmt_gib(explicit))
             return explicit
-        kv = kv_cache_bytes(self.budget)
+        try:
+            kv = kv_cache_bytes(self.budget)
+        except MemoryBudgetError as exc:
+            # Logged as one line: the traceback vLLM prints next is long.
+            logger.error("Memory budget too small: %s", exc)
+            raise
         self._warn_if_budget_exceeds_free_ram(kv)
         return kv
 

@@ -2,14 +2,13 @@
 
     .venv/bin/python tools/benchmark/memory_benchmark.py [--startup-under-pressure 6]
 
-For each server (the plugin first, then stock vLLM CPU with VLLM_PLUGINS=""):
-start it on a free loopback port at --gpu-memory-utilization, wait for
-/health, read the worker's RSS at ready, then again after each cumulative
-amount of prompt tokens served (distinct prompts, max_tokens=1). The KV cache
-size comes from the plugin's ``memory breakdown:`` line and from stock's
-"GiB for KV cache" line. The issue's target: the plugin's worker RSS at ready
-is at most weights + activations + 5% of its KV cache (the KV buffer is lazy),
-where stock's RSS at ready already holds its whole KV cache (torch.zeros).
+Each server (the plugin, then stock vLLM CPU with VLLM_PLUGINS="") starts on
+a free loopback port; the worker's RSS is read at ready and after each
+cumulative amount of prompt tokens served (distinct prompts, max_tokens=1).
+KV cache size: the plugin's ``memory breakdown:`` line, stock's "GiB for KV
+cache" line. Target: the plugin's worker RSS at ready <= weights +
+activations + 5% of its KV cache (the KV buffer is lazy); stock's RSS at
+ready already holds its whole KV cache (torch.zeros).
 
 --startup-under-pressure GIB holds GIB of touched RAM in a helper process and
 tries to start each server at utilization 0.9: stock checks that the whole
@@ -75,13 +74,10 @@ def server_command(kind: str, port: int, util: float) -> tuple[list[str], dict]:
 
 def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
     """SIGTERM the process group, SIGKILL it if it outlives ``grace``."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-        try:
             proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
     # vLLM's children may linger after the leader exits: kill what is left.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -166,12 +162,10 @@ def measure(kind: str, args, out_dir: Path) -> dict:
     result: dict = {"server": kind, "command": cmd, "log": str(log_path), "rows": []}
     say(f"starting {kind} on port {port} (log {log_path})")
     with started(cmd, env, log_path) as proc:
-        t0 = time.monotonic()
         if not wait_ready(proc, port, args.ready_timeout):
             result["refused"] = refusal_line(log_path.read_text())
             say(f"{kind} exited before ready: {result['refused']}")
             return result
-        result["startup_s"] = round(time.monotonic() - t0, 1)
         result["kv_cache"], result["breakdown"] = kv_cache_bytes(kind, log_path.read_text())
         sent = tokens = 0
         for target in sorted(args.tokens):
@@ -181,7 +175,8 @@ def measure(kind: str, args, out_dir: Path) -> dict:
                 tokens += send_prompts(port, sent, need, args.prompt_tokens, args.concurrency)
                 sent += need
             rss = worker_rss(proc)
-            result["rows"].append({"target_tokens": target, "tokens_served": tokens, "worker_rss": rss})
+            result["rows"].append({"target_tokens": target, "tokens_served": tokens,
+                                   "worker_rss": rss})
             say(f"{kind}: {tokens} tokens served, worker RSS {gib(rss)} GiB")
     return result
 
@@ -190,7 +185,8 @@ def refusal_line(log_text: str) -> str:
     m = REFUSAL_RE.search(log_text)
     if m:
         return m.group(0).strip()
-    errors = [line for line in log_text.splitlines() if "Error" in line]
+    # vllm-uma prints "vllm-uma serve: error: ..."; vLLM a "...Error: ..." traceback.
+    errors = [line for line in log_text.splitlines() if "error" in line.lower()]
     return errors[-1].strip() if errors else "exited before ready (see log)"
 
 
@@ -224,13 +220,18 @@ def startup_under_pressure(args, out_dir: Path) -> dict:
             log_path = out_dir / f"{kind}-pressure.log"
             say(f"pressure: starting {kind} at utilization {util} (log {log_path})")
             with started(cmd, env, log_path) as proc:
-                ok = wait_ready(proc, port, args.ready_timeout)
+                try:
+                    ok = wait_ready(proc, port, args.ready_timeout)
+                except TimeoutError as exc:  # a hang is a result here, not a crash
+                    ok, reason = False, str(exc)
                 entry = {"started": ok, "log": str(log_path)}
                 if ok:
                     entry["worker_rss"] = worker_rss(proc)
                     entry["kv_cache"] = kv_cache_bytes(kind, log_path.read_text())[0]
-                else:
+                elif proc.poll() is not None:
                     entry["refusal"] = refusal_line(log_path.read_text())
+                else:
+                    entry["refusal"] = reason
             result[kind] = entry
             say(f"pressure: {kind} {'started' if ok else 'refused: ' + entry['refusal']}")
     return result

@@ -1,0 +1,69 @@
+"""Start-up failures through the real command: one clear line, no traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from tests.e2e.server import Server
+
+pytestmark = pytest.mark.slow
+
+
+def run_serve(exe: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [exe, "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("vllm-uma serve: error: "), last
+    for fragment in fragments:
+        assert fragment in last, last
+
+
+def test_missing_model_directory(vllm_uma_exe, tmp_path):
+    missing = tmp_path / "no-such-model"
+    result = run_serve(vllm_uma_exe, str(missing))
+    assert_one_line_error(result, f"'{missing}' does not exist", "leave MODEL out")
+
+
+def test_directory_that_is_not_a_model(vllm_uma_exe, tmp_path):
+    (tmp_path / "notes.txt").write_text("not weights")
+    result = run_serve(vllm_uma_exe, str(tmp_path))
+    assert_one_line_error(result, "is not a model: it has no config.json")
+
+
+def test_busy_port(vllm_uma_exe, default_model_dir):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_serve(vllm_uma_exe, "--host", "127.0.0.1", "--port", str(port))
+    assert_one_line_error(result, f"127.0.0.1:{port} is already in use", "--port")
+
+
+def test_budget_too_small_shows_breakdown_and_fix(vllm_uma_exe, default_model_dir, tmp_path):
+    # 1% of the RAM cannot hold the weights, the runtime and one request.
+    srv = Server(vllm_uma_exe, ["--gpu-memory-utilization", "0.01"], tmp_path / "server.log")
+    try:
+        assert srv.proc.wait(timeout=240) == 2
+    finally:
+        srv.stop()
+    log = srv.log()
+    line = next(l for l in log.splitlines() if "Memory budget too small" in l)
+    assert "--gpu-memory-utilization=0.01 gives a budget of" in line
+    assert "weights" in line and "activations" in line and "8192-token request" in line
+    assert "raise --gpu-memory-utilization to at least" in line
+    # Python's resource tracker may warn after our line, at interpreter exit.
+    tail = log.strip().splitlines()[-5:]
+    assert any(l.startswith("vllm-uma serve: error: ") for l in tail), tail

