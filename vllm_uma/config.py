@@ -37,7 +37,7 @@ class UmaConfig:
         if not isinstance(raw, dict):
             raise UmaConfigError(
                 f"--additional-config {NAMESPACE!r} must be a JSON object, got "
-                f"{raw!r}. Example: '{{\"{NAMESPACE}\": {{\"wire_weights\": false}}}}'."
+                f'{raw!r}. Example: \'{{"{NAMESPACE}": {{"wire_weights": false}}}}\'.'
             )
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(raw) - set(known))

@@ -253,9 +253,7 @@ def prepare(
         _remove_stale_partials(models_root)
         started = time.monotonic()
         partial = Path(
-            tempfile.mkdtemp(
-                prefix=f".{DEFAULT_MODEL_NAME}{PARTIAL_MARK}", dir=models_root
-            )
+            tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}{PARTIAL_MARK}", dir=models_root)
         )
         try:
             progress(f"[1/3] building {DEFAULT_MODEL_NAME} from {source}")

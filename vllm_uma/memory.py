@@ -54,8 +54,15 @@ class MemoryBreakdown:
         pairs = " ".join(f"{k}={v}" for k, v in asdict(self).items())
         human = ", ".join(
             f"{k} {fmt_gib(getattr(self, k))}"
-            for k in ("total", "budget", "weights", "activations", "kv_cache",
-                      "kv_offload_pool", "wired")
+            for k in (
+                "total",
+                "budget",
+                "weights",
+                "activations",
+                "kv_cache",
+                "kv_offload_pool",
+                "wired",
+            )
         )
         return f"{BREAKDOWN_PREFIX} {pairs} ({human})"
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import psutil
-from vllm_uma.log import get_logger
 from vllm.platforms.cpu import CpuPlatform
 
 from vllm_uma.config import UmaConfig
+from vllm_uma.log import get_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

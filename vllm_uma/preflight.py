@@ -104,4 +104,3 @@ def check_port(host: str | None, port: int) -> None:
         raise PreflightError(f"cannot listen on {where}: {exc.strerror}.") from None
     finally:
         sock.close()
-

@@ -62,9 +62,7 @@ def names_a_model(argv: list[str], parse) -> bool:
     return parse(argv).model_tag is not None
 
 
-def apply_defaults(
-    args: argparse.Namespace, argv: list[str], default_dir: str | None
-) -> None:
+def apply_defaults(args: argparse.Namespace, argv: list[str], default_dir: str | None) -> None:
     """Fill in what vllm-uma chooses when the user did not.
 
     ``default_dir`` is the default model when the command line named none
@@ -86,9 +84,7 @@ def apply_defaults(
         del args.no_wire_weights
 
 
-def parse_serve_args(
-    argv: list[str], prepare_default=default_model.prepare
-) -> argparse.Namespace:
+def parse_serve_args(argv: list[str], prepare_default=default_model.prepare) -> argparse.Namespace:
     """vLLM's serve parser, the default model when none is named, our defaults."""
     root = build_parser()
 
@@ -118,7 +114,7 @@ def build_parser():
         "--no-wire-weights",
         action="store_true",
         help="vllm-uma: do not lock the weights in RAM (mlock). Same as "
-        "--additional-config '{\"vllm_uma\": {\"wire_weights\": false}}'.",
+        '--additional-config \'{"vllm_uma": {"wire_weights": false}}\'.',
     )
     return root
 

@@ -58,10 +58,15 @@ def writable_ranges(maps_text: str) -> list[Range]:
             continue
         span, perms = fields[0], fields[1]
         path = fields[5] if len(fields) == 6 else ""
-        if not perms.startswith("rw") or path.startswith("[stack") or path in (
-            "[vvar]",
-            "[vdso]",
-            "[vsyscall]",
+        if (
+            not perms.startswith("rw")
+            or path.startswith("[stack")
+            or path
+            in (
+                "[vvar]",
+                "[vdso]",
+                "[vsyscall]",
+            )
         ):
             continue
         start, end = (int(x, 16) for x in span.split("-"))

@@ -25,7 +25,6 @@ from contextlib import AbstractContextManager
 
 import psutil
 import torch
-from vllm_uma.log import get_logger
 from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_visible_memory_node
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.worker.cpu_worker import CPUWorker
@@ -33,6 +32,7 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_uma.config import UmaConfig
 from vllm_uma.lazy_kv import LazyZerosMode
+from vllm_uma.log import get_logger
 from vllm_uma.memory import (
     BudgetInputs,
     MemoryBreakdown,

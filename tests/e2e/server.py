@@ -48,7 +48,9 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
+                )
             try:
                 if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self

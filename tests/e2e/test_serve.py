@@ -56,7 +56,9 @@ def server(vllm_uma_exe, default_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server_fp32(vllm_uma_exe, default_model_dir, tmp_path_factory):
     srv = start_server(
-        vllm_uma_exe, tmp_path_factory, "fp32",
+        vllm_uma_exe,
+        tmp_path_factory,
+        "fp32",
         ["--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"],
     )
     try:
@@ -87,11 +89,11 @@ class Reference:
                 output_logits=True,
                 return_dict_in_generate=True,
             )
-        expected = out.sequences[0][len(prompt_ids):].tolist()
+        expected = out.sequences[0][len(prompt_ids) :].tolist()
         if tolerance == 0:
             assert served == expected
             return
-        for i, (want, got) in enumerate(zip(expected, served)):
+        for i, (want, got) in enumerate(zip(expected, served, strict=False)):
             if want != got:
                 logits = out.logits[i][0].float()
                 gap = (logits[want] - logits[got]).item()
@@ -194,7 +196,7 @@ def test_completion_greedy_matches_transformers_bf16(server, reference, prompt):
 
 
 def breakdown_of(server) -> dict[str, int]:
-    lines = [l for l in server.log().splitlines() if "memory breakdown:" in l]
+    lines = [line for line in server.log().splitlines() if "memory breakdown:" in line]
     assert len(lines) == 1, "exactly one breakdown line at start-up"
     return parse_breakdown(lines[0])
 
@@ -208,7 +210,8 @@ def test_breakdown_is_consistent(server):
     assert 0 <= leftover < b["per_block_bytes"]
     assert b["num_blocks"] * b["per_block_bytes"] == b["kv_cache"]
     # SmolLM2-135M in bf16: 23,040 bytes of KV per token.
-    assert b["per_block_bytes"] * b["max_tokens_cached"] == b["kv_cache"] * (b["per_block_bytes"] // 23_040)
+    tokens_per_block = b["per_block_bytes"] // 23_040
+    assert b["max_tokens_cached"] == b["num_blocks"] * tokens_per_block
 
 
 def test_worker_rss_at_ready_is_not_the_kv_cache(server):

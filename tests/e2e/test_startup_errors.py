@@ -60,10 +60,10 @@ def test_budget_too_small_shows_breakdown_and_fix(vllm_uma_exe, default_model_di
     finally:
         srv.stop()
     log = srv.log()
-    line = next(l for l in log.splitlines() if "Memory budget too small" in l)
+    line = next(x for x in log.splitlines() if "Memory budget too small" in x)
     assert "--gpu-memory-utilization=0.01 gives a budget of" in line
     assert "weights" in line and "activations" in line and "8192-token request" in line
     assert "raise --gpu-memory-utilization to at least" in line
     # Python's resource tracker may warn after our line, at interpreter exit.
     tail = log.strip().splitlines()[-5:]
-    assert any(l.startswith("vllm-uma serve: error: ") for l in tail), tail
+    assert any(x.startswith("vllm-uma serve: error: ") for x in tail), tail

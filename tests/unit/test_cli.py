@@ -1,7 +1,5 @@
 """The `vllm-uma` command's dispatch (vllm_uma/cli.py)."""
 
-import pytest
-
 from vllm_uma import cli
 
 

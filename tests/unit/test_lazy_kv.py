@@ -29,8 +29,12 @@ MiB = 1 << 20
 L = KVCacheLayout
 
 
-def _config(specs: dict[str, FullAttentionSpec], groups: list[list[str]],
-            layout: KVCacheLayout, available: int = 4 * MiB) -> KVCacheConfig:
+def _config(
+    specs: dict[str, FullAttentionSpec],
+    groups: list[list[str]],
+    layout: KVCacheLayout,
+    available: int = 4 * MiB,
+) -> KVCacheConfig:
     # Only what get_kv_cache_config_from_groups reads on the non-HiSparse path.
     vllm_config = SimpleNamespace(
         attention_config=SimpleNamespace(hisparse_config=None),
@@ -45,8 +49,9 @@ def _config(specs: dict[str, FullAttentionSpec], groups: list[list[str]],
 
 
 def _spec(block_size: int, num_kv_heads: int, head_size: int, dtype) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads,
-                             head_size=head_size, dtype=dtype)
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype
+    )
 
 
 def _allocate(config, layout, lazy: bool, kernel_block_sizes=None):
@@ -58,8 +63,14 @@ def _allocate(config, layout, lazy: bool, kernel_block_sizes=None):
 
 def _geometry(t: torch.Tensor) -> tuple:
     storage = t.untyped_storage()
-    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype,
-            t.data_ptr() - storage.data_ptr(), storage.nbytes())
+    return (
+        tuple(t.shape),
+        t.stride(),
+        t.storage_offset(),
+        t.dtype,
+        t.data_ptr() - storage.data_ptr(),
+        storage.nbytes(),
+    )
 
 
 def _byte_masks(caches: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -76,8 +87,9 @@ def _byte_masks(caches: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _aliases(masks: dict[str, torch.Tensor]) -> set[tuple[str, str]]:
     names = sorted(masks)
-    return {(a, b) for i, a in enumerate(names) for b in names[i + 1:]
-            if (masks[a] & masks[b]).any()}
+    return {
+        (a, b) for i, a in enumerate(names) for b in names[i + 1 :] if (masks[a] & masks[b]).any()
+    }
 
 
 def _assert_same_views(config, layout, kernel_block_sizes=None) -> set[tuple[str, str]]:
@@ -128,14 +140,20 @@ def test_lazy_views_match_zeroed_with_kernel_block_split():
 # be reread under the other dtype: that is why vLLM asks for zeroing. With fp32
 # head 32 the pages are equal; with head 64 they differ, which only the
 # block-outermost, block-compact layouts (BL..) can express.
-@pytest.mark.parametrize("layout,fp32_head,expected", [
-    (L.LBHNC, 32, {("l0", "l2"), ("l1", "l3")}),
-    (L.BLHNC, 32, {("l0", "l2"), ("l1", "l3")}),
-    (L.BLHNC, 64, {("l0", "l2"), ("l1", "l2")}),
-], ids=["LBHNC-same-page", "BLHNC-same-page", "BLHNC-mixed-page"])
+@pytest.mark.parametrize(
+    "layout,fp32_head,expected",
+    [
+        (L.LBHNC, 32, {("l0", "l2"), ("l1", "l3")}),
+        (L.BLHNC, 32, {("l0", "l2"), ("l1", "l3")}),
+        (L.BLHNC, 64, {("l0", "l2"), ("l1", "l2")}),
+    ],
+    ids=["LBHNC-same-page", "BLHNC-same-page", "BLHNC-mixed-page"],
+)
 def test_mixed_precision_needs_zeroing_and_keeps_aliasing(layout, fp32_head, expected):
-    specs = {**dict.fromkeys(["l0", "l1"], _spec(16, 2, 64, torch.bfloat16)),
-             **dict.fromkeys(["l2", "l3"], _spec(16, 2, fp32_head, torch.float32))}
+    specs = {
+        **dict.fromkeys(["l0", "l1"], _spec(16, 2, 64, torch.bfloat16)),
+        **dict.fromkeys(["l2", "l3"], _spec(16, 2, fp32_head, torch.float32)),
+    }
     config = _config(specs, [["l0", "l1"], ["l2", "l3"]], layout)
     assert config.needs_kv_cache_zeroing
     assert _assert_same_views(config, layout) == expected
@@ -153,12 +171,17 @@ def test_worker_zeroes_only_when_vllm_asks(monkeypatch):
     monkeypatch.setattr(Worker, "_maybe_get_memory_pool_context", lambda self, tag: base)
     worker = object.__new__(UmaWorker)
     worker.budget, worker.weights_bytes, worker.wiring = None, 0, WiringResult(0, None)
-    worker.initialize_from_config(_config(
-        {"a": _spec(16, 2, 64, torch.bfloat16), "b": _spec(16, 2, 32, torch.float32)},
-        [["a"], ["b"]], L.LBHNC))
+    worker.initialize_from_config(
+        _config(
+            {"a": _spec(16, 2, 64, torch.bfloat16), "b": _spec(16, 2, 32, torch.float32)},
+            [["a"], ["b"]],
+            L.LBHNC,
+        )
+    )
     assert worker._maybe_get_memory_pool_context("kv_cache") is base
     worker.initialize_from_config(
-        _config({"a": _spec(16, 2, 32, torch.bfloat16)}, [["a"]], L.LBHNC))
+        _config({"a": _spec(16, 2, 32, torch.bfloat16)}, [["a"]], L.LBHNC)
+    )
     with worker._maybe_get_memory_pool_context("kv_cache"):
         stack = torch.overrides._get_current_function_mode_stack()
         assert any(isinstance(m, LazyZerosMode) for m in stack)

@@ -3,8 +3,8 @@
 import pytest
 
 from vllm_uma.memory import (
-    GiB,
     BudgetInputs,
+    GiB,
     MemoryBreakdown,
     MemoryBudgetError,
     kv_cache_bytes,

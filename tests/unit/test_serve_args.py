@@ -33,9 +33,7 @@ def test_no_model_serves_the_default_under_its_name():
     assert prepare.calls == 1
 
 
-@pytest.mark.parametrize(
-    "argv", [["/m"], ["--port", "1", "/m"], ["--model", "/m"], ["--model=/m"]]
-)
+@pytest.mark.parametrize("argv", [["/m"], ["--port", "1", "/m"], ["--model", "/m"], ["--model=/m"]])
 def test_a_named_model_never_prepares_the_default(argv):
     prepare = FakePrepare()
     args = parse(argv, prepare)
