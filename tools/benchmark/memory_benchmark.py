@@ -11,11 +11,9 @@ activations + 5% of its KV cache (the KV buffer is lazy); stock's RSS at
 ready already holds its whole KV cache (torch.zeros).
 
 --startup-under-pressure GIB holds GIB of touched RAM in a helper process and
-tries to start each server at utilization 0.9: stock checks that the whole
-budget is free now and refuses; the plugin treats the budget as a ceiling.
-
-Every process started here runs in its own process group and is stopped
-(SIGTERM, then SIGKILL) on the way out, including on Ctrl-C or an error.
+tries to start each server at utilization 0.9 (stock wants the whole budget
+free now; the plugin treats it as a ceiling). Every process started here has
+its own process group, stopped (SIGTERM, then SIGKILL) even on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+
 from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
 
 GiB = 1 << 30
@@ -61,15 +60,30 @@ def free_port() -> int:
 
 
 def server_command(kind: str, port: int, util: float) -> tuple[list[str], dict]:
-    common = ["--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-              "--gpu-memory-utilization", str(util)]
+    common = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        str(util),
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     if kind == "plugin":
         return [str(VENV_BIN / "vllm-uma"), "serve", *common], env
     # VLLM_PLUGINS="" keeps vLLM from loading any out-of-tree plugin: stock CPU.
     env["VLLM_PLUGINS"] = ""
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-            str(MODEL_DIR), "--served-model-name", MODEL_NAME, *common], env
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        MODEL_NAME,
+        *common,
+    ], env
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
@@ -85,17 +99,21 @@ def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def started(cmd: list[str], env: dict | None, log_path: Path | None):
+def started(cmd: list[str], env: dict, log_path: Path):
     """Run ``cmd`` in a new process group; always stop the whole group."""
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        stop_group(proc)
-        if log_path:
-            log.close()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            yield proc
+        finally:
+            stop_group(proc)
 
 
 def wait_ready(proc: subprocess.Popen, port: int, timeout: float) -> bool:
@@ -141,18 +159,26 @@ def send_prompts(port: int, first: int, count: int, length: int, concurrency: in
     count is exact without a tokenizer. Each is seeded by its index and so
     differs from every other from its first token: no prefix cache hits.
     """
+
     def one(i: int) -> int:
         rng = random.Random(i)
         prompt = [1000 + i % 40000] + [rng.randrange(1000, 49000) for _ in range(length - 1)]
-        body = json.dumps({"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1,
-                           "temperature": 0}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        ).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=600) as r:
             return json.load(r)["usage"]["prompt_tokens"]
 
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(concurrency)
+    try:
         return sum(pool.map(one, range(first, first + count)))
+    finally:
+        # No waiting on Ctrl-C: the caller stops the server next, which ends
+        # the requests still in flight.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def measure(kind: str, args, out_dir: Path) -> dict:
@@ -175,8 +201,9 @@ def measure(kind: str, args, out_dir: Path) -> dict:
                 tokens += send_prompts(port, sent, need, args.prompt_tokens, args.concurrency)
                 sent += need
             rss = worker_rss(proc)
-            result["rows"].append({"target_tokens": target, "tokens_served": tokens,
-                                   "worker_rss": rss})
+            result["rows"].append(
+                {"target_tokens": target, "tokens_served": tokens, "worker_rss": rss}
+            )
             say(f"{kind}: {tokens} tokens served, worker RSS {gib(rss)} GiB")
     return result
 
@@ -195,15 +222,20 @@ def held_ram(gib_: float):
     """A helper process that allocates and touches ``gib_`` GiB, until stopped."""
     # bytes * n fills the buffer (a memset), so every page is resident;
     # bytearray(n) alone would come from calloc'd, untouched zero pages.
-    code = (f"b = bytearray(b'\\x01') * {int(gib_ * GiB)}; print('held', flush=True); "
-            "import time; time.sleep(1e6)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            start_new_session=True, text=True)
+    code = (
+        f"b = bytearray(b'\\x01') * {int(gib_ * GiB)}; print('held', flush=True); "
+        "import time; time.sleep(1e6)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, text=True
+    )
     try:
         if proc.stdout.readline().strip() != "held":
             raise RuntimeError(f"could not hold {gib_} GiB of RAM (helper exited {proc.poll()})")
-        say(f"holding {gib_} GiB in pid {proc.pid}; available now "
-            f"{psutil.virtual_memory().available / GiB:.2f} GiB")
+        say(
+            f"holding {gib_} GiB in pid {proc.pid}; available now "
+            f"{psutil.virtual_memory().available / GiB:.2f} GiB"
+        )
         yield proc
     finally:
         stop_group(proc, grace=5)
@@ -244,11 +276,15 @@ def environment(args) -> dict:
     except importlib.metadata.PackageNotFoundError:
         version = importlib.metadata.version("vllm")
     node0 = Path("/sys/devices/system/node/node0/meminfo")
-    return {"vllm_version": version, "cores": os.cpu_count(),
-            "ram_total_gib": round(vm.total / GiB, 2),
-            "ram_available_gib": round(vm.available / GiB, 2),
-            "numa_node0_meminfo": node0.read_text().splitlines()[:3] if node0.exists() else None,
-            "load_average": os.getloadavg(), "settings": vars(args)}
+    return {
+        "vllm_version": version,
+        "cores": os.cpu_count(),
+        "ram_total_gib": round(vm.total / GiB, 2),
+        "ram_available_gib": round(vm.available / GiB, 2),
+        "numa_node0_meminfo": node0.read_text().splitlines()[:3] if node0.exists() else None,
+        "load_average": os.getloadavg(),
+        "settings": vars(args),
+    }
 
 
 def gib(n: int | None) -> str:
@@ -261,20 +297,26 @@ def report(servers: list[dict], pressure: dict | None) -> list[str]:
         if "refused" in s or "error" in s:
             lines.append(f"{s['server']:<7} did not run: {s.get('refused') or s['error']}")
         for row in s["rows"]:
-            lines.append(f"{s['server']:<7} {row['tokens_served']:>13} "
-                         f"{gib(row['worker_rss']):>14} {gib(s['kv_cache']):>12}")
+            lines.append(
+                f"{s['server']:<7} {row['tokens_served']:>13} "
+                f"{gib(row['worker_rss']):>14} {gib(s['kv_cache']):>12}"
+            )
     plugin = next((s for s in servers if s["server"] == "plugin" and s.get("breakdown")), None)
     if plugin and plugin["rows"] and plugin["rows"][0]["worker_rss"] is not None:
         b, rss = plugin["breakdown"], plugin["rows"][0]["worker_rss"]
         limit = b["weights"] + b["activations"] + 0.05 * b["kv_cache"]
         plugin["target"] = {"rss_at_ready": rss, "limit": int(limit), "held": rss <= limit}
-        lines.append(f"target: plugin RSS at ready {gib(rss)} <= weights {gib(b['weights'])} + "
-                     f"activations {gib(b['activations'])} + 5% of KV {gib(b['kv_cache'])} = "
-                     f"{gib(int(limit))} GiB: {'HELD' if rss <= limit else 'MISSED'}")
+        lines.append(
+            f"target: plugin RSS at ready {gib(rss)} <= weights {gib(b['weights'])} + "
+            f"activations {gib(b['activations'])} + 5% of KV {gib(b['kv_cache'])} = "
+            f"{gib(int(limit))} GiB: {'HELD' if rss <= limit else 'MISSED'}"
+        )
     stock = next((s for s in servers if s["server"] == "stock" and s["rows"]), None)
     if stock:
-        lines.append(f"stock: RSS at ready {gib(stock['rows'][0]['worker_rss'])} GiB, "
-                     f"KV cache {gib(stock['kv_cache'])} GiB")
+        lines.append(
+            f"stock: RSS at ready {gib(stock['rows'][0]['worker_rss'])} GiB, "
+            f"KV cache {gib(stock['kv_cache'])} GiB"
+        )
     if pressure:
         for kind in ("plugin", "stock"):
             e = pressure.get(kind, {})
@@ -286,14 +328,23 @@ def report(servers: list[dict], pressure: dict | None) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
-    p.add_argument("--tokens", type=int, nargs="+", default=[0, 16384, 65536, 131072],
-                   help="cumulative prompt tokens after which RSS is read")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=[0, 16384, 65536, 131072],
+        help="cumulative prompt tokens after which RSS is read",
+    )
     p.add_argument("--prompt-tokens", type=int, default=2000, help="tokens per prompt")
     p.add_argument("--concurrency", type=int, default=4, help="prompts in flight")
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for /health")
     p.add_argument("--servers", nargs="+", choices=("plugin", "stock"), default=["plugin", "stock"])
-    p.add_argument("--startup-under-pressure", type=float, metavar="GIB",
-                   help="also try starting each server at 0.9 with GIB of RAM held")
+    p.add_argument(
+        "--startup-under-pressure",
+        type=float,
+        metavar="GIB",
+        help="also try starting each server at 0.9 with GIB of RAM held",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out/memory_benchmark.json"))
     return p.parse_args(argv)
 
