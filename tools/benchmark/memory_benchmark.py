@@ -36,12 +36,12 @@ from pathlib import Path
 
 import psutil
 
+from vllm_uma import default_model
 from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
 
 GiB = 1 << 30
 VENV_BIN = Path(sys.executable).parent
-MODEL_NAME = "SmolLM2-135M-Instruct"
-MODEL_DIR = Path.home() / ".cache/vllm-uma/models" / MODEL_NAME
+MODEL_NAME = default_model.DEFAULT_MODEL_NAME
 STOCK_KV_RE = re.compile(r"\(([\d.]+)/([\d.]+)\) GiB for KV cache")
 # Stock's refusals all start this way (cpu_worker.py, start-up and KV sizing).
 REFUSAL_RE = re.compile(r"Available memory on node .*")
@@ -79,7 +79,7 @@ def server_command(kind: str, port: int, util: float) -> tuple[list[str], dict]:
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(MODEL_DIR),
+        str(default_model.model_dir(default_model.default_cache_root())),
         "--served-model-name",
         MODEL_NAME,
         *common,
@@ -351,8 +351,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not (MODEL_DIR / "config.json").is_file():
-        say(f"{MODEL_DIR} is missing: run `vllm-uma prepare-model` first")
+    try:
+        default_model.prepare()  # idempotent: returns at once once built
+    except default_model.PrepareError as exc:
+        say(f"cannot prepare the default model: {exc}")
         return 2
     # A SIGTERM to this script must still stop the servers: turn it into an
     # exception so every `finally` runs, as Ctrl-C does.
