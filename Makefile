@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model clean
+.PHONY: serve test test-unit install model bench-memory clean
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
@@ -33,6 +33,10 @@ test: model
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).
+bench-memory: model
+	$(BIN)/python tools/benchmark/memory_benchmark.py --startup-under-pressure 6 --out bench-out/memory_benchmark.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
