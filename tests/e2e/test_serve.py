@@ -59,7 +59,16 @@ def server_fp32(vllm_uma_exe, default_model_dir, tmp_path_factory):
         vllm_uma_exe,
         tmp_path_factory,
         "fp32",
-        ["--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"],
+        # Also the server that checks --no-wire-weights, to save a start-up.
+        [
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--gpu-memory-utilization",
+            "0.3",
+            "--no-wire-weights",
+        ],
     )
     try:
         yield srv
@@ -225,6 +234,12 @@ def test_weights_are_wired(server):
     b = breakdown_of(server)
     assert b["wired"] >= 0.9 * b["weights"]
     assert proc_status(server.worker().pid, "VmLck") >= 0.9 * b["wired"]
+
+
+def test_wiring_can_be_turned_off(server_fp32):
+    assert "Weights not wired (wire_weights is off)." in server_fp32.log()
+    assert breakdown_of(server_fp32)["wired"] == 0
+    assert proc_status(server_fp32.worker().pid, "VmLck") == 0
 
 
 def test_rss_grows_with_tokens_cached(server):
