@@ -87,10 +87,14 @@ class BudgetInputs:
     kv_offload_pool: int
     min_kv_cache: int  # KV bytes of one max_model_len request
     max_model_len: int
+    # Workers of this machine that split the budget (tensor/pipeline ranks,
+    # local data-parallel engines): each sizes its own KV cache from RAM, so
+    # each gets an equal share instead of all claiming the whole of it.
+    workers: int = 1
 
     @property
     def budget(self) -> int:
-        return int(self.total * self.utilization)
+        return int(self.total * self.utilization) // self.workers
 
     @property
     def needed(self) -> int:
@@ -111,11 +115,12 @@ def kv_cache_bytes(inputs: BudgetInputs) -> int:
 
 
 def _shortfall_message(inputs: BudgetInputs, kv: int) -> str:
-    need_util = math.ceil(inputs.needed / inputs.total * 100) / 100
+    need_util = math.ceil(inputs.needed * inputs.workers / inputs.total * 100) / 100
+    share = f", shared by {inputs.workers} workers" if inputs.workers > 1 else ""
     parts = [
         f"--gpu-memory-utilization={inputs.utilization} gives a budget of "
         f"{fmt_gib(inputs.budget)} ({inputs.utilization:.0%} of "
-        f"{fmt_gib(inputs.total)} RAM), which cannot hold weights "
+        f"{fmt_gib(inputs.total)} RAM{share}), which cannot hold weights "
         f"{fmt_gib(inputs.weights)} + activations {fmt_gib(inputs.activations)}"
         f" + kv_offload_pool {fmt_gib(inputs.kv_offload_pool)} + the KV cache "
         f"of one {inputs.max_model_len}-token request "

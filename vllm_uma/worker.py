@@ -58,6 +58,12 @@ def _rss() -> int:
     return psutil.Process(os.getpid()).memory_info().rss
 
 
+def workers_sharing_ram(parallel_config) -> int:
+    """Workers on this machine that each size a KV cache from the same RAM."""
+    engines = max(1, parallel_config.data_parallel_size_local or 1)
+    return max(1, parallel_config.local_world_size) * engines
+
+
 def kv_allocation_bytes(kv_cache_config: KVCacheConfig) -> int:
     # All KVCacheTensors describe one shared backing allocation of ``size``.
     return max((t.size for t in kv_cache_config.kv_cache_tensors), default=0)
@@ -133,6 +139,7 @@ class UmaWorker(CPUWorker):
             kv_offload_pool=0,
             min_kv_cache=min_kv_cache_bytes(max_model_len, block_size, per_block),
             max_model_len=max_model_len,
+            workers=workers_sharing_ram(self.parallel_config),
         )
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:

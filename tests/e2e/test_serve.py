@@ -170,38 +170,40 @@ def complete(server, prompt):
     return choice["prompt_token_ids"], choice["token_ids"]
 
 
+# (server fixture, reference fixture, tolerance): see BF16_NEAR_TIE.
+VARIANTS = {
+    "fp32": ("server_fp32", "reference_fp32", 0.0),
+    "bf16": ("server", "reference", BF16_NEAR_TIE),
+}
+
+
+@pytest.fixture(params=sorted(VARIANTS))
+def variant(request):
+    server_name, reference_name, tolerance = VARIANTS[request.param]
+    return (
+        request.getfixturevalue(server_name),
+        request.getfixturevalue(reference_name),
+        tolerance,
+    )
+
+
 @pytest.mark.parametrize("question", CHAT_PROMPTS)
-def test_chat_greedy_matches_transformers_fp32(server_fp32, reference_fp32, question):
-    messages, prompt_ids, served = chat(server_fp32, question)
-    expected_prompt = reference_fp32.tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=True
-    )["input_ids"]
-    assert prompt_ids == list(expected_prompt)
-    reference_fp32.check(prompt_ids, served, tolerance=0)
-
-
-@pytest.mark.parametrize("prompt", COMPLETION_PROMPTS)
-def test_completion_greedy_matches_transformers_fp32(server_fp32, reference_fp32, prompt):
-    prompt_ids, served = complete(server_fp32, prompt)
-    assert prompt_ids == reference_fp32.tokenizer(prompt)["input_ids"]
-    reference_fp32.check(prompt_ids, served, tolerance=0)
-
-
-@pytest.mark.parametrize("question", CHAT_PROMPTS)
-def test_chat_greedy_matches_transformers_bf16(server, reference, question):
+def test_chat_greedy_matches_transformers(variant, question):
+    server, reference, tolerance = variant
     messages, prompt_ids, served = chat(server, question)
     expected_prompt = reference.tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=True
     )["input_ids"]
     assert prompt_ids == list(expected_prompt)
-    reference.check(prompt_ids, served, tolerance=BF16_NEAR_TIE)
+    reference.check(prompt_ids, served, tolerance=tolerance)
 
 
 @pytest.mark.parametrize("prompt", COMPLETION_PROMPTS)
-def test_completion_greedy_matches_transformers_bf16(server, reference, prompt):
+def test_completion_greedy_matches_transformers(variant, prompt):
+    server, reference, tolerance = variant
     prompt_ids, served = complete(server, prompt)
     assert prompt_ids == reference.tokenizer(prompt)["input_ids"]
-    reference.check(prompt_ids, served, tolerance=BF16_NEAR_TIE)
+    reference.check(prompt_ids, served, tolerance=tolerance)
 
 
 def breakdown_of(server) -> dict[str, int]:

@@ -39,6 +39,22 @@ def test_pool_is_carved_out_of_the_budget_not_added():
     assert without - with_pool == 3 * GiB
 
 
+def test_workers_on_one_ram_split_the_budget():
+    # Two tensor-parallel workers: each gets half, so together they stay
+    # within the ceiling instead of claiming it twice.
+    assert inputs(workers=2).budget == 6 * GiB
+    assert kv_cache_bytes(inputs(workers=2)) == 6 * GiB - 2 * GiB
+
+
+def test_refusal_with_several_workers_says_so_and_scales_the_fix():
+    with pytest.raises(MemoryBudgetError) as err:
+        kv_cache_bytes(inputs(utilization=0.1, workers=2))
+    msg = str(err.value)
+    assert "shared by 2 workers" in msg
+    # each worker needs 2.18 GiB: 2 x 2.18 / 24 -> 0.19
+    assert "at least 0.19" in msg
+
+
 def test_min_kv_cache_rounds_up_to_whole_blocks():
     assert min_kv_cache_bytes(100, 16, 1000) == 7 * 1000
     assert min_kv_cache_bytes(128, 16, 1000) == 8 * 1000

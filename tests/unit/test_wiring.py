@@ -55,15 +55,20 @@ def test_wires_a_new_mapping_and_counts_it_with_the_kernel():
         region.close()
 
 
-def test_a_refused_lock_explains_how_to_raise_the_limit(monkeypatch):
+def wire_a_new_region_with_enomem(monkeypatch, limit_applies: bool, expected: int):
+    """wire_new_memory over one new mapping, with every mlock failing ENOMEM."""
     monkeypatch.setattr(wiring, "mlock_range", lambda start, end: errno.ENOMEM)
-    monkeypatch.setattr(wiring, "memlock_limit_applies", lambda: True)
+    monkeypatch.setattr(wiring, "memlock_limit_applies", lambda: limit_applies)
     before = wiring.read_maps()
     region = mmap.mmap(-1, 1 << 20)
     try:
-        result = wiring.wire_new_memory(before, expected_bytes=2 << 30)
+        return wiring.wire_new_memory(before, expected_bytes=expected)
     finally:
         region.close()
+
+
+def test_a_refused_lock_explains_how_to_raise_the_limit(monkeypatch):
+    result = wire_a_new_region_with_enomem(monkeypatch, limit_applies=True, expected=2 << 30)
     assert result.wired_bytes == 0
     assert "ulimit -l unlimited" in result.error
     assert "LimitMEMLOCK" in result.error
@@ -72,12 +77,5 @@ def test_a_refused_lock_explains_how_to_raise_the_limit(monkeypatch):
 
 
 def test_enomem_without_a_limit_means_the_range_vanished(monkeypatch):
-    monkeypatch.setattr(wiring, "mlock_range", lambda start, end: errno.ENOMEM)
-    monkeypatch.setattr(wiring, "memlock_limit_applies", lambda: False)
-    before = wiring.read_maps()
-    region = mmap.mmap(-1, 1 << 20)
-    try:
-        result = wiring.wire_new_memory(before, expected_bytes=1 << 20)
-    finally:
-        region.close()
+    result = wire_a_new_region_with_enomem(monkeypatch, limit_applies=False, expected=1 << 20)
     assert result.error is None
