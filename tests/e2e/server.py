@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import requests
 
+from vllm_uma.procs import model_process
+
 READY_TIMEOUT_S = 300
 
 
@@ -60,11 +62,8 @@ class Server:
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
 
     def worker(self) -> psutil.Process:
-        """vLLM's worker process (it holds the weights and the KV cache)."""
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            if "Worker" in child.name() or any("Worker" in a for a in child.cmdline()[:1]):
-                return child
-        raise LookupError("no VLLM::Worker process under the server")
+        """The process that runs the model (holds the weights and the KV cache)."""
+        return model_process(self.proc.pid)
 
     def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
         response = requests.post(f"{self.url}{path}", json=payload, timeout=timeout)

@@ -38,6 +38,7 @@ import psutil
 
 from vllm_uma import default_model
 from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
+from vllm_uma.procs import model_process
 
 GiB = 1 << 30
 VENV_BIN = Path(sys.executable).parent
@@ -131,12 +132,11 @@ def wait_ready(proc: subprocess.Popen, port: int, timeout: float) -> bool:
 
 
 def worker_rss(proc: subprocess.Popen) -> int | None:
-    """RSS of the "VLLM::Worker" descendant (vLLM sets it as process title)."""
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if child.name().startswith("VLLM::Worker"):
-                return child.memory_info().rss
-    return None
+    """RSS of the process that runs the model (worker, or engine core with 'uni')."""
+    try:
+        return model_process(proc.pid).memory_info().rss
+    except (LookupError, psutil.Error):
+        return None
 
 
 def kv_cache_bytes(kind: str, log_text: str) -> tuple[int | None, dict | None]:
