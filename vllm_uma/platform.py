@@ -12,8 +12,8 @@ the same facts from the kernel.
 
 What changes from the CPU platform, and why:
 - Device memory is the machine's whole RAM (``/proc/meminfo`` via psutil).
-  vLLM CPU reads the NUMA node's meminfo instead, which on some virtual
-  machines reports a third of the RAM for the only node (see docs/serving.md).
+  vLLM CPU reads the NUMA node's meminfo instead, which on the virtual
+  machines we run on counts only the memory touched so far (docs/memory.md).
 - One device, and no pinned memory: on one RAM there is nothing to pin for a
   faster host-to-device copy.
 - The worker is :class:`vllm_uma.worker.UmaWorker`: the memory budget as a
