@@ -233,7 +233,13 @@ def prepare(
     """
     root = cache_root or default_cache_root()
     final = model_dir(root)
-    source = find_source_gguf()
+    try:
+        source = find_source_gguf()
+    except PrepareError:
+        # Without the source package a finished build is still good to serve.
+        if is_complete(final):
+            return final
+        raise
     source_sha = sha256_file(source)
     if is_complete(final, source_sha):
         return final

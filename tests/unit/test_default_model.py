@@ -108,6 +108,19 @@ def test_corrupt_manifest_counts_as_incomplete(tmp_path, source):
     assert not dm.is_complete(path)
 
 
+def test_a_finished_build_is_served_without_the_source_package(tmp_path, source, monkeypatch):
+    path = prepare(tmp_path, FakeBuild())
+
+    def no_package():
+        raise dm.PrepareError("not installed")
+
+    monkeypatch.setattr(dm, "find_source_gguf", no_package)
+    assert prepare(tmp_path, FakeBuild()) == path
+    (path / dm.MANIFEST_NAME).unlink()
+    with pytest.raises(dm.PrepareError, match="not installed"):
+        prepare(tmp_path, FakeBuild())
+
+
 def test_missing_source_package_says_how_to_install(monkeypatch):
     import importlib.util
 
