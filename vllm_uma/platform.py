@@ -32,6 +32,7 @@ import psutil
 from vllm.platforms.cpu import CpuPlatform
 
 from vllm_uma.config import UmaConfig
+from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.log import get_logger
 
 if TYPE_CHECKING:
@@ -103,6 +104,11 @@ class UmaPlatform(CpuPlatform):
         )
         # Checked here, in the API server, before any weights load.
         UmaConfig.from_additional_config(vllm_config.additional_config)
+        pool = offload_config.translate(vllm_config, total_ram_bytes())
+        if pool is not None:
+            logger.info_once(
+                "KV offloading: host pool of %.2f GiB (%s).", pool.bytes / 2**30, pool.reason
+            )
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             parallel_config.worker_cls = WORKER_QUALNAME

@@ -31,6 +31,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_uma.config import UmaConfig
+from vllm_uma.kv_offload.config import configured_pool_bytes
 from vllm_uma.lazy_kv import LazyZerosMode
 from vllm_uma.log import get_logger
 from vllm_uma.memory import (
@@ -136,7 +137,7 @@ class UmaWorker(CPUWorker):
             utilization=self.cache_config.gpu_memory_utilization,
             weights=weights,
             activations=max(0, _rss() - weights),
-            kv_offload_pool=0,
+            kv_offload_pool=configured_pool_bytes(self.vllm_config),
             min_kv_cache=min_kv_cache_bytes(max_model_len, block_size, per_block),
             max_model_len=max_model_len,
             workers=workers_sharing_ram(self.parallel_config),

@@ -1,0 +1,95 @@
+"""L2 host pool and the L1 <-> L2 mover (vllm_uma/kv_offload/), on tiny tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+from vllm_uma.kv_offload.host_pool import HostPool
+from vllm_uma.kv_offload.mover import HostPoolMover, LayoutError
+
+NUM_BLOCKS, PAGE, LAYERS = 8, 64, 3
+
+
+def test_numpy_and_torch_views_are_the_same_bytes():
+    pool = HostPool(4, 128)
+    assert pool.array.ctypes.data == pool.tensor.data_ptr()
+    pool.array[2, 5] = 77
+    assert pool.tensor[2, 5].item() == 77
+    pool.tensor[3, 0] = 9
+    assert pool.array[3, 0] == 9
+    pool.close()
+
+
+def test_an_empty_pool_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="--kv-offloading-size is too small"):
+        HostPool(0, 128)
+
+
+def kv_caches(fill: bool) -> tuple[CanonicalKVCaches, list[torch.Tensor]]:
+    layers = []
+    for layer in range(LAYERS):
+        t = torch.zeros(NUM_BLOCKS, PAGE, dtype=torch.int8)
+        if fill:
+            t.copy_(torch.randint(-128, 127, (NUM_BLOCKS, PAGE), dtype=torch.int8))
+            t[:, 0] = layer  # tell the layers apart
+        layers.append(t)
+    tensors = [CanonicalKVCacheTensor(tensor=t, page_size_bytes=PAGE) for t in layers]
+    return CanonicalKVCaches(tensors=tensors, group_data_refs=[[]]), layers
+
+
+def l1(ids):
+    return GPULoadStoreSpec(ids, group_sizes=[len(ids)], block_indices=[0])
+
+
+def test_store_then_load_restores_exact_bytes_into_other_blocks():
+    caches, layers = kv_caches(fill=True)
+    original = [t.clone() for t in layers]
+    mover = HostPoolMover(caches, HostPool(6, LAYERS * PAGE + 64))  # padded rows
+    mover.submit_store(1, l1([1, 4, 6]), CPULoadStoreSpec([5, 0, 2]))
+    mover.wait({1})
+    for t in layers:
+        t.zero_()  # L1 forgets: the blocks were evicted and reused
+    mover.submit_load(2, CPULoadStoreSpec([0, 2, 5]), l1([7, 3, 2]))
+    mover.wait({2})
+    for before, after in zip(original, layers, strict=True):
+        # row 0 held block 4, row 2 block 6, row 5 block 1
+        assert torch.equal(after[7], before[4])
+        assert torch.equal(after[3], before[6])
+        assert torch.equal(after[2], before[1])
+        assert not after[[0, 1, 4, 5, 6]].any()
+    results = {r.job_id: r for r in mover.get_finished()}
+    assert set(results) == {1, 2}
+    assert all(r.success for r in results.values())
+    assert results[1].transfer_size == 3 * LAYERS * PAGE
+    assert mover.get_finished() == []  # reported once
+    mover.shutdown()
+
+
+def test_pool_rows_hold_layers_side_by_side():
+    caches, layers = kv_caches(fill=True)
+    pool = HostPool(2, LAYERS * PAGE)
+    mover = HostPoolMover(caches, pool)
+    mover.submit_store(1, l1([3]), CPULoadStoreSpec([1]))
+    mover.wait({1})
+    row = pool.array[1].view(np.int8)
+    for layer, t in enumerate(layers):
+        assert np.array_equal(row[layer * PAGE : (layer + 1) * PAGE], t[3].numpy())
+    mover.shutdown()
+
+
+def test_rows_too_small_for_a_block_are_refused():
+    caches, _ = kv_caches(fill=False)
+    with pytest.raises(LayoutError, match="a pool row holds"):
+        HostPoolMover(caches, HostPool(2, LAYERS * PAGE - 1))
+
+
+def test_unpaired_block_and_row_counts_are_refused():
+    caches, _ = kv_caches(fill=False)
+    mover = HostPoolMover(caches, HostPool(2, LAYERS * PAGE))
+    with pytest.raises(LayoutError, match="one block per row"):
+        mover.submit_store(1, l1([0, 1]), CPULoadStoreSpec([0]))
+    mover.shutdown()

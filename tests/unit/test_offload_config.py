@@ -1,0 +1,104 @@
+"""Translation and refusal of the offloading flags (vllm_uma/kv_offload/config.py).
+
+The configs are small stand-ins with only the attributes the module reads;
+the end-to-end tests run the real flags through the real server.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_uma.kv_offload import config as oc
+
+GiB = 1 << 30
+PER_TOKEN = 23_040  # SmolLM2-135M in bf16
+
+
+class Model(SimpleNamespace):
+    def get_num_layers(self, parallel):
+        return 30
+
+    def get_num_kv_heads(self, parallel):
+        return 3
+
+    def get_head_size(self):
+        return 64
+
+    def get_sliding_window(self):
+        return self.sliding_window
+
+
+def vllm_config(size=None, backend="native", ktc=None, use_mla=False, sliding_window=None):
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(
+            kv_offloading_size=size, kv_offloading_backend=backend, gpu_memory_utilization=0.5
+        ),
+        kv_transfer_config=ktc,
+        model_config=Model(
+            use_mla=use_mla, sliding_window=sliding_window, dtype=torch.bfloat16, max_model_len=8192
+        ),
+        parallel_config=SimpleNamespace(),
+    )
+
+
+def connector(name, **extra):
+    return SimpleNamespace(kv_connector=name, kv_connector_extra_config=dict(extra))
+
+
+def test_off_when_neither_flag_is_given():
+    cfg = vllm_config()
+    assert oc.translate(cfg, 24 * GiB) is None
+    assert cfg.kv_transfer_config is None
+    assert oc.configured_pool_bytes(cfg) == 0
+
+
+def test_size_flag_points_the_connector_at_our_spec():
+    cfg = vllm_config(size=1.5, ktc=connector(None))
+    pool = oc.translate(cfg, 24 * GiB)
+    assert pool.bytes == int(1.5 * GiB) and pool.reason == "--kv-offloading-size"
+    extra = cfg.kv_transfer_config.kv_connector_extra_config
+    assert extra["spec_name"] == "UmaOffloadingSpec"
+    assert extra["spec_module_path"] == "vllm_uma.kv_offload.spec"
+
+
+def test_connector_without_size_gets_two_requests_of_kv():
+    cfg = vllm_config(ktc=connector("OffloadingConnector"))
+    pool = oc.translate(cfg, 24 * GiB)
+    assert pool.bytes == 2 * 8192 * PER_TOKEN
+    assert "2 x max_model_len=8192" in pool.reason
+    assert oc.configured_pool_bytes(cfg) == pool.bytes
+
+
+def test_auto_size_is_clamped_to_a_quarter_of_the_kv_budget():
+    pool = oc.auto_pool_size(PER_TOKEN, 8192, kv_budget=400_000_000)
+    assert pool.bytes == 100_000_000
+    assert "clamped to 1/4 of the KV budget" in pool.reason
+
+
+def test_explicit_cpu_bytes_in_the_json_is_kept():
+    cfg = vllm_config(ktc=connector("OffloadingConnector", cpu_bytes_to_use=123456789))
+    assert oc.translate(cfg, 24 * GiB).bytes == 123456789
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(size=1, backend="lmcache"), "--kv-offloading-backend lmcache is not supported"),
+        (dict(size=0), "--kv-offloading-size=0 is invalid: it must be a positive"),
+        (dict(size=-2), "--kv-offloading-size=-2 is invalid"),
+        (
+            dict(size=1, ktc=connector("NixlConnector")),
+            "cannot be combined with the KV connector 'NixlConnector'",
+        ),
+        (dict(size=1, use_mla=True), "not supported for MLA models"),
+        (dict(size=1, sliding_window=4096), "sliding_window=4096"),
+    ],
+)
+def test_refusals_name_the_setting_and_the_fix(kwargs, fragment):
+    with pytest.raises(oc.OffloadingConfigError) as err:
+        oc.translate(vllm_config(**kwargs), 24 * GiB)
+    assert fragment in str(err.value)
+    assert "remove" in str(err.value).lower() or "use " in str(err.value)

@@ -1,0 +1,121 @@
+"""Translate vLLM's offloading flags to vllm-uma's spec, or refuse them.
+
+Runs in the API server, in the platform's ``check_and_update_config``, before
+any weights load and before vLLM's own ``_post_init_kv_transfer_config``
+(which then fills in the connector, ``cpu_bytes_to_use`` and ``kv_role`` from
+``--kv-offloading-size`` as usual). What we add: our spec's name in
+``kv_connector_extra_config``, the pool size when only the connector is
+named, and a clear refusal for what the host pool does not support.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1 << 30
+CONNECTOR = "OffloadingConnector"
+SPEC_KEYS = {"spec_name": "UmaOffloadingSpec", "spec_module_path": "vllm_uma.kv_offload.spec"}
+
+
+class OffloadingConfigError(ValueError):
+    """An offloading setting the plugin cannot serve; the message has the fix."""
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    bytes: int
+    reason: str  # for the log: where the size came from
+
+
+def kv_bytes_per_token(model_config, parallel_config) -> int:
+    layers = model_config.get_num_layers(parallel_config)
+    heads = model_config.get_num_kv_heads(parallel_config)
+    head_size = model_config.get_head_size()
+    dtype_bytes = model_config.dtype.itemsize
+    return 2 * layers * heads * head_size * dtype_bytes
+
+
+def auto_pool_size(per_token: int, max_model_len: int, kv_budget: int) -> PoolSize:
+    """Two full-length requests of KV, at most a quarter of the KV budget."""
+    wanted = 2 * max_model_len * per_token
+    cap = kv_budget // 4
+    if wanted <= cap:
+        return PoolSize(wanted, f"KV of 2 x max_model_len={max_model_len} tokens")
+    return PoolSize(
+        cap, f"2 x max_model_len={max_model_len} tokens of KV, clamped to 1/4 of the KV budget"
+    )
+
+
+def offloading_requested(vllm_config) -> bool:
+    ktc = vllm_config.kv_transfer_config
+    return vllm_config.cache_config.kv_offloading_size is not None or (
+        ktc is not None and ktc.kv_connector == CONNECTOR
+    )
+
+
+def refuse_unsupported(vllm_config) -> None:
+    cache = vllm_config.cache_config
+    size = cache.kv_offloading_size
+    ktc = vllm_config.kv_transfer_config
+    if cache.kv_offloading_backend == "lmcache":
+        raise OffloadingConfigError(
+            "--kv-offloading-backend lmcache is not supported by vllm-uma: use "
+            "--kv-offloading-backend native (the default) or remove the flag."
+        )
+    if size is not None and size <= 0:
+        raise OffloadingConfigError(
+            f"--kv-offloading-size={size} is invalid: it must be a positive "
+            f"number of GiB. Set a size, or remove the flag to turn offloading off."
+        )
+    if size is not None and ktc is not None and ktc.kv_connector not in (None, CONNECTOR):
+        raise OffloadingConfigError(
+            f"--kv-offloading-size cannot be combined with the KV connector "
+            f"{ktc.kv_connector!r} named in --kv-transfer-config: remove one of them."
+        )
+    model = vllm_config.model_config
+    if model is not None and model.use_mla:
+        raise OffloadingConfigError(
+            "KV offloading is not supported for MLA models (this model uses "
+            "multi-head latent attention): remove --kv-offloading-size."
+        )
+    if model is not None and model.get_sliding_window() is not None:
+        raise OffloadingConfigError(
+            f"KV offloading is not supported for sliding-window models (this "
+            f"model's sliding_window={model.get_sliding_window()}): remove "
+            f"--kv-offloading-size."
+        )
+
+
+def translate(vllm_config, total_ram: int) -> PoolSize | None:
+    """Point vLLM's offloading connector at our spec; None if offloading is off."""
+    if not offloading_requested(vllm_config):
+        return None
+    refuse_unsupported(vllm_config)
+    cache = vllm_config.cache_config
+    ktc = vllm_config.kv_transfer_config
+    if ktc is None:
+        # Imported here: vllm.config is still initialising when the platform
+        # module is imported.
+        from vllm.config import KVTransferConfig
+
+        ktc = vllm_config.kv_transfer_config = KVTransferConfig()
+    ktc.kv_connector_extra_config.update(SPEC_KEYS)
+    if cache.kv_offloading_size is not None:
+        return PoolSize(int(cache.kv_offloading_size * GiB), "--kv-offloading-size")
+    explicit = ktc.kv_connector_extra_config.get("cpu_bytes_to_use")
+    if explicit:
+        return PoolSize(int(explicit), "cpu_bytes_to_use in --kv-transfer-config")
+    model = vllm_config.model_config
+    per_token = kv_bytes_per_token(model, vllm_config.parallel_config)
+    kv_budget = int(total_ram * cache.gpu_memory_utilization)
+    size = auto_pool_size(per_token, model.max_model_len, kv_budget)
+    ktc.kv_connector_extra_config["cpu_bytes_to_use"] = size.bytes
+    return size
+
+
+def configured_pool_bytes(vllm_config) -> int:
+    """The pool size the platform settled on (0 when offloading is off)."""
+    ktc = vllm_config.kv_transfer_config
+    if ktc is None or ktc.kv_connector_extra_config.get("spec_name") != SPEC_KEYS["spec_name"]:
+        return 0
+    return int(ktc.kv_connector_extra_config.get("cpu_bytes_to_use") or 0)

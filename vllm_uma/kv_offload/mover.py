@@ -1,0 +1,134 @@
+"""Worker side: copy KV blocks between vLLM's KV cache (L1) and the host pool (L2).
+
+Runs in the worker, on one background thread, so a store or a load does not
+hold up the engine step that submitted it (torch releases the GIL while it
+copies). vLLM's offloading connector drives it through the OffloadingWorker
+contract: ``submit_store``/``submit_load`` return at once, ``get_finished``
+reports completed jobs (every job succeeds or the process is broken: the
+connector treats a failure as fatal), ``wait`` blocks until given jobs end.
+Jobs run in submission order.
+
+One L1 block maps to one pool row (blocks_per_chunk == 1, checked by the
+spec). Each copy is batched over all blocks of a job: one gather and one
+scatter per layer, not a Python loop per block.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+
+from vllm_uma.kv_offload.host_pool import HostPool
+
+
+class LayoutError(ValueError):
+    """The KV cache does not fit the pool's rows."""
+
+
+class HostPoolMover(OffloadingWorker):
+    def __init__(self, kv_caches: CanonicalKVCaches, pool: HostPool):
+        self.pool = pool
+        self.layers: list[torch.Tensor] = []
+        self.offsets: list[int] = []
+        offset = 0
+        for canonical in kv_caches.tensors:
+            layer = canonical.tensor
+            layer = layer.view(layer.shape[0], -1).view(torch.int8)
+            self.layers.append(layer)
+            self.offsets.append(offset)
+            offset += layer.shape[1]
+        if offset > pool.row_bytes:
+            raise LayoutError(
+                f"one block of KV is {offset} bytes across {len(self.layers)} "
+                f"tensors, but a pool row holds {pool.row_bytes}"
+            )
+        self.block_bytes = offset
+        self._pool_i8 = pool.tensor.view(torch.int8)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uma-kv-mover")
+        self._jobs: dict[int, Future] = {}
+
+    # -- the copies ---------------------------------------------------------
+
+    def _store(self, blocks: torch.Tensor, rows: torch.Tensor) -> TransferResult:
+        start = time.perf_counter()
+        for layer, offset in zip(self.layers, self.offsets, strict=True):
+            width = layer.shape[1]
+            self._pool_i8[:, offset : offset + width].index_copy_(
+                0, rows, layer.index_select(0, blocks)
+            )
+        return self._result(len(blocks), start)
+
+    def _load(self, rows: torch.Tensor, blocks: torch.Tensor) -> TransferResult:
+        start = time.perf_counter()
+        for layer, offset in zip(self.layers, self.offsets, strict=True):
+            width = layer.shape[1]
+            layer.index_copy_(
+                0, blocks, self._pool_i8[:, offset : offset + width].index_select(0, rows)
+            )
+        return self._result(len(blocks), start)
+
+    def _result(self, num_blocks: int, start: float) -> TransferResult:
+        # job_id is filled in by the caller; size and time feed vLLM's metrics.
+        return TransferResult(
+            job_id=-1,
+            success=True,
+            transfer_size=num_blocks * self.block_bytes,
+            transfer_time=time.perf_counter() - start,
+        )
+
+    # -- the OffloadingWorker contract -------------------------------------
+
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
+    ) -> bool:
+        blocks, rows = _ids(src_spec), _ids(dst_spec)
+        _check_pairs(job_id, blocks, rows)
+        self._jobs[job_id] = self._executor.submit(self._store, blocks, rows)
+        return True
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+        rows, blocks = _ids(src_spec), _ids(dst_spec)
+        _check_pairs(job_id, blocks, rows)
+        self._jobs[job_id] = self._executor.submit(self._load, rows, blocks)
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        done = [job_id for job_id, fut in self._jobs.items() if fut.done()]
+        return [self._finish(job_id) for job_id in done]
+
+    def wait(self, job_ids: set[int]) -> None:
+        for job_id in job_ids:
+            fut = self._jobs.get(job_id)
+            if fut is not None:
+                fut.result()
+
+    def _finish(self, job_id: int) -> TransferResult:
+        result = self._jobs.pop(job_id).result()  # re-raises a failed copy
+        result.job_id = job_id
+        return result
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+        self._jobs.clear()
+
+
+def _ids(spec: LoadStoreSpec) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(spec.block_ids, dtype=np.int64))
+
+
+def _check_pairs(job_id: int, blocks: torch.Tensor, rows: torch.Tensor) -> None:
+    if len(blocks) != len(rows):
+        raise LayoutError(
+            f"transfer job {job_id} pairs {len(blocks)} KV blocks with "
+            f"{len(rows)} pool rows; one block per row is required"
+        )
