@@ -9,8 +9,10 @@ connector treats a failure as fatal), ``wait`` blocks until given jobs end.
 Jobs run in submission order.
 
 One L1 block maps to one pool row (blocks_per_chunk == 1, checked by the
-spec). Each copy is batched over all blocks of a job: one gather and one
-scatter per layer, not a Python loop per block.
+spec). Each copy is batched over all blocks of a job: one numpy gather and
+one scatter per layer, not a Python loop per block. numpy, not torch: on
+this machine torch's int8 index_select/index_copy_ moved 0.8 GB/s where
+numpy fancy indexing moves about 10 GB/s (30 layers x 9 blocks of 96 KiB).
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ class LayoutError(ValueError):
 class HostPoolMover(OffloadingWorker):
     def __init__(self, kv_caches: CanonicalKVCaches, pool: HostPool):
         self.pool = pool
-        self.layers: list[torch.Tensor] = []
+        # uint8 numpy views of the same bytes as vLLM's KV tensors.
+        self.layers: list[np.ndarray] = []
         self.offsets: list[int] = []
         offset = 0
         for canonical in kv_caches.tensors:
             layer = canonical.tensor
-            layer = layer.view(layer.shape[0], -1).view(torch.int8)
+            layer = layer.view(layer.shape[0], -1).view(torch.uint8).numpy()
             self.layers.append(layer)
             self.offsets.append(offset)
             offset += layer.shape[1]
@@ -53,28 +56,23 @@ class HostPoolMover(OffloadingWorker):
                 f"tensors, but a pool row holds {pool.row_bytes}"
             )
         self.block_bytes = offset
-        self._pool_i8 = pool.tensor.view(torch.int8)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uma-kv-mover")
         self._jobs: dict[int, Future] = {}
 
     # -- the copies ---------------------------------------------------------
 
-    def _store(self, blocks: torch.Tensor, rows: torch.Tensor) -> TransferResult:
+    def _store(self, blocks: np.ndarray, rows: np.ndarray) -> TransferResult:
         start = time.perf_counter()
+        pool = self.pool.array
         for layer, offset in zip(self.layers, self.offsets, strict=True):
-            width = layer.shape[1]
-            self._pool_i8[:, offset : offset + width].index_copy_(
-                0, rows, layer.index_select(0, blocks)
-            )
+            pool[rows, offset : offset + layer.shape[1]] = layer[blocks]
         return self._result(len(blocks), start)
 
-    def _load(self, rows: torch.Tensor, blocks: torch.Tensor) -> TransferResult:
+    def _load(self, rows: np.ndarray, blocks: np.ndarray) -> TransferResult:
         start = time.perf_counter()
+        pool = self.pool.array
         for layer, offset in zip(self.layers, self.offsets, strict=True):
-            width = layer.shape[1]
-            layer.index_copy_(
-                0, blocks, self._pool_i8[:, offset : offset + width].index_select(0, rows)
-            )
+            layer[blocks] = pool[rows, offset : offset + layer.shape[1]]
         return self._result(len(blocks), start)
 
     def _result(self, num_blocks: int, start: float) -> TransferResult:
@@ -122,11 +120,11 @@ class HostPoolMover(OffloadingWorker):
         self._jobs.clear()
 
 
-def _ids(spec: LoadStoreSpec) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(spec.block_ids, dtype=np.int64))
+def _ids(spec: LoadStoreSpec) -> np.ndarray:
+    return np.asarray(spec.block_ids, dtype=np.int64)
 
 
-def _check_pairs(job_id: int, blocks: torch.Tensor, rows: torch.Tensor) -> None:
+def _check_pairs(job_id: int, blocks: np.ndarray, rows: np.ndarray) -> None:
     if len(blocks) != len(rows):
         raise LayoutError(
             f"transfer job {job_id} pairs {len(blocks)} KV blocks with "
