@@ -109,6 +109,8 @@ class UmaPlatform(CpuPlatform):
             logger.info_once(
                 "KV offloading: host pool of %.2f GiB (%s).", pool.bytes / 2**30, pool.reason
             )
+            if warning := offload_config.hash_warning(vllm_config):
+                logger.warning_once(warning)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             parallel_config.worker_cls = WORKER_QUALNAME

@@ -160,5 +160,22 @@ def serve_main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - the one place errors reach the user
         if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG":
             raise
-        return _fail(f"{type(exc).__name__}: {exc}")
+        return _fail(one_line(exc))
     return 0
+
+
+def one_line(exc: Exception) -> str:
+    """An exception's message on one line.
+
+    Our refusals raised inside vLLM's config validation reach here wrapped
+    in pydantic's multi-line ValidationError: unwrap them to their text.
+    """
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            messages = [str(e["msg"]).removeprefix("Value error, ") for e in errors()]
+        except (TypeError, KeyError):
+            messages = []
+        if messages:
+            return "; ".join(messages)
+    return " ".join(f"{type(exc).__name__}: {exc}".split())

@@ -67,3 +67,18 @@ def test_budget_too_small_shows_breakdown_and_fix(vllm_uma_exe, default_model_di
     # Python's resource tracker may warn after our line, at interpreter exit.
     tail = log.strip().splitlines()[-5:]
     assert any(x.startswith("vllm-uma serve: error: ") for x in tail), tail
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (
+            ["--kv-offloading-backend", "lmcache"],
+            "--kv-offloading-backend lmcache is not supported",
+        ),
+        (["--pipeline-parallel-size", "2"], "not supported with pipeline or data parallelism"),
+    ],
+)
+def test_offloading_refusals_are_one_line(vllm_uma_exe, default_model_dir, flags, fragment):
+    result = run_serve(vllm_uma_exe, "--kv-offloading-size", "1", *flags)
+    assert_one_line_error(result, fragment)

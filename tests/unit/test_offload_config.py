@@ -31,16 +31,51 @@ class Model(SimpleNamespace):
         return self.sliding_window
 
 
-def vllm_config(size=None, backend="native", ktc=None, use_mla=False, sliding_window=None):
+class Spec(SimpleNamespace):
+    def uses_draft_model(self):
+        return self.method == "draft_model"
+
+
+def vllm_config(
+    size=None,
+    backend="native",
+    ktc=None,
+    use_mla=False,
+    sliding_window=None,
+    runner_type="generate",
+    transcription=False,
+    is_hybrid=False,
+    pp=1,
+    dp=1,
+    tp=1,
+    executor="uni",
+    spec=None,
+    hash_algo="sha256",
+):
     return SimpleNamespace(
         cache_config=SimpleNamespace(
-            kv_offloading_size=size, kv_offloading_backend=backend, gpu_memory_utilization=0.5
+            kv_offloading_size=size,
+            kv_offloading_backend=backend,
+            gpu_memory_utilization=0.5,
+            prefix_caching_hash_algo=hash_algo,
         ),
         kv_transfer_config=ktc,
         model_config=Model(
-            use_mla=use_mla, sliding_window=sliding_window, dtype=torch.bfloat16, max_model_len=8192
+            use_mla=use_mla,
+            sliding_window=sliding_window,
+            dtype=torch.bfloat16,
+            max_model_len=8192,
+            runner_type=runner_type,
+            _model_info=SimpleNamespace(supports_transcription=transcription),
+            is_hybrid=is_hybrid,
         ),
-        parallel_config=SimpleNamespace(),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=pp,
+            data_parallel_size=dp,
+            tensor_parallel_size=tp,
+            distributed_executor_backend=executor,
+        ),
+        speculative_config=None if spec is None else Spec(method=spec),
     )
 
 
@@ -95,6 +130,22 @@ def test_explicit_cpu_bytes_in_the_json_is_kept():
         ),
         (dict(size=1, use_mla=True), "not supported for MLA models"),
         (dict(size=1, sliding_window=4096), "sliding_window=4096"),
+        (dict(size=1, runner_type="pooling"), "not supported for pooling"),
+        (dict(size=1, transcription=True), "not supported for speech-to-text"),
+        (dict(size=1, is_hybrid=True), "not supported for hybrid models"),
+        (dict(size=1, pp=2), "--pipeline-parallel-size=2"),
+        (dict(size=1, dp=2), "--data-parallel-size=2"),
+        (dict(size=1, tp=2, executor="mp"), "the executor is 'mp' (tensor_parallel_size=2)"),
+        (dict(size=1, executor="ray"), "the executor is 'ray'"),
+        (dict(size=1, spec="draft_model"), "draft-model speculative decoding"),
+        (
+            dict(ktc=connector("OffloadingConnector", cpu_byte_to_use=1)),
+            "unknown key(s) ['cpu_byte_to_use']",
+        ),
+        (
+            dict(ktc=connector("OffloadingConnector", secondary_tiers=[])),
+            "'secondary_tiers' (the disk tier) is not available",
+        ),
     ],
 )
 def test_refusals_name_the_setting_and_the_fix(kwargs, fragment):
@@ -102,3 +153,23 @@ def test_refusals_name_the_setting_and_the_fix(kwargs, fragment):
         oc.translate(vllm_config(**kwargs), 24 * GiB)
     assert fragment in str(err.value)
     assert "remove" in str(err.value).lower() or "use " in str(err.value)
+
+
+def test_other_speculative_methods_are_allowed():
+    cfg = vllm_config(size=1, ktc=connector(None), spec="ngram")
+    assert oc.translate(cfg, 24 * GiB) is not None
+
+
+@pytest.mark.parametrize("algo", ["xxhash", "xxhash_cbor"])
+def test_per_process_hashes_warn_unless_seeded(monkeypatch, algo):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    warning = oc.hash_warning(vllm_config(hash_algo=algo))
+    assert f"--prefix-caching-hash-algo {algo} is seeded per process" in warning
+    assert "Set PYTHONHASHSEED or use sha256" in warning
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert oc.hash_warning(vllm_config(hash_algo=algo)) is None
+
+
+def test_stable_hashes_do_not_warn(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert oc.hash_warning(vllm_config(hash_algo="sha256")) is None

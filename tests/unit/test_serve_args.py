@@ -70,3 +70,23 @@ def test_every_vllm_flag_is_accepted():
     args = parse(["--max-model-len", "2048", "--kv-cache-memory-bytes", "1073741824"])
     assert args.max_model_len == 2048
     assert args.kv_cache_memory_bytes == 1 << 30
+
+
+def test_config_refusals_reach_the_user_as_one_line():
+    import pydantic
+
+    from vllm_uma.serve import one_line
+
+    class Config(pydantic.BaseModel):
+        x: int
+
+        @pydantic.field_validator("x")
+        @classmethod
+        def refuse(cls, v):
+            raise ValueError("--flag=1 is invalid: do this instead.")
+
+    try:
+        Config(x=1)
+    except pydantic.ValidationError as exc:
+        assert one_line(exc) == "--flag=1 is invalid: do this instead."
+    assert one_line(RuntimeError("a\n  b")) == "RuntimeError: a b"

@@ -10,10 +10,24 @@ named, and a clear refusal for what the host pool does not support.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 GiB = 1 << 30
 CONNECTOR = "OffloadingConnector"
+# kv_connector_extra_config keys we act on, or pass through to vLLM's
+# CPUOffloadingManager; anything else is a typo or a feature we lack.
+KNOWN_EXTRA_KEYS = frozenset(
+    {
+        "spec_name",
+        "spec_module_path",
+        "cpu_bytes_to_use",
+        "eviction_policy",
+        "store_threshold",
+        "max_tracker_size",
+        "offload_prompt_only",
+    }
+)
 SPEC_KEYS = {"spec_name": "UmaOffloadingSpec", "spec_module_path": "vllm_uma.kv_offload.spec"}
 
 
@@ -72,8 +86,46 @@ def refuse_unsupported(vllm_config) -> None:
             f"--kv-offloading-size cannot be combined with the KV connector "
             f"{ktc.kv_connector!r} named in --kv-transfer-config: remove one of them."
         )
-    model = vllm_config.model_config
-    if model is not None and model.use_mla:
+    refuse_unknown_keys(ktc)
+    refuse_model(vllm_config.model_config)
+    refuse_parallelism(vllm_config)
+
+
+def refuse_unknown_keys(ktc) -> None:
+    extra = {} if ktc is None else ktc.kv_connector_extra_config
+    if "secondary_tiers" in extra:
+        raise OffloadingConfigError(
+            "kv_connector_extra_config 'secondary_tiers' (the disk tier) is not "
+            "available in this version of vllm-uma: remove it to offload to the "
+            "host pool only."
+        )
+    unknown = sorted(set(extra) - KNOWN_EXTRA_KEYS)
+    if unknown:
+        raise OffloadingConfigError(
+            f"unknown key(s) {unknown} in kv_connector_extra_config; the known "
+            f"keys are {sorted(KNOWN_EXTRA_KEYS)}. Remove or correct them."
+        )
+
+
+def refuse_model(model) -> None:
+    if model is None:
+        return
+    if model.runner_type == "pooling":
+        raise OffloadingConfigError(
+            "KV offloading is not supported for pooling (embedding, reward, "
+            "classification) models: remove --kv-offloading-size."
+        )
+    info = getattr(model, "_model_info", None)
+    if info is not None and info.supports_transcription:
+        raise OffloadingConfigError(
+            "KV offloading is not supported for speech-to-text models: remove --kv-offloading-size."
+        )
+    if model.is_hybrid:
+        raise OffloadingConfigError(
+            "KV offloading is not supported for hybrid models (their KV cache "
+            "is split into several groups): remove --kv-offloading-size."
+        )
+    if model.use_mla:
         raise OffloadingConfigError(
             "KV offloading is not supported for MLA models (this model uses "
             "multi-head latent attention): remove --kv-offloading-size."
@@ -84,6 +136,44 @@ def refuse_unsupported(vllm_config) -> None:
             f"model's sliding_window={model.get_sliding_window()}): remove "
             f"--kv-offloading-size."
         )
+
+
+def refuse_parallelism(vllm_config) -> None:
+    parallel = vllm_config.parallel_config
+    if parallel.pipeline_parallel_size > 1 or parallel.data_parallel_size > 1:
+        raise OffloadingConfigError(
+            f"KV offloading is not supported with pipeline or data parallelism "
+            f"(--pipeline-parallel-size={parallel.pipeline_parallel_size}, "
+            f"--data-parallel-size={parallel.data_parallel_size}): set both to 1 "
+            f"or remove --kv-offloading-size."
+        )
+    backend = parallel.distributed_executor_backend
+    if backend not in (None, "uni"):
+        raise OffloadingConfigError(
+            f"KV offloading needs the in-process executor 'uni', but the "
+            f"executor is {backend!r} (tensor_parallel_size="
+            f"{parallel.tensor_parallel_size}): remove --distributed-executor-backend "
+            f"and use one worker, or remove --kv-offloading-size."
+        )
+    spec = vllm_config.speculative_config
+    if spec is not None and spec.uses_draft_model():
+        raise OffloadingConfigError(
+            "KV offloading is not supported with draft-model speculative "
+            "decoding: remove --speculative-config or --kv-offloading-size."
+        )
+
+
+def hash_warning(vllm_config) -> str | None:
+    """Why per-process hashes matter, when they are in use; else None."""
+    algo = vllm_config.cache_config.prefix_caching_hash_algo
+    if algo in ("xxhash", "xxhash_cbor") and not os.environ.get("PYTHONHASHSEED"):
+        return (
+            f"--prefix-caching-hash-algo {algo} is seeded per process unless "
+            f"PYTHONHASHSEED is set: offloaded blocks cannot be found again by "
+            f"a restarted server (the disk tier needs stable hashes). Set "
+            f"PYTHONHASHSEED or use sha256."
+        )
+    return None
 
 
 def translate(vllm_config, total_ram: int) -> PoolSize | None:
