@@ -9,6 +9,7 @@ the same greedy tokens as a server without offloading.
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -27,21 +28,28 @@ def prompt(i: int) -> str:
     return f"Story {i}: " + " ".join(WORDS[(i + k) % 8] + str(k % 10) for k in range(600))
 
 
+def complete(server, i: int) -> list[int]:
+    reply = server.post(
+        "/v1/completions",
+        {
+            "model": "SmolLM2-135M-Instruct",
+            "prompt": prompt(i),
+            "max_tokens": 16,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
+    return reply["choices"][0]["token_ids"]
+
+
 def run_traffic(server) -> list[list[int]]:
-    outputs = []
-    for i in ORDER:
-        reply = server.post(
-            "/v1/completions",
-            {
-                "model": "SmolLM2-135M-Instruct",
-                "prompt": prompt(i),
-                "max_tokens": 16,
-                "temperature": 0,
-                "return_token_ids": True,
-            },
-        )
-        outputs.append(reply["choices"][0]["token_ids"])
-    return outputs
+    return [complete(server, i) for i in ORDER]
+
+
+def run_concurrent(server) -> list[list[int]]:
+    """The same prompts, four at a time."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda i: complete(server, i), ORDER))
 
 
 def metric(server, name: str, transfer_type: str) -> float:
@@ -51,17 +59,37 @@ def metric(server, name: str, transfer_type: str) -> float:
     return sum(values)
 
 
+def counter(server, name: str) -> float:
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    return sum(
+        float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    )
+
+
 @pytest.fixture(scope="module")
 def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
     results = {}
-    for name, extra in (("off", []), ("pool", ["--kv-offloading-size", "1"])):
+    variants = (
+        ("off", []),
+        ("pool", ["--kv-offloading-size", "1"]),
+        # 0.01 GiB holds 3 blocks: no 9-block prompt ever fits.
+        ("tiny", ["--kv-offloading-size", "0.01"]),
+    )
+    for name, extra in variants:
         log = tmp_path_factory.mktemp(f"offload-{name}") / "server.log"
         srv = Server(vllm_uma_exe, SMALL_L1 + extra, log).wait_ready()
         try:
+            # Sequential first, as on the other servers, so outputs compare.
             outputs = run_traffic(srv)
-            restored = metric(srv, "vllm:kv_offload_total_bytes_total", "CPU_to_GPU")
-            stored = metric(srv, "vllm:kv_offload_total_bytes_total", "GPU_to_CPU")
-            results[name] = dict(outputs=outputs, restored=restored, stored=stored, log=srv.log())
+            concurrent = run_concurrent(srv) if name == "tiny" else None
+            results[name] = dict(
+                outputs=outputs,
+                concurrent=concurrent,
+                restored=metric(srv, "vllm:kv_offload_total_bytes_total", "CPU_to_GPU"),
+                stored=metric(srv, "vllm:kv_offload_total_bytes_total", "GPU_to_CPU"),
+                failures=counter(srv, "vllm:kv_offload_allocation_failure_total"),
+                log=srv.log(),
+            )
         finally:
             srv.stop()
     return results
@@ -85,3 +113,12 @@ def test_the_pool_is_in_the_breakdown(runs):
     line = next(x for x in runs["pool"]["log"].splitlines() if "memory breakdown:" in x)
     assert parse_breakdown(line)["kv_offload_pool"] == 1 << 30
     assert "KV offloading: host pool of 1.00 GiB (--kv-offloading-size)." in runs["pool"]["log"]
+
+
+def test_a_pool_too_small_loses_no_request(runs):
+    tiny = runs["tiny"]
+    # Four at a time: every request completes with its 16 tokens...
+    assert all(len(ids) == 16 for ids in tiny["concurrent"])
+    # ...the failed stores are counted, and nothing wrong was served.
+    assert tiny["failures"] > 0
+    assert tiny["outputs"] == runs["off"]["outputs"]
