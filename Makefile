@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model bench-memory clean
+.PHONY: serve test test-unit install model bench-memory bench-offload clean
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
@@ -37,6 +37,12 @@ test-unit: $(STAMP)
 # Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).
 bench-memory: model
 	$(BIN)/python tools/benchmark/memory_benchmark.py --startup-under-pressure 6 --out bench-out/memory_benchmark.json
+
+# KV offloading: TTFT of an L2 restore against an L1 hit and a recompute,
+# the cost with no reuse, and the L1<->L2 copy bandwidth beside memcpy.
+bench-offload: model
+	$(BIN)/python tools/benchmark/kv_offload_ttft.py
+	$(BIN)/python tools/benchmark/kv_pool_bandwidth.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

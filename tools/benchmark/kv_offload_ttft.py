@@ -1,0 +1,129 @@
+"""TTFT of a prefix restored from the host pool (L2), against an L1 hit and a recompute.
+
+    .venv/bin/python tools/benchmark/kv_offload_ttft.py [--prompt-tokens 4000] [--rounds 3]
+
+One server with a 2 GiB pool and an L1 of about two prompts
+(--kv-cache-memory-bytes). Each round: prompt P cold (recompute), P again
+(L1 hit), three other prompts (P leaves L1), P again (restored from L2).
+A second pair of servers, pool off and on, serves distinct prompts at
+concurrency 4 to show what offloading costs when nothing is reused.
+Requests use max_tokens=1, so latency is the TTFT. Medians of one run;
+ratios are what to compare on a shared machine. The floor for a restore is
+its bytes over the memory-copy bandwidth measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from tests.e2e.server import Server  # noqa: E402  (the test harness starts servers)
+
+KV_PER_TOKEN = 23_040  # SmolLM2-135M, bf16
+EXE = str(Path(sys.executable).parent / "vllm-uma")
+COMMON = ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(220 * 10**6)]
+
+
+def text(seed: int, tokens: int) -> str:
+    # about one token per word: "w" + digit pairs would split; plain words do not.
+    words = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
+    return f"{seed} " + " ".join(words[(seed * 7 + k) % 8] for k in range(tokens - 2))
+
+
+def ttft(server, prompt: str) -> float:
+    start = time.perf_counter()
+    server.post(
+        "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 1}
+    )
+    return time.perf_counter() - start
+
+
+def memcpy_gbps(nbytes: int) -> float:
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+    return nbytes / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def start(args: list[str], log_dir: Path, name: str) -> Server:
+    print(f"starting {name} ...", file=sys.stderr, flush=True)
+    return Server(EXE, COMMON + args, log_dir / f"{name}.log").wait_ready()
+
+
+def revisit_rounds(log_dir: Path, tokens: int, rounds: int) -> dict[str, list[float]]:
+    times = {"recompute": [], "l1_hit": [], "l2_restore": []}
+    server = start(["--kv-offloading-size", "2"], log_dir, "pool")
+    try:
+        for r in range(rounds):
+            p = text(100 + r, tokens)
+            times["recompute"].append(ttft(server, p))
+            times["l1_hit"].append(ttft(server, p))
+            for k in range(3):
+                ttft(server, text(200 + 10 * r + k, tokens))
+            times["l2_restore"].append(ttft(server, p))
+            print(
+                f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()),
+                file=sys.stderr,
+            )
+    finally:
+        server.stop()
+    return times
+
+
+def no_reuse_throughput(log_dir: Path, tokens: int, requests: int) -> dict[str, float]:
+    out = {}
+    for name, extra in (("off", []), ("pool", ["--kv-offloading-size", "2"])):
+        server = start(extra, log_dir, f"noreuse-{name}")
+        try:
+            prompts = [text(1000 + i, tokens // 2) for i in range(requests)]
+            begin = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                list(pool.map(lambda p, s=server: ttft(s, p), prompts))
+            out[name] = requests * (tokens // 2) / (time.perf_counter() - begin)
+        finally:
+            server.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompt-tokens", type=int, default=4000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-reuse-requests", type=int, default=12)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kv-offload-ttft-") as tmp:
+        times = revisit_rounds(Path(tmp), args.prompt_tokens, args.rounds)
+        tput = no_reuse_throughput(Path(tmp), args.prompt_tokens, args.no_reuse_requests)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    restore_bytes = args.prompt_tokens * KV_PER_TOKEN
+    floor = restore_bytes / (memcpy_gbps(restore_bytes) * 1e9)
+    print(f"{'case':12} {'median TTFT s':>14}")
+    for k, v in med.items():
+        print(f"{k:12} {v:14.3f}")
+    print(f"floor for restoring {restore_bytes / 2**20:.0f} MiB at memcpy speed: {floor:.3f} s")
+    print(f"l2_restore / l1_hit = {med['l2_restore'] / med['l1_hit']:.2f} (target <= 1.5)")
+    print(f"recompute / l2_restore = {med['recompute'] / med['l2_restore']:.1f} (target >= 10)")
+    cost = 1 - tput["pool"] / tput["off"]
+    print(
+        f"no reuse, concurrency 4: {tput['off']:.0f} tok/s off, {tput['pool']:.0f} tok/s with "
+        f"the pool: cost {cost:.1%} (target <= 5%)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
