@@ -47,10 +47,6 @@ class HostPool:
                 f"{self.array.ctypes.data:#x}, torch at {self.tensor.data_ptr():#x}"
             )
 
-    @property
-    def nbytes(self) -> int:
-        return self.num_rows * self.row_bytes
-
     def close(self) -> None:
         del self.tensor, self.array
         self._region.close()
