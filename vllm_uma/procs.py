@@ -1,13 +1,24 @@
-"""Find the process of a running server that holds the model and the KV cache.
+"""Start, stop and inspect a `vllm-uma serve` process (for tests and tools).
 
-With vLLM's 'mp' executor that is the worker ("VLLM::Worker"); with 'uni'
-(vllm-uma's default for one worker) the worker lives in the engine-core
-process ("VLLM::EngineCore"). Tests and benchmarks read its RSS and VmLck.
+The server runs in its own session so that stopping it also stops vLLM's
+engine-core and worker processes; its log goes to a file. The process that
+holds the model and the KV cache is the worker ("VLLM::Worker") with vLLM's
+'mp' executor, or the engine-core process ("VLLM::EngineCore") with 'uni',
+vllm-uma's default for one worker. Tests and benchmarks read its RSS and
+VmLck.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
 import psutil
+import requests
 
 
 def model_process(server_pid: int) -> psutil.Process:
@@ -23,3 +34,80 @@ def model_process(server_pid: int) -> psutil.Process:
             if title.startswith(prefix):
                 return proc
     raise LookupError(f"no VLLM::Worker or VLLM::EngineCore process under pid {server_pid}")
+
+
+READY_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, exe: str, args: list[str], log_path: Path, env: dict | None = None):
+        self.port = free_port()
+        self.log_path = log_path
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [exe, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> "Server":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
+                )
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
+
+    def worker(self) -> psutil.Process:
+        """The process that runs the model (holds the weights and the KV cache)."""
+        return model_process(self.proc.pid)
+
+    def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
+        response = requests.post(f"{self.url}{path}", json=payload, timeout=timeout)
+        response.raise_for_status()
+        return response.json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        # Children that outlived the parent (the group is the session).
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+
+
+def proc_status(pid: int, key: str) -> int:
+    """A kB field of /proc/PID/status, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)

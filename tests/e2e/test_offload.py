@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.e2e.server import Server
+from vllm_uma.procs import Server
 from vllm_uma.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from tests.e2e.server import Server, proc_status
 from vllm_uma.memory import parse_breakdown
+from vllm_uma.procs import Server, proc_status
 
 pytestmark = pytest.mark.slow
 

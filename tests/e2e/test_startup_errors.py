@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.e2e.server import Server
+from vllm_uma.procs import Server
 
 pytestmark = pytest.mark.slow
 

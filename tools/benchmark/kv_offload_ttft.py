@@ -24,9 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from tests.e2e.server import Server  # noqa: E402  (the test harness starts servers)
+from vllm_uma.procs import Server
 
 KV_PER_TOKEN = 23_040  # SmolLM2-135M, bf16
 EXE = str(Path(sys.executable).parent / "vllm-uma")

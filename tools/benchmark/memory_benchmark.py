@@ -27,7 +27,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ import psutil
 
 from vllm_uma import default_model
 from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
-from vllm_uma.procs import model_process
+from vllm_uma.procs import free_port, model_process
 
 GiB = 1 << 30
 VENV_BIN = Path(sys.executable).parent
@@ -50,14 +49,6 @@ REFUSAL_RE = re.compile(r"Available memory on node .*")
 
 def say(msg: str) -> None:
     print(f"[memory_benchmark {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    # The kernel picks a free port; the tiny race until the server binds it
-    # is acceptable for a benchmark (and vllm-uma's preflight reports it).
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_command(kind: str, port: int, util: float) -> tuple[list[str], dict]:
