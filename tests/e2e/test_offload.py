@@ -14,13 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from vllm_uma.procs import Server
 from vllm_uma.memory import parse_breakdown
+from vllm_uma.procs import Server
 
 pytestmark = pytest.mark.slow
 
 SMALL_L1 = ["--kv-cache-memory-bytes", "100000000", "--max-model-len", "2048"]
 ORDER = [0, 1, 2, 3, 4, 5, 0, 1]  # 0 and 1 have left L1 when they come back
+BYTES_MOVED = "vllm:kv_offload_total_bytes_total"
 WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
 
 
@@ -52,18 +53,10 @@ def run_concurrent(server) -> list[list[int]]:
         return list(pool.map(lambda i: complete(server, i), ORDER))
 
 
-def metric(server, name: str, transfer_type: str) -> float:
-    text = requests.get(f"{server.url}/metrics", timeout=10).text
-    pattern = rf'^{re.escape(name)}\{{[^}}]*transfer_type="{transfer_type}"[^}}]*\}} (\S+)$'
-    values = [float(v) for v in re.findall(pattern, text, flags=re.M)]
-    return sum(values)
-
-
-def counter(server, name: str) -> float:
-    text = requests.get(f"{server.url}/metrics", timeout=10).text
-    return sum(
-        float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-    )
+def metric(text: str, name: str, label: str = "") -> float:
+    """Sum of a /metrics series over the samples whose labels contain ``label``."""
+    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
+    return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +75,13 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
             # Sequential first, as on the other servers, so outputs compare.
             outputs = run_traffic(srv)
             concurrent = run_concurrent(srv) if name == "tiny" else None
+            metrics = requests.get(f"{srv.url}/metrics", timeout=10).text
             results[name] = dict(
                 outputs=outputs,
                 concurrent=concurrent,
-                restored=metric(srv, "vllm:kv_offload_total_bytes_total", "CPU_to_GPU"),
-                stored=metric(srv, "vllm:kv_offload_total_bytes_total", "GPU_to_CPU"),
-                failures=counter(srv, "vllm:kv_offload_allocation_failure_total"),
+                restored=metric(metrics, BYTES_MOVED, 'transfer_type="CPU_to_GPU"'),
+                stored=metric(metrics, BYTES_MOVED, 'transfer_type="GPU_to_CPU"'),
+                failures=metric(metrics, "vllm:kv_offload_allocation_failure_total"),
                 log=srv.log(),
             )
         finally:
