@@ -195,7 +195,7 @@ def convert_gguf(source: Path, out_dir: Path, progress: Progress) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def check_model(directory: Path, progress: Progress) -> None:
+def check_answer(directory: Path, progress: Progress) -> None:
     """Greedy-decode a known question; refuse to publish a wrong model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -223,7 +223,7 @@ def prepare(
     cache_root: Path | None = None,
     progress: Progress = _stderr_progress,
     convert: Callable[[Path, Path, Progress], None] = convert_gguf,
-    check: Callable[[Path, Progress], None] = check_model,
+    check: Callable[[Path, Progress], None] = check_answer,
 ) -> Path:
     """Build the default model if needed and return its directory.
 

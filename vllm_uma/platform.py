@@ -34,6 +34,7 @@ from vllm.platforms.cpu import CpuPlatform
 from vllm_uma.config import UmaConfig
 from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.log import get_logger
+from vllm_uma.memory import fmt_gib
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -107,7 +108,7 @@ class UmaPlatform(CpuPlatform):
         pool = offload_config.translate(vllm_config, total_ram_bytes())
         if pool is not None:
             logger.info_once(
-                "KV offloading: host pool of %.2f GiB (%s).", pool.bytes / 2**30, pool.reason
+                "KV offloading: host pool of %s (%s).", fmt_gib(pool.bytes), pool.reason
             )
             if warning := offload_config.hash_warning(vllm_config):
                 logger.warning_once(warning)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-GiB = 1 << 30
+from vllm_uma.memory import GiB
+
 CONNECTOR = "OffloadingConnector"
 # kv_connector_extra_config keys we act on, or pass through to vLLM's
 # CPUOffloadingManager; anything else is a typo or a feature we lack.
