@@ -1,0 +1,165 @@
+"""The disk tier's settings (L3), typed and checked once where they enter.
+
+The user names the tier in vLLM's own flag::
+
+    --kv-transfer-config '{"kv_connector_extra_config": {"secondary_tiers":
+        [{"type": "fs", "root_dir": "/var/cache/kv", "max_size_gib": 50}]}}'
+
+``parse_disk_tier`` runs in the API-server process, from the platform's
+``check_and_update_config`` (through ``kv_offload.config.translate``), before
+any weights load: a typo, a refused tier type, a directory that cannot be
+written or a volume too small for the default cap fails start-up there, with
+one line naming the value, the rule and the fix. The engine-core process
+parses the same JSON again when vLLM builds the spec; by then it is known to
+be valid, and both processes get the same ``DiskTierConfig``.
+
+The cap is resolved here too, so that every later reader sees bytes:
+``max_size_gib`` unset means 10% of the volume's size (refused if the volume
+has less free space than that), ``0`` means no cap.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+TIER_TYPE = "fs"
+DEFAULT_CAP_FRACTION = 0.10
+KNOWN_TIER_KEYS = frozenset({"type", "root_dir", "max_size_gib", "enable_kv_events"})
+
+
+class DiskTierConfigError(ValueError):
+    """A disk-tier setting the plugin cannot serve; the message has the fix."""
+
+
+@dataclass(frozen=True)
+class DiskTierConfig:
+    root_dir: Path
+    # None: no cap (max_size_gib=0). Otherwise the most bytes of block files
+    # that may sit under root_dir; a store that would cross it evicts first.
+    cap_bytes: int | None
+    # Publish disk stores and removals as KV events (only ever True when
+    # vLLM's global KV events are on).
+    enable_kv_events: bool
+    # For the log: where the cap came from.
+    cap_reason: str
+
+
+def parse_disk_tier(
+    secondary_tiers: Any, *, kv_events_enabled: bool
+) -> tuple[DiskTierConfig | None, list[str]]:
+    """The disk tier named in ``secondary_tiers`` (None if the list is empty),
+    and the warnings to log."""
+    if secondary_tiers is None or secondary_tiers == []:
+        return None, []
+    if not isinstance(secondary_tiers, list) or not all(
+        isinstance(t, dict) for t in secondary_tiers
+    ):
+        raise DiskTierConfigError(
+            f"kv_connector_extra_config 'secondary_tiers'={secondary_tiers!r} is "
+            f"invalid: it must be a list of tier objects, e.g. "
+            f'[{{"type": "fs", "root_dir": "/path"}}].'
+        )
+    if len(secondary_tiers) > 1:
+        raise DiskTierConfigError(
+            f"'secondary_tiers' names {len(secondary_tiers)} tiers; vllm-uma has "
+            f"one disk tier per server. Keep a single "
+            f'{{"type": "fs", ...}} entry.'
+        )
+    raw = secondary_tiers[0]
+    tier_type = raw.get("type")
+    if tier_type != TIER_TYPE:
+        raise DiskTierConfigError(
+            f"secondary tier type {tier_type!r} is not supported by vllm-uma: the "
+            f'only tier type is "fs" (a disk directory). Set "type": "fs".'
+        )
+    unknown = sorted(set(raw) - KNOWN_TIER_KEYS)
+    if unknown:
+        raise DiskTierConfigError(
+            f"unknown key(s) {unknown} in the fs secondary tier; the known keys "
+            f"are {sorted(KNOWN_TIER_KEYS)}. Remove or correct them."
+        )
+    root_dir = _root_dir(raw.get("root_dir"))
+    warnings = []
+    events = raw.get("enable_kv_events")
+    if events is not None and not isinstance(events, bool):
+        raise DiskTierConfigError(
+            f"fs tier enable_kv_events={events!r} is invalid: it must be true or "
+            f"false (or left out: it follows --kv-events-config)."
+        )
+    if events and not kv_events_enabled:
+        warnings.append(
+            "the fs tier sets enable_kv_events, but KV cache events are off: the "
+            "disk tier will publish nothing. Add --kv-events-config "
+            '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\' to publish them.'
+        )
+    prepare_root(root_dir)
+    cap_bytes, reason = resolve_cap(raw.get("max_size_gib"), root_dir)
+    return (
+        DiskTierConfig(
+            root_dir=root_dir,
+            cap_bytes=cap_bytes,
+            # On whenever vLLM's events are on, unless the user turned it off.
+            enable_kv_events=kv_events_enabled and events is not False,
+            cap_reason=reason,
+        ),
+        warnings,
+    )
+
+
+def _root_dir(value: Any) -> Path:
+    if not isinstance(value, str) or not value:
+        raise DiskTierConfigError(
+            f"fs tier root_dir={value!r} is invalid: it must be a directory path. "
+            f'Add "root_dir": "/path/to/kv-cache" to the tier.'
+        )
+    return Path(value).expanduser().absolute()
+
+
+def prepare_root(root_dir: Path) -> None:
+    """Create ``root_dir`` private (0700) if missing; prove it is writable."""
+    try:
+        root_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A real file, not os.access: that ignores read-only mounts and ACLs.
+        with tempfile.TemporaryFile(dir=root_dir):
+            pass
+    except OSError as exc:
+        raise DiskTierConfigError(
+            f"fs tier root_dir={str(root_dir)!r} cannot be created or written "
+            f"({exc.strerror or exc}): choose a directory this user can write, "
+            f"or fix its permissions."
+        ) from None
+
+
+def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
+    """Bytes the tier may use (None: no cap) and why."""
+    if value is None:
+        vfs = os.statvfs(root_dir)
+        size, free = vfs.f_blocks * vfs.f_frsize, vfs.f_bavail * vfs.f_frsize
+        cap = int(size * DEFAULT_CAP_FRACTION)
+        if free < cap:
+            raise DiskTierConfigError(
+                f"the fs tier's default cap is 10% of the volume holding "
+                f"{str(root_dir)!r} ({cap / GiB:.1f} GiB), but only "
+                f"{free / GiB:.1f} GiB is free: set max_size_gib to a size that "
+                f"fits (0 means no cap), or free some space."
+            )
+        return cap, "10% of the volume (max_size_gib not set)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DiskTierConfigError(
+            f"fs tier max_size_gib={value!r} is invalid: it must be a number of "
+            f"GiB >= 0 (0 means no cap). Set a size in GiB or remove the key."
+        )
+    if value < 0:
+        raise DiskTierConfigError(
+            f"fs tier max_size_gib={value} is invalid: it must be >= 0 (0 means "
+            f"no cap). Set a size in GiB or remove the key."
+        )
+    if value == 0:
+        return None, "max_size_gib=0 (no cap)"
+    return int(value * GiB), f"max_size_gib={value}"
