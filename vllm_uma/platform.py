@@ -105,12 +105,20 @@ class UmaPlatform(CpuPlatform):
         )
         # Checked here, in the API server, before any weights load.
         UmaConfig.from_additional_config(vllm_config.additional_config)
-        pool = offload_config.translate(vllm_config, total_ram_bytes())
-        if pool is not None:
+        plan = offload_config.translate(vllm_config, total_ram_bytes())
+        if plan is not None:
             logger.info_once(
-                "KV offloading: host pool of %s (%s).", fmt_gib(pool.bytes), pool.reason
+                "KV offloading: host pool of %s (%s).", fmt_gib(plan.pool.bytes), plan.pool.reason
             )
-            if warning := offload_config.hash_warning(vllm_config):
+            if plan.disk is not None:
+                cap = plan.disk.cap_bytes
+                logger.info_once(
+                    "KV offloading: disk tier at %s, cap %s (%s).",
+                    plan.disk.root_dir,
+                    "none" if cap is None else fmt_gib(cap),
+                    plan.disk.cap_reason,
+                )
+            for warning in plan.warnings:
                 logger.warning_once(warning)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":

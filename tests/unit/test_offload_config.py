@@ -51,8 +51,10 @@ def vllm_config(
     executor="uni",
     spec=None,
     hash_algo="sha256",
+    kv_events=False,
 ):
     return SimpleNamespace(
+        kv_events_config=SimpleNamespace(enable_kv_cache_events=kv_events),
         cache_config=SimpleNamespace(
             kv_offloading_size=size,
             kv_offloading_backend=backend,
@@ -92,7 +94,7 @@ def test_off_when_neither_flag_is_given():
 
 def test_size_flag_points_the_connector_at_our_spec():
     cfg = vllm_config(size=1.5, ktc=connector(None))
-    pool = oc.translate(cfg, 24 * GiB)
+    pool = oc.translate(cfg, 24 * GiB).pool
     assert pool.bytes == int(1.5 * GiB) and pool.reason == "--kv-offloading-size"
     extra = cfg.kv_transfer_config.kv_connector_extra_config
     assert extra["spec_name"] == "UmaOffloadingSpec"
@@ -101,7 +103,7 @@ def test_size_flag_points_the_connector_at_our_spec():
 
 def test_connector_without_size_gets_two_requests_of_kv():
     cfg = vllm_config(ktc=connector("OffloadingConnector"))
-    pool = oc.translate(cfg, 24 * GiB)
+    pool = oc.translate(cfg, 24 * GiB).pool
     assert pool.bytes == 2 * 8192 * PER_TOKEN
     assert "2 x max_model_len=8192" in pool.reason
     assert oc.configured_pool_bytes(cfg) == pool.bytes
@@ -115,7 +117,7 @@ def test_auto_size_is_clamped_to_a_quarter_of_the_kv_budget():
 
 def test_explicit_cpu_bytes_in_the_json_is_kept():
     cfg = vllm_config(ktc=connector("OffloadingConnector", cpu_bytes_to_use=123456789))
-    assert oc.translate(cfg, 24 * GiB).bytes == 123456789
+    assert oc.translate(cfg, 24 * GiB).pool.bytes == 123456789
 
 
 @pytest.mark.parametrize(
@@ -143,8 +145,17 @@ def test_explicit_cpu_bytes_in_the_json_is_kept():
             "unknown key(s) ['cpu_byte_to_use']",
         ),
         (
-            dict(ktc=connector("OffloadingConnector", secondary_tiers=[])),
-            "'secondary_tiers' (the disk tier) is not available",
+            dict(ktc=connector(None, secondary_tiers=[{"type": "fs", "root_dir": "/x"}])),
+            "'secondary_tiers' (the disk tier) needs the host pool",
+        ),
+        (
+            dict(
+                size=1,
+                ktc=connector(
+                    None, store_threshold=2, secondary_tiers=[{"type": "fs", "root_dir": "/x"}]
+                ),
+            ),
+            "store_threshold=2 cannot be combined with the disk tier",
         ),
     ],
 )
@@ -173,3 +184,25 @@ def test_per_process_hashes_warn_unless_seeded(monkeypatch, algo):
 def test_stable_hashes_do_not_warn(monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     assert oc.hash_warning(vllm_config(hash_algo="sha256")) is None
+
+
+def test_a_disk_tier_selects_the_tiered_spec(tmp_path):
+    tiers = [{"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 2}]
+    cfg = vllm_config(size=1, ktc=connector(None, secondary_tiers=tiers), kv_events=True)
+    plan = oc.translate(cfg, 24 * GiB)
+    assert plan.disk.root_dir == tmp_path / "kv" and plan.disk.cap_bytes == 2 * GiB
+    assert plan.disk.enable_kv_events  # the tier follows --kv-events-config
+    extra = cfg.kv_transfer_config.kv_connector_extra_config
+    assert extra["spec_name"] == "UmaTieredOffloadingSpec"
+
+
+def test_without_a_disk_tier_the_pool_spec_is_used_and_no_warnings(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    plan = oc.translate(vllm_config(size=1, ktc=connector(None)), 24 * GiB)
+    assert plan.disk is None and plan.warnings == ()
+
+
+def test_the_hash_warning_is_part_of_the_plan(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    plan = oc.translate(vllm_config(size=1, ktc=connector(None), hash_algo="xxhash"), 24 * GiB)
+    assert any("seeded per process" in w for w in plan.warnings)

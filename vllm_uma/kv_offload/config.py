@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from vllm_uma.kv_offload.disk_config import DiskTierConfig, parse_disk_tier
 from vllm_uma.memory import GiB
 
 CONNECTOR = "OffloadingConnector"
@@ -27,9 +28,12 @@ KNOWN_EXTRA_KEYS = frozenset(
         "store_threshold",
         "max_tracker_size",
         "offload_prompt_only",
+        "secondary_tiers",  # the disk tier, checked by disk_config.py
     }
 )
-SPEC_KEYS = {"spec_name": "UmaOffloadingSpec", "spec_module_path": "vllm_uma.kv_offload.spec"}
+SPEC_MODULE = "vllm_uma.kv_offload.spec"
+POOL_SPEC = "UmaOffloadingSpec"  # L2 only
+TIERED_SPEC = "UmaTieredOffloadingSpec"  # L2 + the disk tier
 
 
 class OffloadingConfigError(ValueError):
@@ -40,6 +44,13 @@ class OffloadingConfigError(ValueError):
 class PoolSize:
     bytes: int
     reason: str  # for the log: where the size came from
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    pool: PoolSize
+    disk: DiskTierConfig | None
+    warnings: tuple[str, ...]  # for the log
 
 
 def kv_bytes_per_token(model_config, parallel_config) -> int:
@@ -94,12 +105,6 @@ def refuse_unsupported(vllm_config) -> None:
 
 def refuse_unknown_keys(ktc) -> None:
     extra = {} if ktc is None else ktc.kv_connector_extra_config
-    if "secondary_tiers" in extra:
-        raise OffloadingConfigError(
-            "kv_connector_extra_config 'secondary_tiers' (the disk tier) is not "
-            "available in this version of vllm-uma: remove it to offload to the "
-            "host pool only."
-        )
     unknown = sorted(set(extra) - KNOWN_EXTRA_KEYS)
     if unknown:
         raise OffloadingConfigError(
@@ -177,11 +182,39 @@ def hash_warning(vllm_config) -> str | None:
     return None
 
 
-def translate(vllm_config, total_ram: int) -> PoolSize | None:
+def kv_events_enabled(vllm_config) -> bool:
+    events = vllm_config.kv_events_config
+    return events is not None and bool(events.enable_kv_cache_events)
+
+
+def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
     """Point vLLM's offloading connector at our spec; None if offloading is off."""
+    ktc = vllm_config.kv_transfer_config
+    extra = {} if ktc is None else ktc.kv_connector_extra_config
     if not offloading_requested(vllm_config):
+        if "secondary_tiers" in extra:
+            raise OffloadingConfigError(
+                "kv_connector_extra_config 'secondary_tiers' (the disk tier) needs "
+                "the host pool: add --kv-offloading-size N (GiB), or remove "
+                "'secondary_tiers'."
+            )
         return None
     refuse_unsupported(vllm_config)
+    if extra.get("secondary_tiers") and int(extra.get("store_threshold", 0)) >= 2:
+        raise OffloadingConfigError(
+            f"store_threshold={extra['store_threshold']} cannot be combined with "
+            f"the disk tier ('secondary_tiers'): remove one of them."
+        )
+    disk, warnings = parse_disk_tier(
+        extra.get("secondary_tiers"), kv_events_enabled=kv_events_enabled(vllm_config)
+    )
+    if (hash_note := hash_warning(vllm_config)) is not None:
+        warnings.append(hash_note)
+    pool = _translate_pool(vllm_config, total_ram, TIERED_SPEC if disk else POOL_SPEC)
+    return OffloadPlan(pool=pool, disk=disk, warnings=tuple(warnings))
+
+
+def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
     cache = vllm_config.cache_config
     ktc = vllm_config.kv_transfer_config
     if ktc is None:
@@ -190,7 +223,7 @@ def translate(vllm_config, total_ram: int) -> PoolSize | None:
         from vllm.config import KVTransferConfig
 
         ktc = vllm_config.kv_transfer_config = KVTransferConfig()
-    ktc.kv_connector_extra_config.update(SPEC_KEYS)
+    ktc.kv_connector_extra_config.update(spec_name=spec_name, spec_module_path=SPEC_MODULE)
     if cache.kv_offloading_size is not None:
         return PoolSize(int(cache.kv_offloading_size * GiB), "--kv-offloading-size")
     explicit = ktc.kv_connector_extra_config.get("cpu_bytes_to_use")
@@ -207,6 +240,9 @@ def translate(vllm_config, total_ram: int) -> PoolSize | None:
 def configured_pool_bytes(vllm_config) -> int:
     """The pool size the platform settled on (0 when offloading is off)."""
     ktc = vllm_config.kv_transfer_config
-    if ktc is None or ktc.kv_connector_extra_config.get("spec_name") != SPEC_KEYS["spec_name"]:
+    if ktc is None or ktc.kv_connector_extra_config.get("spec_name") not in (
+        POOL_SPEC,
+        TIERED_SPEC,
+    ):
         return 0
     return int(ktc.kv_connector_extra_config.get("cpu_bytes_to_use") or 0)

@@ -1,8 +1,10 @@
 """L2: the host pool, one anonymous shared mapping of fixed-size rows.
 
-Runs in the worker (the engine-core process with the in-process worker).
-The scheduler side never touches these bytes: it only hands out row
-numbers (chunk ids) through vLLM's CPUOffloadingManager.
+Runs in the engine-core process (the in-process 'uni' worker shares it with
+the scheduler). The worker's mover copies KV blocks into and out of rows;
+the scheduler side hands out row numbers (chunk ids) through vLLM's
+CPUOffloadingManager and, when the disk tier (L3) is on, lets that tier read
+and write rows through ``kv_memoryview``.
 
     row r (one offloaded chunk = blocks_per_chunk L1 blocks, all layers)
     +-----------------+-----------------+-----+-----------------+------+
@@ -14,11 +16,19 @@ The mapping is MAP_SHARED | MAP_ANONYMOUS and pageable: pages become
 resident when a row is first written, like the lazy KV cache. numpy and
 torch see the same bytes; a silent copy between them would hide every
 store from a reader of the other view, so the pointers are checked.
+
+vLLM builds the offloading spec twice, once for the worker and once for the
+scheduler, and the two share nothing but the engine id. ``SharedPools`` is
+where they meet: the first side to ask creates the pool, the second gets the
+same one. It is per process on purpose: a named /dev/shm file (vLLM's way)
+would outlive a crash and be visible to other users, and with the 'uni'
+executor (the only one the plugin offloads with) both sides are here.
 """
 
 from __future__ import annotations
 
 import mmap
+import threading
 
 import numpy as np
 import torch
@@ -47,6 +57,57 @@ class HostPool:
                 f"{self.array.ctypes.data:#x}, torch at {self.tensor.data_ptr():#x}"
             )
 
+    def kv_memoryview(self) -> memoryview:
+        """The rows as a (num_rows, row_bytes) memoryview, for the disk tier."""
+        view = memoryview(self._region).cast("B", (self.num_rows, self.row_bytes))
+        address = np.frombuffer(view, dtype=np.uint8).ctypes.data
+        if address != self.array.ctypes.data:
+            raise ZeroCopyError(
+                f"host pool memoryview at {address:#x} is not the pool at "
+                f"{self.array.ctypes.data:#x}"
+            )
+        return view
+
     def close(self) -> None:
         del self.tensor, self.array
         self._region.close()
+
+
+class SharedPools:
+    """Host pools by engine id, shared by the worker and scheduler sides."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[str, tuple[HostPool, int]] = {}
+
+    def open(self, engine_id: str, num_rows: int, row_bytes: int) -> HostPool:
+        with self._lock:
+            pool, users = self._pools.get(engine_id, (None, 0))
+            if pool is None:
+                pool = HostPool(num_rows, row_bytes)
+            elif (pool.num_rows, pool.row_bytes) != (num_rows, row_bytes):
+                raise ValueError(
+                    f"engine {engine_id}: the host pool has {pool.num_rows} rows of "
+                    f"{pool.row_bytes} bytes, but {num_rows} rows of {row_bytes} "
+                    f"were asked for; the worker and scheduler disagree on the pool."
+                )
+            self._pools[engine_id] = (pool, users + 1)
+            return pool
+
+    def existing(self, engine_id: str) -> HostPool | None:
+        with self._lock:
+            entry = self._pools.get(engine_id)
+            return None if entry is None else entry[0]
+
+    def release(self, engine_id: str) -> None:
+        with self._lock:
+            pool, users = self._pools[engine_id]
+            if users > 1:
+                self._pools[engine_id] = (pool, users - 1)
+                return
+            del self._pools[engine_id]
+        pool.close()
+
+
+# The one meeting point of this process (see the module docstring).
+SHARED_POOLS = SharedPools()

@@ -18,6 +18,7 @@ numpy fancy indexing moves about 10 GB/s (30 layers x 9 blocks of 96 KiB).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -38,8 +39,15 @@ class LayoutError(ValueError):
 
 
 class HostPoolMover(OffloadingWorker):
-    def __init__(self, kv_caches: CanonicalKVCaches, pool: HostPool):
+    def __init__(
+        self,
+        kv_caches: CanonicalKVCaches,
+        pool: HostPool,
+        on_shutdown: Callable[[], None] | None = None,
+    ):
         self.pool = pool
+        # Gives the pool back to whoever lent it (spec.py's SHARED_POOLS).
+        self._on_shutdown = on_shutdown
         # uint8 numpy views of the same bytes as vLLM's KV tensors.
         self.layers: list[np.ndarray] = []
         self.offsets: list[int] = []
@@ -118,6 +126,9 @@ class HostPoolMover(OffloadingWorker):
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
         self._jobs.clear()
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+            self._on_shutdown = None
 
 
 def _ids(spec: LoadStoreSpec) -> np.ndarray:

@@ -1,43 +1,176 @@
-"""The offloading spec vLLM's OffloadingConnector loads for vllm-uma.
+"""The offloading specs vLLM's OffloadingConnector loads for vllm-uma.
 
-Named in ``kv_connector_extra_config`` as ``spec_name: UmaOffloadingSpec``,
-``spec_module_path: vllm_uma.kv_offload.spec`` (the platform writes both when
-``--kv-offloading-size`` is given). vLLM builds it twice: in the scheduler
-(which calls ``get_manager``) and in the worker (``get_worker``); with the
-in-process worker both live in the engine-core process.
+Named in ``kv_connector_extra_config`` by ``spec_name``/``spec_module_path``
+(the platform writes both, see config.py): ``UmaOffloadingSpec`` for the
+host pool alone (L2), ``UmaTieredOffloadingSpec`` when a disk tier (L3) is
+configured. vLLM builds the spec twice: in the scheduler (which calls
+``get_manager``) and in the worker (``get_worker``); with the in-process
+'uni' worker both live in the engine-core process and share one HostPool
+through ``SHARED_POOLS``.
 
-Scheduler side: vLLM's own CPUOffloadingManager (chunk allocation, LRU
-eviction, events), unchanged. Worker side: our HostPool and HostPoolMover,
-instead of vLLM's CUDA-stream worker that refuses to run on CPU.
+Scheduler side: vLLM's own managers (CPUOffloadingManager; for tiers, its
+TieringOffloadingManager with a CPU primary tier over our pool and our
+DiskTier as the one secondary tier). Worker side: our HostPoolMover, instead
+of vLLM's CUDA-stream worker that refuses to run on CPU. Only chunk ids and
+keys cross from the scheduler to the worker; bytes move in the worker (L1 <->
+L2) and on the disk tier's I/O threads (L2 <-> L3).
 """
 
 from __future__ import annotations
 
-from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
-from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from typing import Any
 
-from vllm_uma.kv_offload.host_pool import HostPool
+from vllm.logger import init_logger
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.tiering.manager import (
+    CPUPrimaryTierOffloadingManager,
+    TieringOffloadingManager,
+)
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+from vllm_uma.kv_offload.disk_config import parse_disk_tier
+from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
+from vllm_uma.kv_offload.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
+
+logger = init_logger("vllm.plugins.vllm_uma.kv_offload")
+
+
+def check_layout(spec: CPUOffloadingSpec) -> None:
+    if spec.blocks_per_chunk != 1:
+        raise ValueError(
+            f"blocks_per_chunk={spec.blocks_per_chunk}: vllm-uma offloads one "
+            f"KV block per pool row. Remove 'block_size'/'blocks_per_chunk' "
+            f"from kv_connector_extra_config."
+        )
+    if len(spec.tokens_per_block) != 1:
+        raise ValueError(
+            f"the KV cache has {len(spec.tokens_per_block)} groups (a hybrid "
+            f"model); vllm-uma offloads single-group KV caches only."
+        )
+
+
+def make_mover(spec: CPUOffloadingSpec, kv_caches: CanonicalKVCaches) -> HostPoolMover:
+    engine_id = spec.config.engine_id
+    pool = SHARED_POOLS.open(engine_id, spec.num_chunks, spec.kv_bytes_per_chunk)
+    try:
+        return HostPoolMover(kv_caches, pool, on_shutdown=lambda: SHARED_POOLS.release(engine_id))
+    except Exception:
+        SHARED_POOLS.release(engine_id)
+        raise
 
 
 class UmaOffloadingSpec(CPUOffloadingSpec):
+    """L2 only: vLLM's CPUOffloadingManager decides, our mover copies."""
+
     def __init__(self, config):
         super().__init__(config)
-        if self.blocks_per_chunk != 1:
-            raise ValueError(
-                f"blocks_per_chunk={self.blocks_per_chunk}: vllm-uma offloads one "
-                f"KV block per pool row. Remove 'block_size'/'blocks_per_chunk' "
-                f"from kv_connector_extra_config."
-            )
-        if len(self.tokens_per_block) != 1:
-            raise ValueError(
-                f"the KV cache has {len(self.tokens_per_block)} groups (a hybrid "
-                f"model); vllm-uma offloads single-group KV caches only."
-            )
-        self._pool: HostPool | None = None
+        check_layout(self)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
-            self._pool = HostPool(self.num_chunks, self.kv_bytes_per_chunk)
-            self._worker = HostPoolMover(kv_caches, self._pool)
+            self._worker = make_mover(self, kv_caches)
+        return self._worker
+
+
+class PoolRegion:
+    """The host pool as the primary tier's ``mmap_region`` (the two calls it makes)."""
+
+    def __init__(self, engine_id: str):
+        pool = SHARED_POOLS.existing(engine_id)
+        if pool is None:
+            # The worker registers its KV caches (and opens the pool) before
+            # the scheduler is built; no pool here means it runs elsewhere.
+            raise RuntimeError(
+                "the disk tier needs the host pool in this process, but the "
+                "worker has not opened it: the worker runs in another process. "
+                "Remove --distributed-executor-backend (vllm-uma offloads with "
+                "the in-process 'uni' executor only)."
+            )
+        self._engine_id = engine_id
+        self._pool = SHARED_POOLS.open(engine_id, pool.num_rows, pool.row_bytes)
+
+    def create_kv_memoryview(self) -> memoryview:
+        return self._pool.kv_memoryview()
+
+    def cleanup(self) -> None:
+        SHARED_POOLS.release(self._engine_id)
+
+
+class UmaTieredOffloadingSpec(TieringOffloadingSpec):
+    """L2 + L3: vLLM's tiering manager over our pool and our disk tier."""
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]):
+        # vLLM's version looks the tier up by type, and "fs" is vLLM's own
+        # tier there; ours is the DiskTier.
+        from vllm_uma.kv_offload.disk_tier import DiskTier
+
+        without_tiers = {k: v for k, v in extra_config.items() if k != "secondary_tiers"}
+        metrics = super().build_metric_definitions(without_tiers)
+        metrics.update(DiskTier.build_metric_definitions(extra_config))
+        return metrics
+
+    def __init__(self, config):
+        super().__init__(config)
+        check_layout(self)
+        self.disk_config, warnings = parse_disk_tier(
+            self.extra_config.get("secondary_tiers"),
+            kv_events_enabled=self.kv_events_config.enable_kv_cache_events,
+        )
+        if self.disk_config is None:
+            raise ValueError(
+                f"{type(self).__name__} needs a disk tier in 'secondary_tiers'; "
+                f"without one, use UmaOffloadingSpec."
+            )
+        self._warnings = warnings  # logged once, by the scheduler side
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            self._manager = self._build_manager()
+        return self._manager
+
+    def _build_manager(self) -> TieringOffloadingManager:
+        from vllm_uma.kv_offload.disk_tier import DiskTier
+
+        for warning in self._warnings:
+            logger.warning("%s", warning)
+        disk = self.disk_config
+        noindex = disk.root_dir / ".noindex"
+        noindex.mkdir(mode=0o700, exist_ok=True)
+        fingerprint = weights_fingerprint(self.config.model.name, noindex / FINGERPRINTS_FILE)
+        namespace = namespace_for(self.config, fingerprint)
+        primary = CPUPrimaryTierOffloadingManager(
+            num_chunks=self.num_chunks,
+            mmap_region=PoolRegion(self.config.engine_id),
+            cache_policy=self.eviction_policy,
+            cache_policy_module_path=self.cache_policy_module_path,
+            enable_events=self.kv_events_config.enable_kv_cache_events,
+        )
+        try:
+            tier = DiskTier(
+                self,
+                primary.get_kv_memoryview(),
+                "fs",
+                config=disk,
+                namespace_id=namespace.id,
+                namespace_info=namespace.info,
+            )
+        except Exception:
+            primary.shutdown()
+            raise
+        logger.info(
+            "KV offloading: disk tier at %s (cap %s: %s), namespace %s, events %s",
+            disk.root_dir,
+            "none" if disk.cap_bytes is None else f"{disk.cap_bytes / (1 << 30):.2f} GiB",
+            disk.cap_reason,
+            namespace.hex,
+            "on" if disk.enable_kv_events else "off",
+        )
+        return TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            self._worker = make_mover(self, kv_caches)
         return self._worker

@@ -1,0 +1,134 @@
+"""Which KV bytes a disk tier directory may serve: the namespace of a server.
+
+A block file is named by vLLM's prefix block hash, which depends on the
+tokens only. Two servers with the same tokens but a different model, dtype,
+KV layout or block size produce different KV bytes under the same name, so
+block files live in a directory per namespace, and every file carries the
+namespace id (checked on load, so a file copied across is refused).
+
+The namespace covers what makes the bytes differ:
+- the model's name, its KV dtype and the KV layout (layer names, tokens per
+  block, bytes per block, vLLM's KV cache layout, world size);
+- a fingerprint of the weights themselves: replacing a checkpoint under the
+  same name changes the KV the model computes. The fingerprint is a BLAKE3
+  hash of the weight and config files' contents. Hashing is fast here
+  (8 GB/s, FACTS.md) but a large checkpoint is still seconds of reading, so
+  the hash is kept in ``fingerprints.json`` under the tier's root, keyed by
+  each file's path, size, mtime, ctime and inode: any rewrite of a file
+  changes that key and forces a fresh hash.
+
+Computed once, at start-up, in the engine-core process (the spec's
+``get_manager``), from vLLM's OffloadingConfig.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from blake3 import blake3
+
+# The files whose contents decide the KV a model computes.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+CONFIG_FILES = ("config.json", "generation_config.json")
+FINGERPRINTS_FILE = "fingerprints.json"
+
+
+@dataclass(frozen=True)
+class Namespace:
+    id: bytes  # 16 bytes, in every block file's header
+    info: dict  # what went into it, written beside the blocks for people
+
+    @property
+    def hex(self) -> str:
+        return self.id.hex()
+
+
+def namespace_for(offloading_config, fingerprint: str) -> Namespace:
+    cfg = offloading_config
+    info = {
+        "model": cfg.model.name,
+        "kv_dtype": cfg.model.dtype,
+        "weights_blake3": fingerprint,
+        "kv_cache_layout": cfg.kv_cache_layout,
+        "worker_kv_bytes_per_block": cfg.worker_kv_bytes_per_block,
+        "tokens_per_hash": cfg.cache.tokens_per_hash,
+        "blocks_per_chunk": cfg.cache.blocks_per_chunk,
+        "world_size": cfg.parallel.world_size,
+        "groups": [
+            {"tokens_per_block": g.tokens_per_block, "layers": list(g.layer_names)}
+            for g in cfg.groups
+        ],
+    }
+    digest = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).digest()
+    return Namespace(id=digest[:16], info=info)
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    files = [
+        p
+        for p in sorted(model_dir.rglob("*"))
+        if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or p.name in CONFIG_FILES)
+    ]
+    if not any(p.suffix in WEIGHT_SUFFIXES for p in files):
+        raise FileNotFoundError(f"no weight files ({', '.join(WEIGHT_SUFFIXES)}) under {model_dir}")
+    return files
+
+
+def resolve_model_dir(model: str) -> Path:
+    """The local directory holding ``model``: a path, or a hub id's cached snapshot."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    # Imported here: only hub ids need it, and it is heavy.
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception as exc:
+        raise FileNotFoundError(
+            f"the disk tier needs the model's files to fingerprint its weights, "
+            f"but {model!r} is neither a directory nor in the local hub cache ({exc})"
+        ) from None
+
+
+def weights_fingerprint(model: str, cache_path: Path) -> str:
+    """BLAKE3 over the model's weight and config files, cached by file identity."""
+    model_dir = resolve_model_dir(model)
+    cache = _load_cache(cache_path)
+    overall = blake3()
+    changed = False
+    for path in model_files(model_dir):
+        st = path.stat()
+        identity = f"{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+        cached = cache.get(str(path))
+        if isinstance(cached, list) and len(cached) == 2 and cached[0] == identity:
+            digest = cached[1]
+        else:
+            digest = blake3(max_threads=blake3.AUTO).update_mmap(path).hexdigest()
+            # One entry per path: a rewritten file replaces its stale hash.
+            cache[str(path)] = [identity, digest]
+            changed = True
+        overall.update(f"{path.relative_to(model_dir)}={digest}\n".encode())
+    if changed:
+        _save_cache(cache_path, cache)
+    return overall.hexdigest()
+
+
+def _load_cache(path: Path) -> dict[str, list]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # missing or damaged: recompute, it is only a cache
+    return data if isinstance(data, dict) else {}
+
+
+def _save_cache(path: Path, cache: dict[str, list]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(cache, f)
+    os.replace(tmp, path)
