@@ -1,0 +1,177 @@
+"""L3 I/O threads: the only place the disk tier touches the disk while serving.
+
+The disk tier (scheduler thread, engine-core process) submits one task per
+block file; a few threads run them and put an ``Outcome`` on a queue that
+the scheduler thread drains. Tasks never raise and never touch the index:
+they do the I/O and say what happened, and the scheduler thread applies it.
+What crosses the boundary: paths, keys, memoryview slices of the primary
+rows (which vLLM keeps pinned until the job's result is returned), outcomes.
+
+Loads run before deletes, deletes before stores: a restore is on some
+request's time-to-first-token, a delete frees the room a store waits for,
+and a store is a background copy of bytes that are still in L2.
+
+Threads: several reads in flight keep the disk's queue full while another
+thread checksums (zlib.crc32 releases the GIL). Measured here (2 cores,
+virtio disk reading 1.45 GB/s sequentially with O_DIRECT, 1 MiB reads):
+360 KiB blocks with their checksum restored at 0.57 GB/s with 1 thread,
+1.0 with 2, 1.2 with 4, 1.3 with 8. Four is the default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from pathlib import Path
+
+from vllm_uma.kv_offload.block_file import BadBlock, BadReason, read_block, write_block
+from vllm_uma.kv_offload.disk_layout import BlockRef
+
+DEFAULT_IO_THREADS = 4
+
+
+class Priority(IntEnum):
+    STOP = 0
+    LOAD = 1
+    DELETE = 2
+    STORE = 3
+
+
+class StoreFailure(Enum):
+    """Why a store wrote nothing (also the metric label)."""
+
+    DISK_FULL = "disk_full"  # ENOSPC / EDQUOT: no later store can succeed either
+    IO_ERROR = "io_error"  # any other OSError; other stores may still succeed
+
+
+@dataclass(frozen=True, slots=True)
+class BlockIO:
+    """One block's I/O, as submitted. ``job_id`` is None for a housekeeping
+    delete (no vLLM job waits for it)."""
+
+    job_id: int | None
+    ref: BlockRef
+    path: Path
+    namespace: bytes = b""
+    row: memoryview | None = None  # the primary-tier row to read or fill
+    direct: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one task did."""
+
+    job_id: int | None
+    ref: BlockRef
+    ok: bool
+    failure: BadReason | StoreFailure | None = None
+    detail: str = ""  # for the warning: errno name, strerror, path
+    nbytes: int = 0  # payload bytes moved
+    start: float = 0.0  # perf_counter at the start and end of the I/O
+    end: float = 0.0
+
+
+def store_task(io: BlockIO) -> Outcome:
+    assert io.row is not None
+    start = time.perf_counter()
+    try:
+        write_block(io.path, io.ref.key, io.namespace, io.row, direct=io.direct)
+    except OSError as exc:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        failure = StoreFailure.DISK_FULL if full else StoreFailure.IO_ERROR
+        code = errno.errorcode.get(exc.errno or 0, "OSError")
+        return _failed(io, failure, f"{code}: {exc.strerror or exc} ({io.path})")
+    end = time.perf_counter()
+    return Outcome(io.job_id, io.ref, True, nbytes=io.row.nbytes, start=start, end=end)
+
+
+def load_task(io: BlockIO) -> Outcome:
+    assert io.row is not None
+    start = time.perf_counter()
+    try:
+        read_block(io.path, io.ref.key, io.namespace, io.row, direct=io.direct)
+    except BadBlock as bad:
+        return _failed(io, bad.reason, str(bad))
+    except OSError as exc:  # fstat or fadvise: the file cannot be trusted either
+        return _failed(io, BadReason.UNREADABLE, f"{io.path}: {exc}")
+    end = time.perf_counter()
+    # Restored = recently used: the new mtime keeps the LRU order across a
+    # restart. The file may be gone already (evicted after this read); fine.
+    with contextlib.suppress(OSError):
+        os.utime(io.path)
+    return Outcome(io.job_id, io.ref, True, nbytes=io.row.nbytes, start=start, end=end)
+
+
+def delete_task(io: BlockIO) -> Outcome:
+    try:
+        os.unlink(io.path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return _failed(io, StoreFailure.IO_ERROR, f"unlink {io.path}: {exc.strerror}")
+    return Outcome(io.job_id, io.ref, True)
+
+
+def _failed(io: BlockIO, failure: BadReason | StoreFailure, detail: str) -> Outcome:
+    return Outcome(io.job_id, io.ref, False, failure, detail)
+
+
+class IOPool:
+    """A few daemon threads running tasks by Priority, FIFO within one."""
+
+    def __init__(self, num_threads: int, outcomes: queue.SimpleQueue, name: str):
+        if num_threads < 1:
+            raise ValueError(f"io_threads={num_threads} is invalid: it must be >= 1")
+        self._tasks: queue.PriorityQueue = queue.PriorityQueue()
+        self._outcomes = outcomes
+        self._seq = itertools.count()  # FIFO among equal priorities
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+            for i in range(num_threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, priority: Priority, task: Callable[[BlockIO], Outcome], io: BlockIO) -> None:
+        self._tasks.put((priority, next(self._seq), task, io))
+
+    def _run(self) -> None:
+        while True:
+            priority, _, task, io = self._tasks.get()
+            try:
+                if priority is Priority.STOP:
+                    return
+                try:
+                    outcome = task(io)
+                except Exception as exc:  # a bug must still end its job
+                    outcome = _failed(io, StoreFailure.IO_ERROR, repr(exc))
+                self._outcomes.put(outcome)
+            finally:
+                self._tasks.task_done()
+
+    def wait_idle(self) -> None:
+        """Block until every submitted task has run and put its outcome."""
+        self._tasks.join()
+
+    def shutdown(self) -> None:
+        """Stop the threads after the tasks they are running; queued tasks
+        are dropped (a dropped store leaves no file, a temp file at most)."""
+        for _ in self._threads:
+            self._tasks.put((Priority.STOP, next(self._seq), None, None))
+        for thread in self._threads:
+            thread.join()
+        # Dropped tasks hold slices of the primary rows: let them go, or the
+        # primary tier's mmap cannot be closed.
+        while True:
+            try:
+                self._tasks.get_nowait()
+            except queue.Empty:
+                return
