@@ -4,11 +4,12 @@ Pure Python, no I/O: the disk tier keeps one ``DiskIndex`` on the scheduler
 thread of the engine-core process and applies every change there (the I/O
 threads only report outcomes), so it needs no lock.
 
-Order is least recently stored-or-restored first: a store commits at the
-most recent end, a restore (or an L1 hit the manager reports through
-``touch``) moves the block there again. Files found at start-up enter oldest
-mtime first, and the tier bumps a file's mtime when it restores it, so the
-order survives a restart.
+Order is least recently stored-or-restored first: a store takes the most
+recent end when it is reserved (and keeps that place when it commits, so the
+order does not depend on which I/O thread finishes first), a restore (or an
+L1 hit the manager reports through ``touch``) moves the block there again.
+Files found at start-up enter oldest mtime first, and the tier bumps a
+file's mtime when it restores it, so the order survives a restart.
 
 Invariants:
 - ``used_bytes`` is the sum of the sizes of all entries, WRITING ones
@@ -115,9 +116,7 @@ class DiskIndex(Generic[Name]):
 
     def commit(self, name: Name) -> None:
         """The block file is complete under its final name."""
-        entry = self._writing(name)
-        entry.state = BlockState.PRESENT
-        self._entries.move_to_end(name)
+        self._writing(name).state = BlockState.PRESENT
 
     def abort(self, name: Name) -> None:
         """The store failed: nothing is on disk, release the bytes."""

@@ -108,6 +108,7 @@ class DiskTier(SecondaryTierManager):
         self._disk_full = False
         self._warnings = DiskWarnings(config.root_dir)
         self._pool = IOPool(io_threads, self._outcomes, "uma-kv-disk")
+        self._closed = False
         self._load_existing(io_threads)
 
     def _load_existing(self, io_threads: int) -> None:
@@ -134,7 +135,10 @@ class DiskTier(SecondaryTierManager):
         return LookupResult.HIT
 
     def touch(self, keys, req_context: ReqContext) -> None:
-        for key in keys:
+        self._touch(keys)
+
+    def _touch(self, keys: Iterable[OffloadKey]) -> None:
+        for key in reversed(list(keys)):  # the head last: see submit_store
             self._index.touch(BlockRef(self._ns, key))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -144,7 +148,11 @@ class DiskTier(SecondaryTierManager):
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         job = PendingJob(job_metadata.job_id, list(job_metadata.keys), is_load=False)
-        for key, chunk in zip(job.keys, job_metadata.chunk_ids, strict=True):
+        pairs = list(zip(job.keys, job_metadata.chunk_ids, strict=True))
+        # Keys come in prefix order. Reserved tail first, the head is the most
+        # recent and goes last: without its head, the rest of a prefix is
+        # useless (vLLM's block pool frees a request's blocks in reverse too).
+        for key, chunk in reversed(pairs):
             ref = BlockRef(self._ns, key)
             skip = self._skip_reason(ref)
             if skip is not None:
@@ -260,8 +268,7 @@ class DiskTier(SecondaryTierManager):
     def _apply_load(self, job: PendingJob, ref: BlockRef, outcome: Outcome) -> None:
         serial = job.serials[ref.key]
         self._index.unpin(ref, serial)
-        if outcome.ok:
-            self._index.touch(ref)
+        if outcome.ok:  # touched when the whole job ends, in prefix order
             self._stats.count(m.READ_BLOCKS)
             self._stats.count(m.READ_BYTES, outcome.nbytes)
             return
@@ -277,6 +284,9 @@ class DiskTier(SecondaryTierManager):
 
     def _finish(self, job: PendingJob) -> None:
         del self._jobs[job.job_id]
+        if job.is_load:
+            failed = set(job.failed)
+            self._touch([key for key in job.keys if key not in failed])
         written = set(job.written)  # announced in the job's (prefix) order
         self._event([key for key in job.keys if key in written], removed=False)
         self._results.append(job.result())
@@ -312,7 +322,8 @@ class DiskTier(SecondaryTierManager):
         self._pool.wait_idle()
 
     def shutdown(self) -> None:
-        if self._rows.obj is None:  # released: shut down already
+        if self._closed:
             return
+        self._closed = True
         self._pool.shutdown()
         self._rows.release()  # the primary tier closes its mmap after this

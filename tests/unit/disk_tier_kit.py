@@ -1,0 +1,147 @@
+"""Test kit for the L3 disk tier: a tiny primary tier, a tier factory, job helpers.
+
+The primary tier is 8 rows x 8192 bytes, as vLLM hands it to a secondary
+tier: a 2-D memoryview whose ``strides[0]`` is the row size. The offloading
+spec is a stand-in: the base class only keeps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from vllm.v1.kv_offload.base import ReqContext
+from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
+
+from vllm_uma.kv_offload import disk_warnings
+from vllm_uma.kv_offload.block_file import file_bytes
+from vllm_uma.kv_offload.disk_config import DiskTierConfig
+from vllm_uma.kv_offload.disk_tier import DiskTier
+
+ROWS, ROW = 8, 8192
+FILE = file_bytes(ROW)  # bytes one block takes on disk
+NS = bytes.fromhex("11" * 16)
+OTHER_NS = bytes.fromhex("22" * 16)
+CTX = ReqContext(req_id="r1")
+
+
+def key(i: int) -> bytes:
+    """An OffloadKey: 32-byte block hash + 4-byte group index."""
+    return i.to_bytes(32, "big") + (0).to_bytes(4, "big")
+
+
+class Primary:
+    """The primary tier's rows; ``aligned`` gives an mmap (O_DIRECT-able)."""
+
+    def __init__(self, aligned: bool = False):
+        self.buffer = mmap.mmap(-1, ROWS * ROW) if aligned else bytearray(ROWS * ROW)
+        self.view = memoryview(self.buffer).cast("B", (ROWS, ROW))
+
+    def fill(self, row: int, seed: int) -> bytes:
+        data = bytes((seed * 7 + i) % 256 for i in range(ROW))
+        self.buffer[row * ROW : (row + 1) * ROW] = data
+        return data
+
+    def row(self, row: int) -> bytes:
+        return bytes(self.buffer[row * ROW : (row + 1) * ROW])
+
+    def clear(self) -> None:
+        self.buffer[:] = bytes(ROWS * ROW)
+
+
+def make_tier(
+    root: Path,
+    primary: Primary,
+    *,
+    cap_blocks: int | None = None,
+    ns: bytes = NS,
+    events: bool = True,
+    io_threads: int = 2,
+) -> DiskTier:
+    config = DiskTierConfig(
+        root_dir=root,
+        cap_bytes=None if cap_blocks is None else cap_blocks * FILE,
+        enable_kv_events=events,
+        cap_reason="test",
+    )
+    return DiskTier(
+        SimpleNamespace(),
+        primary.view,
+        "fs",
+        config=config,
+        namespace_id=ns,
+        namespace_info={"model": "test-model", "dtype": "bfloat16"},
+        io_threads=io_threads,
+    )
+
+
+class Jobs:
+    """Submits jobs with fresh ids and waits for their results."""
+
+    def __init__(self, tier: DiskTier):
+        self.tier = tier
+        self.next_id = 0
+        self.results: dict[int, JobResult] = {}
+
+    def _job(self, keys: list[bytes], rows: list[int], load: bool) -> TransferJob:
+        self.next_id += 1
+        return TransferJob(self.next_id, keys, np.array(rows, dtype=np.int64), load, CTX)
+
+    def store(self, keys: list[bytes], rows: list[int]) -> int:
+        job = self._job(keys, rows, load=False)
+        self.tier.submit_store(job)
+        return job.job_id
+
+    def load(self, keys: list[bytes], rows: list[int]) -> int:
+        job = self._job(keys, rows, load=True)
+        self.tier.submit_load(job)
+        return job.job_id
+
+    def wait(self, *job_ids: int, timeout: float = 10.0) -> list[JobResult]:
+        deadline = time.monotonic() + timeout
+        while not all(j in self.results for j in job_ids):
+            for result in self.tier.get_finished_jobs():
+                assert result.job_id not in self.results, "a job reported twice"
+                self.results[result.job_id] = result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"jobs {job_ids} did not finish in {timeout} s")
+            time.sleep(0.0005)
+        return [self.results[j] for j in job_ids]
+
+    def stored(self, keys: list[bytes], rows: list[int]) -> JobResult:
+        return self.wait(self.store(keys, rows))[0]
+
+    def loaded(self, keys: list[bytes], rows: list[int]) -> JobResult:
+        return self.wait(self.load(keys, rows))[0]
+
+
+def block_files(root: Path) -> list[Path]:
+    return sorted((root / ".noindex").rglob("*.kvb"))
+
+
+def counters(stats) -> dict:
+    """Stats payload as {(name, labels): value}."""
+    data = {} if stats is None else stats.data["data"]
+    return {(name, labels): v for name, by in data.items() for labels, v in by.items()}
+
+
+class WarningLog(logging.Handler):
+    """Warnings of the disk tier (vLLM's loggers do not reach caplog)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self) -> WarningLog:
+        disk_warnings.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        disk_warnings.logger.removeHandler(self)

@@ -1,0 +1,183 @@
+"""L3 block files (vllm_uma/kv_offload/block_file.py): format, atomic writes,
+and every way a file can be unfit to serve."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import shutil
+import stat
+import struct
+
+import pytest
+
+from vllm_uma.kv_offload import block_file as bf
+from vllm_uma.kv_offload.block_file import BadBlock, BadReason
+
+NS = bytes(range(16))
+OTHER_NS = bytes(16)
+KEY = bytes.fromhex("ab" * 32) + (0).to_bytes(4, "big")
+OTHER_KEY = bytes.fromhex("cd" * 32) + (0).to_bytes(4, "big")
+ROW = 8192
+
+
+def payload(seed: int = 7) -> memoryview:
+    region = mmap.mmap(-1, ROW)  # page aligned: usable with O_DIRECT
+    region[:] = bytes((seed + i * 31) % 251 for i in range(ROW))
+    return memoryview(region)
+
+
+def written(tmp_path, key=KEY, ns=NS, data=None, direct=False):
+    data = payload() if data is None else data
+    path = bf.block_path(tmp_path, key)
+    bf.write_block(path, key, ns, data, direct=direct)
+    return path, data
+
+
+def read(path, key=KEY, ns=NS, direct=False) -> bytes:
+    dest = memoryview(mmap.mmap(-1, ROW))
+    bf.read_block(path, key, ns, dest, direct=direct)
+    return bytes(dest)
+
+
+def bad_reason(path, **kw) -> BadReason:
+    with pytest.raises(BadBlock) as info:
+        read(path, **kw)
+    return info.value.reason
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_round_trip(tmp_path, direct):
+    if direct and not bf.probe_direct(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT")
+    path, data = written(tmp_path, direct=direct)
+    assert read(path, direct=direct) == bytes(data)
+
+
+def test_layout_header_page_then_payload(tmp_path):
+    path, data = written(tmp_path)
+    assert path == tmp_path / KEY.hex()[:2] / f"{KEY.hex()}.kvb"
+    raw = path.read_bytes()
+    assert len(raw) == bf.file_bytes(ROW) == 4096 + ROW
+    magic, version, key_len, crc, size, ns = struct.unpack_from("<8sHHIQ16s", raw)
+    assert (magic, version, key_len, size, ns) == (bf.MAGIC, 1, len(KEY), ROW, NS)
+    assert raw[40 : 40 + len(KEY)] == KEY
+    assert raw[40 + len(KEY) : 4096] == bytes(4096 - 40 - len(KEY))
+    assert raw[4096:] == bytes(data)
+
+
+def test_written_file_is_private_and_no_temp_file_stays(tmp_path):
+    path, _ = written(tmp_path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert os.listdir(path.parent) == [path.name]
+
+
+def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    def full(fd, buffers, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", full)
+    with pytest.raises(OSError) as info:
+        written(tmp_path)
+    assert info.value.errno == errno.ENOSPC
+    assert os.listdir(bf.block_path(tmp_path, KEY).parent) == []
+
+
+def test_a_short_write_is_reported_as_a_full_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "pwritev", lambda fd, buffers, offset: 100)
+    with pytest.raises(OSError) as info:
+        written(tmp_path)
+    assert info.value.errno == errno.ENOSPC
+    assert os.listdir(bf.block_path(tmp_path, KEY).parent) == []
+
+
+def test_missing(tmp_path):
+    assert bad_reason(bf.block_path(tmp_path, KEY)) is BadReason.MISSING
+
+
+def test_truncated(tmp_path):
+    path, _ = written(tmp_path)
+    os.truncate(path, 4096 + ROW - 1)
+    assert bad_reason(path) is BadReason.TRUNCATED
+    os.truncate(path, 0)  # what a crash after the rename can leave
+    assert bad_reason(path) is BadReason.TRUNCATED
+
+
+def test_longer_than_the_header_says(tmp_path):
+    path, _ = written(tmp_path)
+    with open(path, "ab") as f:
+        f.write(b"x")
+    assert bad_reason(path) is BadReason.CORRUPTED
+
+
+def test_flipped_payload_byte(tmp_path):
+    path, _ = written(tmp_path)
+    with open(path, "r+b") as f:
+        f.seek(4096 + 1234)
+        byte = f.read(1)
+        f.seek(4096 + 1234)
+        f.write(bytes([byte[0] ^ 0x01]))
+    assert bad_reason(path) is BadReason.CORRUPTED
+
+
+def test_bad_magic(tmp_path):
+    path, _ = written(tmp_path)
+    with open(path, "r+b") as f:
+        f.write(b"NOTAKVB!")
+    assert bad_reason(path) is BadReason.CORRUPTED
+
+
+def test_other_format_version(tmp_path):
+    path, _ = written(tmp_path)
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<H", 99))
+    assert bad_reason(path) is BadReason.FOREIGN
+
+
+def test_copied_from_another_namespace(tmp_path):
+    (tmp_path / "other").mkdir()
+    theirs, _ = written(tmp_path / "other", ns=OTHER_NS)
+    ours = bf.block_path(tmp_path, KEY)
+    ours.parent.mkdir()
+    shutil.copy(theirs, ours)
+    assert bad_reason(ours) is BadReason.FOREIGN
+
+
+def test_renamed_to_another_key(tmp_path):
+    path, _ = written(tmp_path)
+    other = bf.block_path(tmp_path, OTHER_KEY)
+    other.parent.mkdir()
+    os.rename(path, other)
+    assert bad_reason(other, key=OTHER_KEY) is BadReason.FOREIGN
+
+
+def test_unreadable(tmp_path, monkeypatch):
+    path, _ = written(tmp_path)
+
+    def io_error(fd, buffers, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "preadv", io_error)
+    assert bad_reason(path) is BadReason.UNREADABLE
+
+
+def test_names_and_leftovers():
+    assert bf.key_from_name(f"{KEY.hex()}.kvb") == KEY
+    assert bf.key_from_name("namespace.json") is None
+    assert bf.key_from_name("zz.kvb") is None
+    assert bf.is_temp_name(f"{KEY.hex()}.kvb.0123456789ab.tmp")
+    assert not bf.is_temp_name(f"{KEY.hex()}.kvb")
+
+
+def test_a_key_too_long_for_a_file_name_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="sha256"):
+        bf.block_path(tmp_path, bytes(121))
+
+
+def test_direct_io_needs_page_aligned_writable_buffers():
+    assert bf.is_direct_capable(payload())
+    assert not bf.is_direct_capable(memoryview(bytearray(ROW))[1:4097])
+    assert not bf.is_direct_capable(memoryview(bytes(ROW)))  # read-only
+    assert not bf.is_direct_capable(payload()[:100])

@@ -1,0 +1,274 @@
+"""L3 disk tier (vllm_uma/kv_offload/disk_tier.py): stores, loads, jobs, cap,
+restarts, permissions, events and metrics, on a tiny primary tier.
+Failure paths are in test_disk_tier_failures.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+
+import pytest
+from disk_tier_kit import (
+    CTX,
+    FILE,
+    NS,
+    OTHER_NS,
+    Jobs,
+    Primary,
+    block_files,
+    counters,
+    key,
+    make_tier,
+)
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    Medium,
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    RequestOffloadingContext,
+)
+
+from vllm_uma.kv_offload import disk_io
+from vllm_uma.kv_offload import disk_metrics as m
+from vllm_uma.kv_offload.disk_tier import DiskTier
+
+
+@pytest.fixture
+def primary():
+    return Primary()
+
+
+@pytest.mark.parametrize("aligned", [False, True], ids=["buffered", "o_direct"])
+def test_store_then_restore_the_exact_bytes_into_other_rows(tmp_path, aligned):
+    primary = Primary(aligned)
+    tier = make_tier(tmp_path, primary)
+    assert tier._direct is aligned  # ext4 and tmpfs >= 6.6 take O_DIRECT
+    jobs = Jobs(tier)
+    data = [primary.fill(row, seed=row + 1) for row in range(3)]
+    assert jobs.stored([key(0), key(1), key(2)], [0, 1, 2]).success
+    assert [tier.lookup(key(i), CTX) for i in range(4)] == [LookupResult.HIT] * 3 + [
+        LookupResult.MISS
+    ]
+    primary.clear()
+    result = jobs.loaded([key(2), key(0)], [7, 5])
+    assert result.success and result.successful_keys is None
+    assert result.transfer_bytes == 2 * 8192
+    assert primary.row(7) == data[2] and primary.row(5) == data[0]
+    tier.shutdown()
+
+
+def test_a_block_still_being_written_is_a_miss(tmp_path, primary, monkeypatch):
+    release = threading.Event()
+    write = disk_io.write_block
+
+    def slow_write(*args, **kw):
+        release.wait(10)
+        write(*args, **kw)
+
+    monkeypatch.setattr(disk_io, "write_block", slow_write)
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    job = jobs.store([key(0)], [0])
+    assert tier.lookup(key(0), CTX) is LookupResult.MISS
+    assert tier.has_pending_work()
+    release.set()
+    jobs.wait(job)
+    assert tier.lookup(key(0), CTX) is LookupResult.HIT
+    tier.shutdown()
+
+
+def test_every_store_job_gets_exactly_one_result_even_when_all_keys_are_skipped(tmp_path, primary):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    first = jobs.store([key(0), key(1)], [0, 1])
+    again = jobs.store([key(0), key(1)], [2, 3])  # still being written: skipped
+    empty = jobs.store([], [])
+    results = jobs.wait(first, again, empty)
+    assert all(r.success for r in results)
+    present = jobs.stored([key(1)], [4])  # now present: skipped
+    assert present.success and present.transfer_bytes == 0
+    assert len(block_files(tmp_path)) == 2
+    skipped = counters(tier.get_stats())
+    assert skipped[(m.STORE_SKIPPED, ("writing",))] + skipped[(m.STORE_SKIPPED, ("present",))] == 3
+    assert not tier.has_pending_work()
+    tier.shutdown()
+
+
+def test_drain_jobs_leaves_every_result_ready(tmp_path, primary):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    ids = [jobs.store([key(i)], [i]) for i in range(6)]
+    tier.drain_jobs()
+    results = list(tier.get_finished_jobs())
+    assert sorted(r.job_id for r in results) == ids
+    assert not tier.has_pending_work()
+    tier.shutdown()
+
+
+def test_cap_holds_under_three_times_its_traffic_and_evicts_oldest_first(tmp_path, primary):
+    tier = make_tier(tmp_path, primary, cap_blocks=4)
+    jobs = Jobs(tier)
+    for i in range(12):  # 3 x the cap
+        job = jobs.store([key(i)], [i % 8])
+        assert tier._index.used_bytes <= 4 * FILE
+        jobs.wait(job)
+        on_disk = sum(p.stat().st_size for p in block_files(tmp_path))
+        assert on_disk <= 4 * FILE + FILE
+    tier.drain_jobs()
+    tier.get_finished_jobs()
+    assert [tier.lookup(key(i), CTX) for i in range(12)] == [LookupResult.MISS] * 8 + [
+        LookupResult.HIT
+    ] * 4
+    assert len(block_files(tmp_path)) == 4
+    assert counters(tier.get_stats())[(m.EVICTED_BLOCKS, ())] == 8
+    tier.shutdown()
+
+
+def test_a_restore_makes_a_block_recent_again(tmp_path, primary):
+    tier = make_tier(tmp_path, primary, cap_blocks=3)
+    jobs = Jobs(tier)
+    for i in range(3):
+        jobs.stored([key(i)], [i])
+    assert jobs.loaded([key(0)], [5]).success  # 0 is now the most recent
+    jobs.stored([key(3)], [3])
+    assert tier.lookup(key(1), CTX) is LookupResult.MISS
+    assert tier.lookup(key(0), CTX) is LookupResult.HIT
+    tier.shutdown()
+
+
+def test_restart_finds_earlier_blocks_in_their_lru_order(tmp_path, primary):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    data = [primary.fill(i, seed=i + 3) for i in range(3)]
+    for i in range(3):
+        jobs.stored([key(i)], [i])
+    # Stored an hour, then minutes apart (the kernel's file clock ticks every
+    # few ms: blocks stored within one tick have equal mtimes).
+    for i, path in enumerate(block_files(tmp_path)):
+        os.utime(path, (1e9 + 60 * i, 1e9 + 60 * i))
+    assert jobs.loaded([key(0)], [6]).success  # bumps key 0's mtime to now
+    tier.shutdown()
+
+    primary.clear()
+    tier = make_tier(tmp_path, primary, cap_blocks=3)  # same root, a new process
+    jobs = Jobs(tier)
+    jobs.stored([key(9)], [1])  # one must go: key 1, the least recent on disk
+    assert [tier.lookup(key(i), CTX) for i in (0, 1, 2, 9)] == [
+        LookupResult.HIT,
+        LookupResult.MISS,
+        LookupResult.HIT,
+        LookupResult.HIT,
+    ]
+    assert jobs.loaded([key(2)], [7]).success and primary.row(7) == data[2]
+    tier.shutdown()
+
+
+def test_other_namespaces_count_toward_the_cap_but_are_never_served(tmp_path, primary):
+    theirs = make_tier(tmp_path, primary, ns=OTHER_NS)
+    Jobs(theirs).stored([key(0), key(1)], [0, 1])
+    theirs.shutdown()
+
+    tier = make_tier(tmp_path, primary, cap_blocks=3)
+    jobs = Jobs(tier)
+    assert tier.lookup(key(0), CTX) is LookupResult.MISS
+    assert tier._index.used_bytes == 2 * FILE
+    jobs.stored([key(5), key(6)], [2, 3])  # evicts one of theirs, oldest first
+    tier.drain_jobs()
+    tier.get_finished_jobs()
+    assert len(block_files(tmp_path)) == 3
+    assert not (tmp_path / ".noindex" / OTHER_NS.hex() / "00" / f"{key(0).hex()}.kvb").exists()
+    tier.shutdown()
+
+
+def test_an_over_cap_root_is_trimmed_at_startup(tmp_path, primary):
+    tier = make_tier(tmp_path, primary)
+    Jobs(tier).stored([key(i) for i in range(5)], list(range(5)))
+    tier.shutdown()
+    tier = make_tier(tmp_path, primary, cap_blocks=2)
+    tier.drain_jobs()
+    tier.get_finished_jobs()
+    assert len(block_files(tmp_path)) == 2 and tier._index.used_bytes == 2 * FILE
+    tier.shutdown()
+
+
+def test_directories_are_private_and_files_owner_only(tmp_path, primary):
+    noindex = tmp_path / ".noindex"
+    noindex.mkdir(mode=0o755)
+    os.chmod(noindex, 0o755)  # made wider by hand, or by an older version
+    tier = make_tier(tmp_path, primary)
+    Jobs(tier).stored([key(0)], [0])
+    ns_dir = noindex / NS.hex()
+    for directory in (noindex, ns_dir, ns_dir / key(0).hex()[:2]):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    for file in [ns_dir / "namespace.json", *block_files(tmp_path)]:
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
+    assert json.loads((ns_dir / "namespace.json").read_text())["model"] == "test-model"
+    tier.shutdown()
+
+
+def test_events_announce_our_stores_and_removals(tmp_path, primary):
+    tier = make_tier(tmp_path, primary, cap_blocks=2)
+    jobs = Jobs(tier)
+    jobs.stored([key(0), key(1)], [0, 1])  # a prefix: its tail goes first
+    jobs.stored([key(2)], [2])  # evicts key 1
+    events = list(tier.take_events())
+    assert [(e.keys, e.removed) for e in events] == [
+        ([key(0), key(1)], False),
+        ([key(1)], True),
+        ([key(2)], False),
+    ]
+    assert {(e.medium, e.ownership) for e in events} == {(Medium.STORAGE, "fs")}
+    assert list(tier.take_events()) == []
+    tier.shutdown()
+
+
+def test_no_events_when_they_are_off(tmp_path, primary):
+    tier = make_tier(tmp_path, primary, events=False)
+    Jobs(tier).stored([key(0)], [0])
+    assert list(tier.take_events()) == []
+    tier.shutdown()
+
+
+def test_metrics_count_traffic_and_every_name_is_defined(tmp_path, primary):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    jobs.stored([key(0), key(1)], [0, 1])
+    tier.lookup(key(0), CTX)
+    jobs.loaded([key(0)], [4])
+    got = counters(tier.get_stats())
+    assert got[(m.WRITTEN_BLOCKS, ())] == 2 and got[(m.WRITTEN_BYTES, ())] == 2 * 8192
+    assert got[(m.READ_BLOCKS, ())] == 1 and got[(m.READ_BYTES, ())] == 8192
+    assert got[(m.LOOKUP_HITS, ())] == 1
+    assert got[(m.USED_BYTES, ())] == 2 * FILE
+    assert tier.get_stats() is None  # nothing new since the last call
+    definitions = DiskTier.build_metric_definitions({})
+    for name, labels in got:
+        assert name.startswith("vllm:kv_offload_disk_")
+        assert len(definitions[name].labelnames) == len(labels)
+    assert isinstance(definitions[m.WRITTEN_BLOCKS], OffloadingCounterMetadata)
+    assert isinstance(definitions[m.USED_BYTES], OffloadingGaugeMetadata)
+    tier.shutdown()
+
+
+def test_manager_touch_and_request_context(tmp_path, primary):
+    tier = make_tier(tmp_path, primary, cap_blocks=2)
+    jobs = Jobs(tier)
+    jobs.stored([key(0)], [0])
+    jobs.stored([key(1)], [1])
+    tier.touch([key(0)], CTX)  # an L1 hit on key 0
+    jobs.stored([key(2)], [2])
+    assert tier.lookup(key(1), CTX) is LookupResult.MISS
+    assert tier.on_new_request(CTX) == RequestOffloadingContext()
+    tier.shutdown()
+
+
+def test_shutdown_lets_the_primary_close_its_mapping(tmp_path):
+    primary = Primary(aligned=True)
+    tier = make_tier(tmp_path, primary)
+    Jobs(tier).store([key(i) for i in range(8)], list(range(8)))
+    tier.shutdown()
+    tier.shutdown()  # twice is harmless
+    primary.view.release()
+    primary.buffer.close()  # raises BufferError if a view of it were left
