@@ -1,0 +1,256 @@
+"""L3 disk tier failure paths: bad block files, a full disk, write errors,
+pins under eviction, leftovers of a crash. A bad block is never served and
+never crashes the tier: vLLM sees a failed key and recomputes it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+
+import pytest
+from disk_tier_kit import (
+    CTX,
+    NS,
+    OTHER_NS,
+    Jobs,
+    Primary,
+    WarningLog,
+    block_files,
+    counters,
+    key,
+    make_tier,
+)
+from vllm.v1.kv_offload.base import LookupResult
+
+from vllm_uma.kv_offload import block_file as bf
+from vllm_uma.kv_offload import disk_io
+from vllm_uma.kv_offload import disk_metrics as m
+
+
+@pytest.fixture
+def primary():
+    return Primary()
+
+
+def path_of(root, k: bytes, ns: bytes = NS):
+    return bf.block_path(root / ".noindex" / ns.hex(), k)
+
+
+def truncate(root, primary):
+    os.truncate(path_of(root, key(1)), 5000)
+
+
+def flip_a_payload_byte(root, primary):
+    with open(path_of(root, key(1)), "r+b") as f:
+        f.seek(4096 + 100)
+        byte = f.read(1)[0]
+        f.seek(4096 + 100)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+def copy_from_another_namespace(root, primary):
+    theirs = path_of(root, key(1), OTHER_NS)
+    theirs.parent.mkdir(parents=True)
+    bf.write_block(theirs, key(1), OTHER_NS, memoryview(primary.buffer)[:8192], direct=False)
+    shutil.copy(theirs, path_of(root, key(1)))
+
+
+def rename_another_key_onto_it(root, primary):
+    os.rename(path_of(root, key(3)), path_of(root, key(1)))
+
+
+def delete(root, primary):
+    os.unlink(path_of(root, key(1)))
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (truncate, "truncated"),
+        (flip_a_payload_byte, "corrupted"),
+        (copy_from_another_namespace, "foreign"),
+        (rename_another_key_onto_it, "foreign"),
+        (delete, "missing"),
+    ],
+)
+def test_a_bad_block_is_never_served_but_removed_and_recomputed(tmp_path, primary, damage, reason):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    data = [primary.fill(row, seed=row + 1) for row in range(4)]
+    assert jobs.stored([key(0), key(1), key(2), key(3)], [0, 1, 2, 3]).success
+    tier.take_events()
+    damage(tmp_path, primary)
+    primary.clear()
+    with WarningLog() as log:
+        result = jobs.loaded([key(0), key(1), key(2)], [5, 6, 7])
+    assert not result.success
+    assert list(result.successful_keys) == [key(0), key(2)]  # vLLM recomputes key 1
+    assert primary.row(5) == data[0] and primary.row(7) == data[2]
+    assert tier.lookup(key(1), CTX) is LookupResult.MISS
+    tier.drain_jobs()
+    tier.get_finished_jobs()
+    assert not path_of(tmp_path, key(1)).exists()
+    assert counters(tier.get_stats())[(m.BAD_BLOCKS, (reason,))] == 1
+    assert [(e.keys, e.removed) for e in tier.take_events()] == [([key(1)], True)]
+    assert len(log.messages) == 1 and reason in log.messages[0]
+    tier.shutdown()
+
+
+def test_the_same_kind_of_bad_block_is_logged_once(tmp_path, primary):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    jobs.stored([key(0), key(1)], [0, 1])
+    for k in (key(0), key(1)):
+        os.truncate(path_of(tmp_path, k), 10)
+    with WarningLog() as log:
+        assert not jobs.loaded([key(0)], [4]).success
+        assert not jobs.loaded([key(1)], [5]).success
+    assert len(log.messages) == 1
+    assert counters(tier.get_stats())[(m.BAD_BLOCKS, ("truncated",))] == 2
+    tier.shutdown()
+
+
+def test_leftover_temp_files_are_deleted_at_startup(tmp_path, primary):
+    tier = make_tier(tmp_path, primary)
+    Jobs(tier).stored([key(0)], [0])
+    tier.shutdown()
+    block = path_of(tmp_path, key(0))
+    leftovers = [
+        block.with_name(block.name + ".0123456789ab.tmp"),  # a write cut short
+        block.parent.parent / "namespace.json.abcdef012345.tmp",
+        tmp_path / ".noindex" / OTHER_NS.hex() / "ab" / "ab.kvb.000000000000.tmp",
+    ]
+    for leftover in leftovers:
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_bytes(b"half a block")
+    unrelated = tmp_path / ".noindex" / "notes.txt"
+    unrelated.write_text("not ours to delete")
+    tier = make_tier(tmp_path, primary)
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert unrelated.exists() and block.exists()
+    assert tier.lookup(key(0), CTX) is LookupResult.HIT
+    tier.shutdown()
+
+
+def failing_write(monkeypatch, code: int) -> list:
+    calls = []
+
+    def write(path, *args, **kw):
+        calls.append(path)
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(disk_io, "write_block", write)
+    return calls
+
+
+def test_a_full_disk_stops_all_stores_with_one_warning_and_serving_goes_on(
+    tmp_path, primary, monkeypatch
+):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    data = primary.fill(0, seed=9)
+    assert jobs.stored([key(0)], [0]).success
+    calls = failing_write(monkeypatch, errno.ENOSPC)
+    with WarningLog() as log:
+        assert not jobs.stored([key(1), key(2)], [1, 2]).success
+        attempts = len(calls)
+        assert not jobs.stored([key(3)], [3]).success  # refused without trying
+        assert not jobs.stored([key(4)], [4]).success
+    assert attempts == 2 and len(calls) == 2
+    assert len(log.messages) == 1
+    assert str(tmp_path) in log.messages[0] and "max_size_gib" in log.messages[0]
+    assert counters(tier.get_stats())[(m.STORE_FAILED, ("disk_full",))] == 4
+    assert tier._index.used_bytes == bf.file_bytes(8192)  # key 0 only
+    primary.clear()
+    assert jobs.loaded([key(0)], [7]).success and primary.row(7) == data
+    assert len(block_files(tmp_path)) == 1
+    tier.shutdown()
+
+
+def test_other_write_errors_warn_once_per_kind_and_later_stores_still_try(
+    tmp_path, primary, monkeypatch
+):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    calls = failing_write(monkeypatch, errno.EIO)
+    with WarningLog() as log:
+        assert not jobs.stored([key(0)], [0]).success
+        assert not jobs.stored([key(1)], [1]).success
+        failing_write(monkeypatch, errno.EACCES)
+        assert not jobs.stored([key(2)], [2]).success
+    assert len(calls) == 2 and len(log.messages) == 2
+    assert "EIO" in log.messages[0] and "EACCES" in log.messages[1]
+    assert tier._index.used_bytes == 0 and len(tier._index) == 0  # reservations aborted
+    monkeypatch.undo()
+    assert jobs.stored([key(0)], [0]).success
+    assert tier.lookup(key(0), CTX) is LookupResult.HIT
+    tier.shutdown()
+
+
+def held_reads(monkeypatch) -> threading.Event:
+    release = threading.Event()
+    read = disk_io.read_block
+
+    def held(*args, **kw):
+        release.wait(10)
+        read(*args, **kw)
+
+    monkeypatch.setattr(disk_io, "read_block", held)
+    return release
+
+
+def test_a_block_being_loaded_is_never_evicted(tmp_path, primary, monkeypatch):
+    tier = make_tier(tmp_path, primary, cap_blocks=2)
+    jobs = Jobs(tier)
+    data = primary.fill(0, seed=5)
+    jobs.stored([key(0)], [0])
+    jobs.stored([key(1)], [1])
+    release = held_reads(monkeypatch)
+    load = jobs.load([key(0)], [6])  # key 0 is the oldest, but pinned now
+    assert jobs.stored([key(2)], [2]).success
+    assert tier.lookup(key(1), CTX) is LookupResult.MISS
+    release.set()
+    assert jobs.wait(load)[0].success and primary.row(6) == data
+    tier.shutdown()
+
+
+def test_a_store_is_refused_when_everything_else_is_pinned(tmp_path, primary, monkeypatch):
+    tier = make_tier(tmp_path, primary, cap_blocks=1)
+    jobs = Jobs(tier)
+    jobs.stored([key(0)], [0])
+    release = held_reads(monkeypatch)
+    load = jobs.load([key(0)], [6])
+    assert not jobs.stored([key(1)], [1]).success
+    assert counters(tier.get_stats())[(m.STORE_FAILED, ("no_room",))] == 1
+    release.set()
+    assert jobs.wait(load)[0].success
+    assert jobs.stored([key(1)], [1]).success  # unpinned: key 0 may go now
+    tier.shutdown()
+
+
+def test_a_block_evicted_between_lookup_and_load_fails_that_key(tmp_path, primary):
+    tier = make_tier(tmp_path, primary, cap_blocks=1)
+    jobs = Jobs(tier)
+    jobs.stored([key(0)], [0])
+    assert tier.lookup(key(0), CTX) is LookupResult.HIT
+    jobs.stored([key(1)], [1])  # a cascade in the same step takes the room
+    result = jobs.loaded([key(0)], [5])
+    assert not result.success and result.successful_keys is None
+    tier.shutdown()
+
+
+def test_an_unexpected_error_on_an_io_thread_still_ends_the_job(tmp_path, primary, monkeypatch):
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    jobs.stored([key(0)], [0])
+
+    def bug(*args, **kw):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(disk_io, "read_block", bug)
+    with WarningLog():
+        assert not jobs.loaded([key(0)], [5]).success
+    assert tier.lookup(key(0), CTX) is LookupResult.MISS
+    tier.shutdown()
