@@ -1,0 +1,169 @@
+"""What KV offloading gains on this machine: four workloads, offloading off and on.
+
+    .venv/bin/python tools/benchmark/kv_offload_benchmark.py --out bench-out/kv_offload.json
+
+Workloads (prompts of --prompt-tokens, greedy, --concurrency in flight):
+  no_reuse       distinct prompts (control: nothing to restore)
+  reuse_fits     shared prefixes that fit L1, distinct suffixes (control)
+  spill_revisit  prefixes overflowing L1, served twice; the second pass is measured
+  restart        the spill traffic on a fresh process; only the disk tier can help
+Variants, a fresh server each: off; pool (--kv-offloading-size); pool_disk
+(the pool plus the fs disk tier). L1 is made small with
+--kv-cache-memory-bytes and the spill set is sized from the server's own
+max_tokens_cached. Writes the JSON, a PNG beside it, and the server logs in
+<out>-logs/. Exit status 1 if a variant failed (e.g. a server refused its flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from bench_common import disk_read_gbps, memcpy_gbps
+from kv_offload_client import progress
+from kv_offload_env import environment
+from kv_offload_report import VARIANTS, chart, compare, expectations, table
+from kv_offload_runner import WORKLOADS, Runner, Settings
+
+GiB = 1 << 30
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", type=Path, default=Path("bench-out/kv_offload_benchmark.json"))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=4000)
+    ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
+    ap.add_argument("--requests", type=int, default=8, help="measured requests of the controls")
+    ap.add_argument("--suffix-tokens", type=int, default=256, help="reuse_fits: distinct suffix")
+    ap.add_argument(
+        "--l1-bytes",
+        type=int,
+        default=400_000_000,
+        help="--kv-cache-memory-bytes of every server: L1 (default: 135 blocks, 17,280 tokens)",
+    )
+    ap.add_argument("--pool-gib", type=float, default=1.0, help="--kv-offloading-size")
+    ap.add_argument("--spill-factor", type=float, default=2.0, help="spill set / L1 tokens")
+    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument(
+        "--equal-memory",
+        action="store_true",
+        help="give `off` the pool's bytes as extra L1 (more memory vs offloading)",
+    )
+    ap.add_argument(
+        "--disk-dir", type=Path, help="disk tier and read probe volume (default: --out's dir)"
+    )
+    ap.add_argument("--disk-cap-gib", type=float, help="fs tier max_size_gib (default 2 x pool)")
+    ap.add_argument("--keep-disk", action="store_true", help="keep the disk tiers' directories")
+    ap.add_argument("--probe-mib", type=int, default=1024, help="size of the bandwidth probes")
+    ap.add_argument("--server-args", default="", help="extra `vllm-uma serve` flags, one string")
+    args = ap.parse_args(argv)
+    for key, known in (("workloads", WORKLOADS), ("variants", VARIANTS)):
+        chosen = [x for x in getattr(args, key).split(",") if x]
+        bad = sorted(set(chosen) - set(known))
+        if bad or not chosen:
+            ap.error(f"--{key} {getattr(args, key)!r}: choose from {', '.join(known)}")
+        setattr(args, key, [x for x in known if x in chosen])
+    if args.prompt_tokens + args.max_tokens > args.max_model_len:
+        ap.error("--prompt-tokens + --max-tokens must fit in --max-model-len")
+    args.disk_dir = (args.disk_dir or args.out.parent).absolute()
+    if args.disk_cap_gib is None:
+        # The spill set fits the pool by construction; twice the pool leaves
+        # room for the controls' stores too.
+        args.disk_cap_gib = 2 * args.pool_gib
+    return args
+
+
+def check_disk_space(args: argparse.Namespace) -> str | None:
+    """Why pool_disk cannot run here, or None. One disk tier exists at a time
+    (each is removed after its variant), beside the read probe."""
+    need = args.disk_cap_gib * GiB + args.probe_mib * 2**20 + GiB
+    free = shutil.disk_usage(args.disk_dir).free
+    if "pool_disk" in args.variants and free < need:
+        return (
+            f"pool_disk needs {need / GiB:.1f} GiB free on {args.disk_dir} (disk cap "
+            f"{args.disk_cap_gib} GiB + probe + 1 GiB), only {free / GiB:.1f} GiB is free: "
+            f"pass --disk-dir on another volume, lower --disk-cap-gib, or drop pool_disk "
+            f"from --variants"
+        )
+    if args.probe_mib * 2**20 + GiB > free:
+        return f"no room for the {args.probe_mib} MiB disk probe on {args.disk_dir}"
+    return None
+
+
+def measure_bandwidth(args: argparse.Namespace) -> dict:
+    progress(f"measuring memory copy and disk read bandwidth ({args.probe_mib} MiB each)")
+    nbytes = args.probe_mib * 2**20
+    bw = {
+        "memcpy_gbps": round(memcpy_gbps(nbytes, repeats=3), 2),
+        "disk_read_gbps": round(disk_read_gbps(args.disk_dir, nbytes), 2),
+        "probe_bytes": nbytes,
+        "disk_dir": str(args.disk_dir),
+    }
+    progress(f"memcpy {bw['memcpy_gbps']} GB/s, disk read {bw['disk_read_gbps']} GB/s")
+    return bw
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.disk_dir.mkdir(parents=True, exist_ok=True)
+    if problem := check_disk_space(args):
+        print(f"kv_offload_benchmark: {problem}", file=sys.stderr)
+        return 2
+    env = environment(args)
+    bandwidth = measure_bandwidth(args)
+    log_dir = args.out.with_name(args.out.stem + "-logs")
+    log_dir.mkdir(exist_ok=True)
+    runner = Runner(Settings.from_args(args), bandwidth, log_dir)
+    workloads = {w: {} for w in args.workloads}
+    for name in args.workloads:
+        for variant in args.variants:
+            workloads[name][variant] = runner.run(name, variant)
+    reasons = compare(workloads)
+    warnings = expectations(workloads) + runner.warnings
+    failed = [f"{w}/{v}" for w, vs in workloads.items() for v, fig in vs.items() if "error" in fig]
+    report = {
+        "suspect": bool(reasons),
+        "suspect_reasons": reasons,
+        "warnings": warnings,
+        "failed": failed,
+        "environment": {**env, "loadavg_after": list(os.getloadavg())},
+        "bandwidth": bandwidth,
+        "sizing": runner.sizing_report(),
+        "workloads": workloads,
+    }
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    png = args.out.with_suffix(".png")
+    chart(workloads, png, _title(env, args))
+    print(table(workloads))
+    bw = bandwidth
+    print(f"floors: memcpy {bw['memcpy_gbps']} GB/s, disk read {bw['disk_read_gbps']} GB/s")
+    print(f"suspect: {str(report['suspect']).lower()}" + "".join(f"\n  - {r}" for r in reasons))
+    for w in warnings:
+        print(f"warning: {w}")
+    for f in failed:
+        print(f"FAILED {f}: {workloads[f.split('/')[0]][f.split('/')[1]]['error'].splitlines()[0]}")
+    print(f"wrote {args.out}, {png}, logs in {log_dir}")
+    return 1 if failed else 0
+
+
+def _title(env: dict, args: argparse.Namespace) -> str:
+    return (
+        f"vllm-uma {env['versions']['vllm-uma']}, vllm {env['versions']['vllm']}, "
+        f"{env['cpu_count']} cores; {args.prompt_tokens}-token prompts, concurrency "
+        f"{args.concurrency}, L1 {args.l1_bytes / 1e6:.0f} MB, pool {args.pool_gib} GiB"
+        + (", equal memory" if args.equal_memory else "")
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

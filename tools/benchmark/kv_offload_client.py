@@ -1,0 +1,146 @@
+"""The client side of the KV offloading benchmark: streamed completions over
+HTTP, a pass of them at a fixed concurrency, and the /metrics counters that
+say which tier supplied the cached prompt tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import requests
+from bench_common import MODEL
+
+REQUEST_TIMEOUT_S = 900
+HIT_SOURCES = ("device", "host", "disk")
+CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
+COMPUTED = "vllm:prompt_tokens_by_source_total"
+BYTES_MOVED = "vllm:kv_offload_total_bytes_total"
+
+
+@dataclass(frozen=True)
+class Reply:
+    ttft_s: float  # request sent -> first chunk with a token
+    latency_s: float  # request sent -> stream closed
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def stream_completion(url: str, prompt: str, max_tokens: int) -> Reply:
+    """One greedy completion with ``stream: true``; TTFT is the time to the
+    first chunk that carries a choice (the first token)."""
+    payload = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    ttft = None
+    usage = None
+    with requests.post(
+        f"{url}/v1/completions", json=payload, stream=True, timeout=REQUEST_TIMEOUT_S
+    ) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and chunk.get("choices"):
+                ttft = time.perf_counter() - start
+            usage = chunk.get("usage") or usage
+    latency = time.perf_counter() - start
+    if ttft is None or usage is None:
+        raise RuntimeError(f"the stream from {url} ended without a token or without usage")
+    return Reply(ttft, latency, usage["prompt_tokens"], usage["completion_tokens"])
+
+
+@dataclass(frozen=True)
+class PassResult:
+    replies: list[Reply]
+    wall_s: float
+
+    @property
+    def ttfts(self) -> list[float]:
+        return [r.ttft_s for r in self.replies]
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.prompt_tokens + r.completion_tokens for r in self.replies)
+
+
+def run_pass(
+    url: str, prompts: list[str], max_tokens: int, concurrency: int, label: str
+) -> PassResult:
+    """Send ``prompts`` with at most ``concurrency`` in flight; a progress
+    line per finished request."""
+    start = time.perf_counter()
+    replies: list[Reply] = []
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futures = [pool.submit(stream_completion, url, p, max_tokens) for p in prompts]
+        for future in as_completed(futures):
+            reply = future.result()
+            replies.append(reply)
+            progress(
+                f"  {label} {len(replies)}/{len(prompts)}: TTFT {reply.ttft_s:.2f} s, "
+                f"{reply.prompt_tokens} prompt tokens"
+            )
+    return PassResult(replies, time.perf_counter() - start)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100); with fewer than two
+    values, the value itself."""
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The counters the benchmark diffs around a measured pass."""
+    text = requests.get(f"{url}/metrics", timeout=30).text
+    out = {f"hit_{s}": _metric(text, CACHED_BY_SOURCE, f'source="{s}"') for s in HIT_SOURCES}
+    out["computed"] = _metric(text, COMPUTED, 'source="local_compute"')
+    for kind in ("CPU_to_GPU", "GPU_to_CPU"):
+        out[f"bytes_{kind}"] = _metric(text, BYTES_MOVED, f'transfer_type="{kind}"')
+    out["bytes_all"] = _metric(text, BYTES_MOVED)
+    return out
+
+
+def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
+    return {k: int(after[k] - before[k]) for k in after}
+
+
+def _metric(text: str, name: str, label: str = "") -> float:
+    """Sum of a series over the samples whose labels contain ``label``."""
+    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
+    return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)
+
+
+def wait_quiet(url: str, timeout: float = 60) -> None:
+    """Wait until no offloading transfer has moved bytes for two seconds, so
+    that a server is stopped only after its stores reached their tier."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        now = scrape(url)["bytes_all"]
+        if now == last:
+            return
+        last = now
+        time.sleep(2)
+    progress(f"  transfers still moving after {timeout:.0f} s; stopping anyway")
+
+
+_T0 = time.monotonic()
+
+
+def progress(message: str) -> None:
+    elapsed = int(time.monotonic() - _T0)
+    print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}", file=sys.stderr, flush=True)

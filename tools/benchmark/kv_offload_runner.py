@@ -1,0 +1,282 @@
+"""The server side of the KV offloading benchmark: each variant's flags, the
+traffic of each workload sized from the server's own memory breakdown, and
+one fresh server (two for a disk-tier restart) per workload and variant.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+from bench_common import EXE, drop_page_cache, text
+from kv_offload_client import diff, progress, run_pass, scrape, stream_completion, wait_quiet
+from kv_offload_report import summarize
+
+from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
+from vllm_uma.procs import Server
+
+GiB = 1 << 30
+WORKLOADS = ("no_reuse", "reuse_fits", "spill_revisit", "restart")
+# Seeds per workload: no prompt of one workload shares a block with another's.
+SEEDS = {"no_reuse": 1000, "reuse_fits": 2000, "spill_revisit": 4000, "restart": 6000}
+
+
+@dataclass(frozen=True)
+class Settings:
+    concurrency: int
+    prompt_tokens: int
+    max_tokens: int
+    requests: int
+    suffix_tokens: int
+    l1_bytes: int
+    pool_gib: float
+    spill_factor: float
+    max_model_len: int
+    equal_memory: bool
+    disk_dir: Path
+    disk_cap_gib: float
+    keep_disk: bool
+    server_args: tuple[str, ...]
+
+    @classmethod
+    def from_args(cls, args) -> "Settings":
+        fields = {k: getattr(args, k) for k in cls.__dataclass_fields__ if k != "server_args"}
+        return cls(**fields, server_args=tuple(shlex.split(args.server_args)))
+
+    @property
+    def pool_bytes(self) -> int:
+        return int(self.pool_gib * GiB)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Block geometry read from the first server's `memory breakdown:` line."""
+
+    block_size: int
+    per_block_bytes: int
+    l1_blocks: int
+    pool_blocks: int
+
+    @property
+    def kv_per_token(self) -> float:
+        return self.per_block_bytes / self.block_size
+
+    @property
+    def l1_tokens(self) -> int:
+        return self.l1_blocks * self.block_size
+
+    def blocks(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    warmup: tuple[str, ...]  # served first on the same server (or the writer), not measured
+    measured: tuple[str, ...]
+
+
+def build_traffic(name: str, s: Settings, z: Sizing) -> Traffic:
+    seed, n, t = SEEDS[name], s.requests, s.prompt_tokens
+    if name == "no_reuse":
+        return Traffic((), tuple(text(seed + i, t) for i in range(n)))
+    if name == "reuse_fits":
+        k = reuse_prefixes(s, z)
+        prefixes = [text(seed + i, t - s.suffix_tokens) for i in range(k)]
+        warm = tuple(f"{p} {text(seed + 100 + i, s.suffix_tokens)}" for i, p in enumerate(prefixes))
+        measured = tuple(
+            f"{prefixes[j % k]} {text(seed + 200 + j, s.suffix_tokens)}" for j in range(n)
+        )
+        return Traffic(warm, measured)
+    prompts = tuple(text(seed + i, t) for i in range(spill_prompts(s, z)))
+    return Traffic(prompts, prompts)
+
+
+def reuse_prefixes(s: Settings, z: Sizing) -> int:
+    """Two prefixes if L1 holds them beside `concurrency` suffixes, else one."""
+    in_flight = s.concurrency * (z.blocks(s.suffix_tokens + s.max_tokens) + 1)
+    for k in (2, 1):
+        if k * z.blocks(s.prompt_tokens) + in_flight <= z.l1_blocks:
+            return k
+    raise RuntimeError(
+        f"reuse_fits: L1 of {z.l1_blocks} blocks cannot hold one {s.prompt_tokens}-token "
+        f"prefix beside {s.concurrency} requests in flight: raise --l1-bytes or lower "
+        f"--prompt-tokens"
+    )
+
+
+def spill_prompts(s: Settings, z: Sizing) -> int:
+    """Enough distinct prompts that each has left L1 before it comes back
+    (served in the same order twice, LRU evicts every one), few enough
+    that the pool holds all of them."""
+    per = z.blocks(s.prompt_tokens)
+    least = z.l1_blocks // per + 2
+    most = int(0.9 * z.pool_blocks) // per
+    wanted = max(math.ceil(s.spill_factor * z.l1_tokens / s.prompt_tokens), least)
+    if most < least:
+        raise RuntimeError(
+            f"spill: {least} prompts of {per} blocks overflow L1 ({z.l1_blocks} blocks) but "
+            f"the pool holds {z.pool_blocks} blocks: raise --pool-gib or lower --l1-bytes"
+        )
+    return min(wanted, most)
+
+
+class Runner:
+    def __init__(self, settings: Settings, bandwidth: dict, log_dir: Path):
+        self.s = settings
+        self.bandwidth = bandwidth
+        self.log_dir = log_dir
+        self.sizing: Sizing | None = None
+        self.traffic: dict[str, Traffic] = {}
+        self.warnings: list[str] = []
+
+    def server_args(self, variant: str, disk_root: Path | None) -> list[str]:
+        s = self.s
+        l1 = s.l1_bytes + (s.pool_bytes if variant == "off" and s.equal_memory else 0)
+        args = ["--max-model-len", str(s.max_model_len), "--kv-cache-memory-bytes", str(l1)]
+        args += list(s.server_args)
+        if variant != "off":
+            args += ["--kv-offloading-size", f"{s.pool_gib:g}"]
+        if variant == "pool_disk":
+            tier = {"type": "fs", "root_dir": str(disk_root), "max_size_gib": s.disk_cap_gib}
+            extra = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
+            args += ["--kv-transfer-config", json.dumps(extra)]
+        return args
+
+    def run(self, workload: str, variant: str) -> dict:
+        disk_root = None
+        if variant == "pool_disk":
+            disk_root = self.s.disk_dir / f"kv-bench-disk-{os.getpid()}-{workload}"
+        args = self.server_args(variant, disk_root)
+        try:
+            return {**self._run(workload, variant, args, disk_root), "server_args": args}
+        except (RuntimeError, TimeoutError, OSError, requests.RequestException) as exc:
+            message = failure(exc)
+            progress(f"{workload}/{variant}: FAILED: {message.splitlines()[0]}")
+            return {"error": message, "server_args": args}
+        finally:
+            if disk_root is not None and not self.s.keep_disk:
+                shutil.rmtree(disk_root, ignore_errors=True)
+
+    def _run(self, workload: str, variant: str, args: list[str], disk_root: Path | None) -> dict:
+        extra = {}
+        name = f"{workload}-{variant}"
+        if workload == "restart" and disk_root is not None:
+            extra["writer"] = self._write(args, name, disk_root)
+        server, breakdown = self.start(args, name)
+        try:
+            traffic = self.traffic_for(workload)
+            # restart: the fresh server sees the traffic for the first time.
+            if traffic.warmup and workload != "restart":
+                run_pass(server.url, list(traffic.warmup), *self._pass_opts("warm-up"))
+                wait_quiet(server.url)
+            before = scrape(server.url)
+            result = run_pass(server.url, list(traffic.measured), *self._pass_opts("measured"))
+            counters = diff(scrape(server.url), before)
+        finally:
+            server.stop()
+        fig = summarize(result, counters, self.sizing.kv_per_token, self.bandwidth)
+        progress(
+            f"{name}: TTFT p50 {fig['ttft_p50_s']:.3f} s, {fig['throughput_tok_s']:.0f} tok/s, "
+            f"hits {fig['hit_tokens']}"
+        )
+        return {**fig, **extra, "memory_breakdown": breakdown, "log": str(server.log_path)}
+
+    def _write(self, args: list[str], name: str, disk_root: Path) -> dict:
+        """restart with a disk tier: a first server serves the traffic and
+        stops; its blocks are then dropped from the page cache, so the next
+        server reads them from the disk, not from RAM."""
+        server, _ = self.start(args, name + "-writer")
+        try:
+            traffic = self.traffic_for("restart")
+            run_pass(server.url, list(traffic.warmup), *self._pass_opts("writer"))
+            wait_quiet(server.url)
+        finally:
+            server.stop()
+        on_disk = sum(p.stat().st_size for p in disk_root.rglob("*") if p.is_file())
+        dropped = drop_page_cache(disk_root)
+        progress(f"{name}: writer stopped, {on_disk / 2**20:.0f} MiB on disk, page cache dropped")
+        return {"log": str(server.log_path), "disk_bytes": on_disk, "page_cache_dropped": dropped}
+
+    def _pass_opts(self, label: str) -> tuple:
+        return (self.s.max_tokens, self.s.concurrency, label)
+
+    def start(self, args: list[str], name: str) -> tuple[Server, dict[str, int]]:
+        progress(f"{name}: starting a fresh server")
+        server = Server(EXE, args, self.log_dir / f"{name}.log")
+        try:
+            server.wait_ready()
+            line = next((x for x in server.log().splitlines() if BREAKDOWN_PREFIX in x), None)
+            if line is None:
+                raise RuntimeError(f"no '{BREAKDOWN_PREFIX}' line in {server.log_path}")
+            breakdown = parse_breakdown(line)
+            self._size_from(breakdown, args)
+            stream_completion(server.url, "Hello", 2)  # first-request set-up, unmeasured
+        except BaseException:
+            server.stop()
+            raise
+        return server, breakdown
+
+    def _size_from(self, b: dict[str, int], args: list[str]) -> None:
+        if self.sizing is None:
+            per = b["per_block_bytes"]
+            self.sizing = Sizing(
+                block_size=b["max_tokens_cached"] // b["num_blocks"],
+                per_block_bytes=per,
+                l1_blocks=self.s.l1_bytes // per,
+                pool_blocks=self.s.pool_bytes // per,
+            )
+            self._check_concurrency()
+        given = int(args[args.index("--kv-cache-memory-bytes") + 1])
+        if b["num_blocks"] != given // self.sizing.per_block_bytes:
+            self.warnings.append(
+                f"a server given {given} bytes of L1 reports {b['num_blocks']} blocks, not "
+                f"{given // self.sizing.per_block_bytes}: the sizing may be off"
+            )
+
+    def _check_concurrency(self) -> None:
+        z, s = self.sizing, self.s
+        need = s.concurrency * z.blocks(s.prompt_tokens + s.max_tokens)
+        if need > z.l1_blocks:
+            self.warnings.append(
+                f"L1 ({z.l1_blocks} blocks) cannot hold {s.concurrency} requests of "
+                f"{s.prompt_tokens} tokens at once ({need} blocks): TTFT includes queueing"
+            )
+
+    def traffic_for(self, workload: str) -> Traffic:
+        if workload not in self.traffic:
+            self.traffic[workload] = build_traffic(workload, self.s, self.sizing)
+        return self.traffic[workload]
+
+    def sizing_report(self) -> dict:
+        if self.sizing is None:
+            return {}
+        z = self.sizing
+        shape = {
+            w: {"warmup": len(t.warmup), "measured": len(t.measured)}
+            for w, t in self.traffic.items()
+        }
+        return {
+            "block_size": z.block_size,
+            "per_block_bytes": z.per_block_bytes,
+            "kv_bytes_per_token": z.kv_per_token,
+            "l1_blocks": z.l1_blocks,
+            "l1_tokens": z.l1_tokens,
+            "pool_blocks": z.pool_blocks,
+            "requests": shape,
+        }
+
+
+def failure(exc: BaseException) -> str:
+    """The line that says why (a server's refusal names the flag), then the
+    log tail."""
+    text_ = str(exc)
+    errors = [x.strip() for x in text_.splitlines() if re.search(r"error", x, re.I)]
+    head = errors[-1] if errors else (text_.splitlines() or [repr(exc)])[0]
+    return f"{head}\n{text_[-3000:]}"
