@@ -17,6 +17,7 @@ max_tokens_cached. Writes the JSON, a PNG beside it, and the server logs in
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -26,21 +27,28 @@ from pathlib import Path
 from bench_common import disk_read_gbps, memcpy_gbps
 from kv_offload_client import progress
 from kv_offload_env import environment
-from kv_offload_report import VARIANTS, chart, compare, expectations, table
+from kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
 from kv_offload_runner import WORKLOADS, Runner, Settings
 
 GiB = 1 << 30
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=_Formatter)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out/kv_offload_benchmark.json"),
+        help="the JSON; the PNG and <stem>-logs/ go beside it",
     )
-    ap.add_argument("--out", type=Path, default=Path("bench-out/kv_offload_benchmark.json"))
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
-    ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--prompt-tokens", type=int, default=4000)
+    ap.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    ap.add_argument("--prompt-tokens", type=int, default=4000, help="tokens per prompt")
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
     ap.add_argument("--requests", type=int, default=8, help="measured requests of the controls")
     ap.add_argument("--suffix-tokens", type=int, default=256, help="reuse_fits: distinct suffix")
@@ -52,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--pool-gib", type=float, default=1.0, help="--kv-offloading-size")
     ap.add_argument("--spill-factor", type=float, default=2.0, help="spill set / L1 tokens")
-    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--max-model-len", type=int, default=8192, help="of every server")
     ap.add_argument(
         "--equal-memory",
         action="store_true",
@@ -116,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.disk_dir.mkdir(parents=True, exist_ok=True)
+    if importlib.util.find_spec("matplotlib") is None:
+        print(
+            "kv_offload_benchmark: matplotlib is missing (it draws the PNG chart): "
+            "run `make bench`, or `.venv/bin/pip install -e '.[bench]'`",
+            file=sys.stderr,
+        )
+        return 2
     if problem := check_disk_space(args):
         print(f"kv_offload_benchmark: {problem}", file=sys.stderr)
         return 2
@@ -128,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.workloads:
         for variant in args.variants:
             workloads[name][variant] = runner.run(name, variant)
-    reasons = compare(workloads)
+    reasons = compare(workloads, args.equal_memory)
     warnings = expectations(workloads) + runner.warnings
+    warnings += busy(workloads, env["loadavg_before"][0], os.cpu_count() or 1)
     failed = [f"{w}/{v}" for w, vs in workloads.items() for v, fig in vs.items() if "error" in fig]
     report = {
         "suspect": bool(reasons),

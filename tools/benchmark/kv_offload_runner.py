@@ -179,6 +179,8 @@ class Runner:
             before = scrape(server.url)
             result = run_pass(server.url, list(traffic.measured), *self._pass_opts("measured"))
             counters = diff(scrape(server.url), before)
+            # Our server keeps about `cores` threads busy; more load is others'.
+            extra["loadavg_1m"] = round(os.getloadavg()[0], 2)
         finally:
             server.stop()
         fig = summarize(result, counters, self.sizing.kv_per_token, self.bandwidth)

@@ -22,19 +22,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
+from bench_common import EXE, KV_PER_TOKEN, memcpy_gbps, text
 
 from vllm_uma.procs import Server
 
-KV_PER_TOKEN = 23_040  # SmolLM2-135M, bf16
-EXE = str(Path(sys.executable).parent / "vllm-uma")
 COMMON = ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(220 * 10**6)]
-
-
-def text(seed: int, tokens: int) -> str:
-    # about one token per word: "w" + digit pairs would split; plain words do not.
-    words = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
-    return f"{seed} " + " ".join(words[(seed * 7 + k) % 8] for k in range(tokens - 2))
 
 
 def ttft(server, prompt: str) -> float:
@@ -42,18 +34,6 @@ def ttft(server, prompt: str) -> float:
     server.post(
         "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 1}
     )
-    return time.perf_counter() - start
-
-
-def memcpy_gbps(nbytes: int) -> float:
-    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
-    return nbytes / best / 1e9
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
     return time.perf_counter() - start
 
 

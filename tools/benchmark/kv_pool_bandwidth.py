@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import numpy as np
 import torch
+from bench_common import best_of
 from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
@@ -25,15 +25,6 @@ from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover
 
 LAYERS, PAGE = 30, 128 * 3 * 64 * 2 * 2  # SmolLM2-135M, bf16: 98,304 B
-
-
-def best_of(repeats: int, fn) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> int:
