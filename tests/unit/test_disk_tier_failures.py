@@ -25,7 +25,7 @@ from disk_tier_kit import (
 from vllm.v1.kv_offload.base import LookupResult
 
 from vllm_uma.kv_offload import block_file as bf
-from vllm_uma.kv_offload import disk_io
+from vllm_uma.kv_offload import disk_io, disk_layout
 from vllm_uma.kv_offload import disk_metrics as m
 
 
@@ -253,4 +253,18 @@ def test_an_unexpected_error_on_an_io_thread_still_ends_the_job(tmp_path, primar
     with WarningLog():
         assert not jobs.loaded([key(0)], [5]).success
     assert tier.lookup(key(0), CTX) is LookupResult.MISS
+    tier.shutdown()
+
+
+def test_a_full_disk_at_startup_only_costs_the_namespace_description(
+    tmp_path, primary, monkeypatch
+):
+    def full(path, info):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_layout, "_write_json", full)
+    with WarningLog() as log:
+        tier = make_tier(tmp_path, primary)
+    assert len(log.messages) == 1 and "namespace.json" in log.messages[0]
+    assert Jobs(tier).stored([key(0)], [0]).success
     tier.shutdown()

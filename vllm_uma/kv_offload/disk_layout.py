@@ -60,8 +60,10 @@ class Layout:
     def path(self, ref: BlockRef) -> Path:
         return block_path(self.namespace_dir(ref.namespace), ref.key)
 
-    def prepare(self, namespace: bytes, info: dict[str, Any]) -> None:
-        """Create the private directories and (re)write namespace.json."""
+    def prepare(self, namespace: bytes, info: dict[str, Any]) -> str | None:
+        """Create the private directories and (re)write namespace.json; the
+        error if that file could not be written (it is for humans only: a
+        full disk must not stop the server from starting)."""
         if len(namespace) != NAMESPACE_BYTES:
             raise ValueError(
                 f"namespace id of {len(namespace)} bytes: it must be {NAMESPACE_BYTES}"
@@ -69,7 +71,12 @@ class Layout:
         self.root_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for directory in (self.noindex, self.namespace_dir(namespace)):
             _private_dir(directory)
-        _write_json(self.namespace_dir(namespace) / NAMESPACE_FILE, info)
+        path = self.namespace_dir(namespace) / NAMESPACE_FILE
+        try:
+            _write_json(path, info)
+        except OSError as exc:
+            return f"{path}: {exc.strerror or exc}"
+        return None
 
     def scan(self) -> tuple[list[FoundBlock], int]:
         """Block files of every namespace, oldest mtime first, and the number

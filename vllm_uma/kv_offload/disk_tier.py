@@ -89,7 +89,10 @@ class DiskTier(SecondaryTierManager):
         self._config = config
         self._ns = namespace_id
         self._layout = Layout(config.root_dir)
-        self._layout.prepare(namespace_id, namespace_info)
+        self._warnings = DiskWarnings(config.root_dir)
+        error = self._layout.prepare(namespace_id, namespace_info)
+        if error is not None:
+            self._warnings.namespace_file(error)
         self._rows = primary_kv_view.cast("B")  # row c = bytes [c*row, (c+1)*row)
         self._file_bytes = file_bytes(self.block_size_bytes)
         self._direct = (
@@ -106,7 +109,6 @@ class DiskTier(SecondaryTierManager):
         self._results: list[JobResult] = []  # finished, not yet returned
         self._deleting: dict[BlockRef, int] = {}  # deletes in flight per block
         self._disk_full = False
-        self._warnings = DiskWarnings(config.root_dir)
         self._pool = IOPool(io_threads, self._outcomes, "uma-kv-disk")
         self._closed = False
         self._load_existing(io_threads)

@@ -66,6 +66,15 @@ class DiskWarnings:
             self._root_dir,
         )
 
+    def namespace_file(self, detail: str) -> None:
+        self._once(
+            "namespace.json",
+            "Disk KV tier: could not write the namespace description (%s); blocks "
+            "are stored all the same. Check the free space and permissions of %s.",
+            detail,
+            self._root_dir,
+        )
+
 
 def log_startup(
     config: DiskTierConfig, files: int, ours: int, nbytes: int, temps: int, io: str
