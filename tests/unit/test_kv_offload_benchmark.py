@@ -1,0 +1,145 @@
+"""The KV offloading benchmark's arithmetic and checks, without a server:
+spill sizing, traffic shape, the floor, the suspect rule, the flags."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "benchmark"))
+
+from kv_offload_client import PassResult, Reply, percentile  # noqa: E402
+from kv_offload_report import compare, expectations, summarize, table  # noqa: E402
+from kv_offload_runner import (  # noqa: E402
+    Runner,
+    Settings,
+    Sizing,
+    build_traffic,
+    failure,
+    spill_prompts,
+)
+
+BW = {"memcpy_gbps": 10.0, "disk_read_gbps": 1.0}
+
+
+def settings(**kw) -> Settings:
+    base = dict(
+        concurrency=4,
+        prompt_tokens=4000,
+        max_tokens=16,
+        requests=8,
+        suffix_tokens=256,
+        l1_bytes=400_000_000,
+        pool_gib=1.0,
+        spill_factor=2.0,
+        max_model_len=8192,
+        equal_memory=False,
+        disk_dir=Path("/tmp"),
+        disk_cap_gib=2.0,
+        keep_disk=False,
+        server_args=(),
+    )
+    return Settings(**{**base, **kw})
+
+
+# The default model's geometry with the defaults: 135-block L1, 364-block pool.
+SIZING = Sizing(block_size=128, per_block_bytes=2_949_120, l1_blocks=135, pool_blocks=364)
+
+
+def test_spill_overflows_l1_and_fits_the_pool():
+    n = spill_prompts(settings(), SIZING)
+    assert n == 9  # ceil(2 x 17,280 / 4,000)
+    per = SIZING.blocks(4000)
+    assert (n - 1) * per >= SIZING.l1_blocks  # each prompt left L1 before it returns
+    assert n * per <= SIZING.pool_blocks
+
+
+def test_spill_capped_by_the_pool_and_refused_when_it_cannot_overflow():
+    small_pool = Sizing(128, 2_949_120, 135, 250)
+    assert spill_prompts(settings(spill_factor=10), small_pool) == 7  # 0.9 x 250 // 32
+    with pytest.raises(RuntimeError, match="raise --pool-gib"):
+        spill_prompts(settings(), Sizing(128, 2_949_120, 135, 100))
+
+
+def test_traffic_shapes():
+    s = settings()
+    no_reuse = build_traffic("no_reuse", s, SIZING)
+    assert not no_reuse.warmup and len(set(no_reuse.measured)) == 8
+    reuse = build_traffic("reuse_fits", s, SIZING)
+    assert len(reuse.warmup) == 2 and len(set(reuse.measured)) == 8
+    prefix = reuse.warmup[0].split(" ")[: 4000 - 256 - 1]
+    assert reuse.measured[0].split(" ")[: len(prefix)] == prefix
+    spill = build_traffic("spill_revisit", s, SIZING)
+    assert spill.warmup == spill.measured  # the same prompts, in the same order
+    restart = build_traffic("restart", s, SIZING)
+    assert not set(restart.measured) & set(spill.measured)
+
+
+def passes(ttfts: list[float], prompt: int = 4000) -> PassResult:
+    return PassResult([Reply(t, t + 1, prompt, 16) for t in ttfts], wall_s=sum(ttfts))
+
+
+def counters(device=0, host=0, disk=0) -> dict[str, int]:
+    return {
+        "hit_device": device,
+        "hit_host": host,
+        "hit_disk": disk,
+        "computed": 0,
+        "bytes_CPU_to_GPU": 0,
+        "bytes_GPU_to_CPU": 0,
+        "bytes_all": 0,
+    }
+
+
+def test_floor_is_restored_bytes_over_measured_bandwidth():
+    fig = summarize(passes([1.0, 1.0]), counters(host=1000, disk=1000), 23_040, BW)
+    # per request: (1000 x 23,040 / 10 GB/s + 1000 x 23,040 / 1 GB/s) / 2
+    assert fig["floor_restore_s_per_request"] == pytest.approx(0.012672, abs=1e-5)
+    assert fig["restored_bytes"] == 2000 * 23_040
+    assert percentile([1.0, 2.0, 3.0], 50) == 2.0
+
+
+def test_a_control_ahead_by_more_than_125x_is_suspect():
+    off = summarize(passes([4.0] * 4), counters(), 23_040, BW)
+    fast = summarize(passes([3.0] * 4), counters(), 23_040, BW)
+    close = summarize(passes([3.5] * 4), counters(), 23_040, BW)
+    runs = {"no_reuse": {"off": off, "pool": fast}, "reuse_fits": {"off": off, "pool": close}}
+    reasons = compare(runs, equal_memory=False)
+    assert len(reasons) == 1 and reasons[0].startswith("control no_reuse: pool is 1.33x")
+    assert runs["reuse_fits"]["pool"]["vs_off"]["ttft_p50_x"] == pytest.approx(1.14, abs=0.01)
+
+
+def test_spill_that_hits_l1_is_suspect_unless_memory_is_equal():
+    off = summarize(passes([4.0] * 2), counters(device=4000), 23_040, BW)
+    runs = {"spill_revisit": {"off": off}}
+    assert "did not overflow L1" in compare(runs, equal_memory=False)[0]
+    assert compare(runs, equal_memory=True) == []
+
+
+def test_missing_lower_tier_hits_warn_and_failures_show_in_the_table():
+    pool = summarize(passes([1.0]), counters(), 23_040, BW)
+    runs = {"spill_revisit": {"pool": pool}, "restart": {"pool_disk": {"error": "refused"}}}
+    assert expectations(runs) == ["spill_revisit/pool: no prompt token came from the host tier"]
+    assert "pool_disk FAILED: refused" in table(runs)
+
+
+def test_pool_disk_flags_and_equal_memory():
+    runner = Runner(settings(equal_memory=True), BW, Path("/tmp"))
+    off = runner.server_args("off", None)
+    assert off[off.index("--kv-cache-memory-bytes") + 1] == str(400_000_000 + (1 << 30))
+    args = runner.server_args("pool_disk", Path("/data/kv"))
+    assert args[args.index("--kv-offloading-size") + 1] == "1"
+    tier = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert tier == {
+        "kv_connector_extra_config": {
+            "secondary_tiers": [{"type": "fs", "root_dir": "/data/kv", "max_size_gib": 2.0}]
+        }
+    }
+
+
+def test_failure_leads_with_the_servers_error_line():
+    exc = RuntimeError("server exited with 2:\nINFO start\nvllm-uma serve: error: no disk tier\n")
+    assert failure(exc).splitlines()[0] == "vllm-uma serve: error: no disk tier"
