@@ -175,3 +175,4 @@ class IOPool:
                 self._tasks.get_nowait()
             except queue.Empty:
                 return
+            self._tasks.task_done()
