@@ -21,7 +21,9 @@ so the same prompt prefix maps to the same file in every process:
 
 The header is padded to a page so that the payload starts page aligned: with
 page-aligned primary rows, header and payload move in one O_DIRECT preadv /
-pwritev, straight between the disk and the row.
+pwritev, straight between the disk and the row. Measured here on a 360 KiB
+block: an O_DIRECT read costs 72 us of CPU, a buffered one 194 us (the copy
+and the page-cache bookkeeping), and the crc32 check about 90 us.
 
 Writes are atomic by rename: a temp file ``<key hex>.kvb.<random>.tmp`` in
 the same directory, created O_EXCL and 0600, renamed to the final name once
