@@ -101,6 +101,20 @@ def test_size_flag_points_the_connector_at_our_spec():
     assert extra["spec_module_path"] == "vllm_uma.kv_offload.spec"
 
 
+def test_vllms_connector_name_finds_our_connector():
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from vllm_uma.kv_offload.connector import UmaOffloadingConnector
+
+    cfg = vllm_config(size=1, ktc=connector(None))
+    oc.translate(cfg, 24 * GiB)
+    ktc = cfg.kv_transfer_config
+    assert ktc.kv_connector_module_path == "vllm_uma.kv_offload.connector"
+    # vLLM sets the name from --kv-offloading-size after the platform hook.
+    ktc.kv_connector = "OffloadingConnector"
+    assert KVConnectorFactory.get_connector_class(ktc) is UmaOffloadingConnector
+
+
 def test_connector_without_size_gets_two_requests_of_kv():
     cfg = vllm_config(ktc=connector("OffloadingConnector"))
     pool = oc.translate(cfg, 24 * GiB).pool

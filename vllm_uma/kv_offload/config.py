@@ -3,7 +3,8 @@
 Runs in the API server, in the platform's ``check_and_update_config``, before
 any weights load and before vLLM's own ``_post_init_kv_transfer_config``
 (which then fills in the connector, ``cpu_bytes_to_use`` and ``kv_role`` from
-``--kv-offloading-size`` as usual). What we add: our spec's name in
+``--kv-offloading-size`` as usual). What we add: our connector's module
+(``kv_connector_module_path``), our spec's name in
 ``kv_connector_extra_config``, the pool size when only the connector is
 named, and a clear refusal for what the host pool does not support.
 """
@@ -17,6 +18,10 @@ from vllm_uma.kv_offload.disk_config import DiskTierConfig, parse_disk_tier
 from vllm_uma.memory import GiB
 
 CONNECTOR = "OffloadingConnector"
+# Our subclass of it (no block lost when the pool is full). vLLM resets the
+# connector name from --kv-offloading-size after the platform hook but
+# keeps the module path, and looks the name up there.
+CONNECTOR_MODULE = "vllm_uma.kv_offload.connector"
 # kv_connector_extra_config keys we act on, or pass through to vLLM's
 # CPUOffloadingManager; anything else is a typo or a feature we lack.
 KNOWN_EXTRA_KEYS = frozenset(
@@ -224,6 +229,7 @@ def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
 
         ktc = vllm_config.kv_transfer_config = KVTransferConfig()
     ktc.kv_connector_extra_config.update(spec_name=spec_name, spec_module_path=SPEC_MODULE)
+    ktc.kv_connector_module_path = CONNECTOR_MODULE
     if cache.kv_offloading_size is not None:
         return PoolSize(int(cache.kv_offloading_size * GiB), "--kv-offloading-size")
     explicit = ktc.kv_connector_extra_config.get("cpu_bytes_to_use")
