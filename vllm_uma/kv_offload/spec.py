@@ -161,11 +161,9 @@ class UmaTieredOffloadingSpec(TieringOffloadingSpec):
             primary.shutdown()
             raise
         logger.info(
-            "KV offloading: disk tier at %s (cap %s: %s), namespace %s, events %s",
-            disk.root_dir,
-            "none" if disk.cap_bytes is None else f"{disk.cap_bytes / (1 << 30):.2f} GiB",
-            disk.cap_reason,
+            "KV offloading: disk tier namespace %s (weights blake3 %s...), KV events %s.",
             namespace.hex,
+            fingerprint[:16],
             "on" if disk.enable_kv_events else "off",
         )
         return TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])

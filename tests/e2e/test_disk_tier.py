@@ -1,0 +1,284 @@
+"""The disk tier (L3) through real servers on one root_dir.
+
+- A serves four long prompts and stops. Three of its block files are then
+  damaged: one truncated, one with flipped bytes, one replaced by a file
+  another model wrote under the same name.
+- B, a new process on the same root_dir, serves the four prompts again: most
+  prefix tokens come from disk, each damaged file is a counted miss, and the
+  greedy tokens equal A's.
+- C has a cap a third of its traffic: the bytes on disk never exceed the cap
+  by more than one block, and with KV events on, its disk stores and
+  evictions are published. C is killed with SIGKILL while it stores.
+- D starts on C's root_dir: no partial file is left, and it serves A's
+  prompts with A's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
+
+from tests.e2e.traffic import complete, metric, metrics
+from vllm_uma.kv_offload import block_file
+from vllm_uma.procs import Server, free_port
+
+pytestmark = pytest.mark.slow
+
+SMALL_L1 = ["--kv-cache-memory-bytes", "100000000", "--max-model-len", "2048"]
+BLOCK_TOKENS = 128  # vLLM CPU's KV block
+BLOCK_FILE_BYTES = block_file.file_bytes(BLOCK_TOKENS * 23_040)  # one row of KV, with its header
+PROMPTS = range(4)
+DISK_HITS = "vllm:prompt_tokens_cached_by_source_total"
+BAD_BLOCKS = "vllm:kv_offload_disk_bad_blocks_total"
+BLOCKS_WRITTEN = "vllm:kv_offload_disk_written_blocks_total"
+EVICTIONS = "vllm:kv_offload_disk_evicted_blocks_total"
+OTHER_MODEL = b"\x01" * 16  # a namespace id no real model has
+
+
+def disk_args(root: Path, cap_gib: float) -> list[str]:
+    tier = {"type": "fs", "root_dir": str(root), "max_size_gib": cap_gib}
+    config = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
+    return [
+        *SMALL_L1,
+        "--kv-offloading-size",
+        "0.1",
+        "--kv-transfer-config",
+        json.dumps(config),
+    ]
+
+
+def block_files(root: Path) -> list[Path]:
+    return sorted((root / ".noindex").rglob(f"*{block_file.BLOCK_SUFFIX}"))
+
+
+def leftovers(root: Path) -> list[Path]:
+    return [p for p in (root / ".noindex").rglob("*") if block_file.is_temp_name(p.name)]
+
+
+def namespace_of(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(40)[24:40]  # see the layout in block_file.py
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        time.sleep(0.2)
+
+
+class EventListener:
+    """Collects the KV events a server publishes on ZMQ.
+
+    vLLM's publisher binds wildcard endpoints and connects to the rest, so
+    the listener binds a loopback port and the server connects to it."""
+
+    def __init__(self):
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.events: list = []
+        self._stop = threading.Event()
+        self._sub = zmq.Context.instance().socket(zmq.SUB)
+        self._sub.bind(self.endpoint)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+
+    def server_args(self) -> list[str]:
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": self.endpoint,
+            "topic": "kv",
+        }
+        return ["--kv-events-config", json.dumps(config)]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _listen(self) -> None:
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        while not self._stop.is_set():
+            if self._sub.poll(100):
+                _, _, payload = self._sub.recv_multipart()
+                self.events.extend(decoder.decode(payload).events)
+        self._sub.close(linger=0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def on_disk(self, kind) -> list:
+        return [e for e in self.events if isinstance(e, kind) and e.medium == "STORAGE"]
+
+
+def start(exe, args, log_dir: Path) -> Server:
+    return Server(exe, args, log_dir / "server.log").wait_ready()
+
+
+def damage(root: Path) -> dict[str, Path]:
+    """Truncate one block file, flip bytes in another, and replace a third by a
+    well-formed file written for another namespace (another model)."""
+    files = block_files(root)
+    truncated, flipped, foreign = files[0], files[len(files) // 2], files[-1]
+    with open(truncated, "r+b") as f:
+        f.truncate(truncated.stat().st_size // 2)
+    with open(flipped, "r+b") as f:
+        f.seek(-100, os.SEEK_END)
+        tail = f.read(64)
+        f.seek(-100, os.SEEK_END)
+        f.write(bytes(b ^ 0xFF for b in tail))
+    key = block_file.key_from_name(foreign.name)
+    payload = foreign.read_bytes()[block_file.HEADER_BYTES :]
+    foreign.unlink()
+    block_file.write_block(foreign, key, OTHER_MODEL, memoryview(payload), direct=False)
+    return {"truncated": truncated, "flipped": flipped, "foreign": foreign}
+
+
+@pytest.fixture(scope="module")
+def restart(vllm_uma_exe, default_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("disk-tier") / "kv"
+    args = disk_args(root, cap_gib=1)
+    a = start(vllm_uma_exe, args, tmp_path_factory.mktemp("server-a"))
+    try:
+        a_outputs = [complete(a, i) for i in PROMPTS]
+        # 9 full blocks per prompt reach the disk before A stops.
+        wait_for(lambda: metric(metrics(a), BLOCKS_WRITTEN) >= 9 * len(PROMPTS))
+    finally:
+        a.stop()
+    files_after_a = block_files(root)
+    damaged = damage(root)
+    b = start(vllm_uma_exe, args, tmp_path_factory.mktemp("server-b"))
+    try:
+        b_outputs = [complete(b, i) for i in PROMPTS]
+        b_metrics = metrics(b)
+    finally:
+        b.stop()
+    return dict(
+        root=root,
+        a_outputs=a_outputs,
+        b_outputs=b_outputs,
+        b_metrics=b_metrics,
+        files_after_a=files_after_a,
+        damaged=damaged,
+    )
+
+
+def test_a_restarted_server_serves_the_same_tokens(restart):
+    assert restart["b_outputs"] == restart["a_outputs"]
+
+
+def test_most_prefix_tokens_come_back_from_disk(restart):
+    disk_tokens = metric(restart["b_metrics"], DISK_HITS, 'source="disk"')
+    full_blocks = 9 * len(PROMPTS)
+    # Three damaged blocks (and what follows each in its prompt) are recomputed.
+    assert disk_tokens >= (full_blocks // 2) * BLOCK_TOKENS
+    assert disk_tokens <= full_blocks * BLOCK_TOKENS
+
+
+def test_each_damaged_file_is_a_counted_miss_and_removed(restart):
+    text = restart["b_metrics"]
+    assert metric(text, BAD_BLOCKS) == 3
+    for path in restart["damaged"].values():
+        # Removed, or stored again (from the recomputed KV) with B's namespace.
+        assert not path.exists() or namespace_of(path) != OTHER_MODEL
+
+
+def test_files_are_private(restart):
+    root = restart["root"]
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    for directory in [
+        root / ".noindex",
+        *(p for p in (root / ".noindex").rglob("*") if p.is_dir()),
+    ]:
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    files = restart["files_after_a"]
+    assert files
+    for path in block_files(root):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+@pytest.fixture(scope="module")
+def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("disk-capped") / "kv"
+    block = BLOCK_FILE_BYTES
+    cap_bytes = 18 * block  # six prompts of 9 blocks: three times the cap
+    args = disk_args(root, cap_gib=cap_bytes / (1 << 30))
+    sizes = []
+    stop_sampling = threading.Event()
+
+    def sample():
+        while not stop_sampling.is_set():
+            total = 0
+            for path in (root / ".noindex").rglob("*"):
+                try:
+                    total += path.stat().st_size if path.is_file() else 0
+                except FileNotFoundError:
+                    pass  # evicted while we looked
+            sizes.append(total)
+            time.sleep(0.05)
+
+    listener = EventListener()
+    listener.start()
+    c = start(vllm_uma_exe, args + listener.server_args(), tmp_path_factory.mktemp("server-c"))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            futures = [pool.submit(complete, c, i, "Capped") for i in range(6)]
+            for future in futures[:4]:
+                future.result()
+            evictions = metric(metrics(c), EVICTIONS)
+            # Killed while the last prompts compute and store.
+            os.killpg(c.proc.pid, signal.SIGKILL)
+            c.proc.wait(timeout=30)
+    finally:
+        stop_sampling.set()
+        sampler.join()
+        listener.stop()
+        c.stop()
+    d = start(vllm_uma_exe, args, tmp_path_factory.mktemp("server-d"))
+    try:
+        d_leftovers = leftovers(root)
+        d_outputs = [complete(d, i) for i in PROMPTS]
+        d_metrics = metrics(d)
+    finally:
+        d.stop()
+    return dict(
+        cap=cap_bytes,
+        block=block,
+        sizes=sizes,
+        evictions=evictions,
+        disk_stored=listener.on_disk(BlockStored),
+        disk_removed=listener.on_disk(BlockRemoved),
+        d_leftovers=d_leftovers,
+        d_outputs=d_outputs,
+        d_metrics=d_metrics,
+    )
+
+
+def test_bytes_on_disk_never_exceed_the_cap_by_more_than_one_block(capped):
+    assert capped["sizes"]
+    assert max(capped["sizes"]) <= capped["cap"] + capped["block"]
+    assert capped["evictions"] > 0
+
+
+def test_disk_stores_and_evictions_are_published_as_kv_events(capped):
+    assert capped["disk_stored"], "no BlockStored event with medium STORAGE"
+    assert capped["disk_removed"], "no BlockRemoved event with medium STORAGE"
+
+
+def test_after_sigkill_no_partial_file_is_left_and_serving_is_correct(capped, restart):
+    assert capped["d_leftovers"] == []
+    assert metric(capped["d_metrics"], BAD_BLOCKS) == 0
+    assert capped["d_outputs"] == restart["a_outputs"]

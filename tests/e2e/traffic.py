@@ -1,0 +1,39 @@
+"""Prompts, requests and /metrics reading shared by the offloading e2e tests."""
+
+from __future__ import annotations
+
+import re
+
+import requests
+
+MODEL = "SmolLM2-135M-Instruct"
+WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
+
+
+def prompt(i: int, topic: str = "Story") -> str:
+    """About 1,200 tokens (9 full KV blocks of 128 tokens), distinct per i and topic."""
+    return f"{topic} {i}: " + " ".join(WORDS[(i + k) % 8] + str(k % 10) for k in range(600))
+
+
+def complete(server, i: int, topic: str = "Story", max_tokens: int = 16) -> list[int]:
+    reply = server.post(
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": prompt(i, topic),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
+    return reply["choices"][0]["token_ids"]
+
+
+def metrics(server) -> str:
+    return requests.get(f"{server.url}/metrics", timeout=10).text
+
+
+def metric(text: str, name: str, label: str = "") -> float:
+    """Sum of a /metrics series over the samples whose labels contain ``label``."""
+    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
+    return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)
