@@ -13,13 +13,12 @@ is stored in the end.
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import requests
 
+from tests.e2e.traffic import complete, metric, metrics
 from vllm_uma.memory import parse_breakdown
 from vllm_uma.procs import Server
 
@@ -30,26 +29,6 @@ ORDER = [0, 1, 2, 3, 4, 5, 0, 1]  # 0 and 1 have left L1 when they come back
 BYTES_MOVED = "vllm:kv_offload_total_bytes_total"
 BLOCK_BYTES = 2_949_120  # one 128-token block of SmolLM2-135M's KV
 BURST = 8  # fresh prompts, four at a time, one token each: they finish at once
-WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
-
-
-def prompt(i: int, topic: str = "Story") -> str:
-    """About 1,200 tokens: 9 full blocks."""
-    return f"{topic} {i}: " + " ".join(WORDS[(i + k) % 8] + str(k % 10) for k in range(600))
-
-
-def complete(server, i: int, topic: str = "Story", max_tokens: int = 16) -> list[int]:
-    reply = server.post(
-        "/v1/completions",
-        {
-            "model": "SmolLM2-135M-Instruct",
-            "prompt": prompt(i, topic),
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "return_token_ids": True,
-        },
-    )
-    return reply["choices"][0]["token_ids"]
 
 
 def run_traffic(server) -> list[list[int]]:
@@ -62,14 +41,8 @@ def run_concurrent(server) -> list[list[int]]:
         return list(pool.map(lambda i: complete(server, i), ORDER))
 
 
-def metric(text: str, name: str, label: str = "") -> float:
-    """Sum of a /metrics series over the samples whose labels contain ``label``."""
-    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
-    return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)
-
-
 def offload_counters(server) -> dict[str, float]:
-    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    text = metrics(server)
     return dict(
         restored=metric(text, BYTES_MOVED, 'transfer_type="CPU_to_GPU"'),
         stored=metric(text, BYTES_MOVED, 'transfer_type="GPU_to_CPU"'),
