@@ -11,11 +11,13 @@ Loads run before deletes, deletes before stores: a restore is on some
 request's time-to-first-token, a delete frees the room a store waits for,
 and a store is a background copy of bytes that are still in L2.
 
-Threads: several reads in flight keep the disk's queue full while another
-thread checksums (zlib.crc32 releases the GIL). Measured here (2 cores,
-virtio disk reading 1.45 GB/s sequentially with O_DIRECT, 1 MiB reads):
-360 KiB blocks with their checksum restored at 0.57 GB/s with 1 thread,
-1.0 with 2, 1.2 with 4, 1.3 with 8. Four is the default.
+Threads: several reads in flight keep the disk's queue full while other
+threads checksum (zlib.crc32 and the syscalls release the GIL). Measured
+here (2 cores shared with other work, virtio disk, 360 KiB blocks, page
+cache dropped, checksums on): 1 thread restored 0.6-0.7 GB/s, 2 threads
+0.9-1.0, 4 threads 1.0-1.4, 8 threads 1.0-1.6, 16 threads 0.9-1.5. Past 4 the
+restore is bound by CPU (about 220 us per block: 90 crc32, 70 kernel, the
+rest Python), not by the disk; 8 keep a faster disk (NVMe) busy too.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 from vllm_uma.kv_offload.block_file import BadBlock, BadReason, read_block, write_block
 from vllm_uma.kv_offload.disk_layout import BlockRef
 
-DEFAULT_IO_THREADS = 4
+DEFAULT_IO_THREADS = 8
 
 
 class Priority(IntEnum):
