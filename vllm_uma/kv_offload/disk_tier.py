@@ -118,10 +118,11 @@ class DiskTier(SecondaryTierManager):
         for block in found:
             self._index.add_existing(block.ref, block.size)
         nbytes = self._index.used_bytes
-        self._evict(self._index.evict_to_cap(), announce=False)
+        victims = self._index.evict_to_cap()  # the cap may have been lowered
+        self._evict(victims, announce=False)
         ours = sum(block.ref.namespace == self._ns for block in found)
         io = f"{'O_DIRECT' if self._direct else 'buffered'} I/O on {io_threads} threads"
-        log_startup(self._config, len(found), ours, nbytes, temps, io)
+        log_startup(self._config, len(found), ours, nbytes, len(victims), temps, io)
 
     # -- lookups (scheduler thread, no syscalls) ----------------------------
 

@@ -77,18 +77,19 @@ class DiskWarnings:
 
 
 def log_startup(
-    config: DiskTierConfig, files: int, ours: int, nbytes: int, temps: int, io: str
+    config: DiskTierConfig, files: int, ours: int, nbytes: int, evicted: int, temps: int, io: str
 ) -> None:
     cap = "none" if config.cap_bytes is None else f"{config.cap_bytes / GiB:.2f} GiB"
     logger.info(
         "Disk KV tier (L3) at %s: %d block files (%d of this namespace), %.2f GiB, "
-        "cap %s (%s); %d leftover temp files removed; %s.",
+        "cap %s (%s), %d evicted to fit it; %d leftover temp files removed; %s.",
         config.root_dir,
         files,
         ours,
         nbytes / GiB,
         cap,
         config.cap_reason,
+        evicted,
         temps,
         io,
     )
