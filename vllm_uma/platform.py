@@ -120,6 +120,8 @@ class UmaPlatform(CpuPlatform):
                 )
             for warning in plan.warnings:
                 logger.warning_once(warning)
+            if note := offload_config.flush_on_stop(vllm_config, plan):
+                logger.info_once(note)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             parallel_config.worker_cls = WORKER_QUALNAME

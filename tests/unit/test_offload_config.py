@@ -52,8 +52,10 @@ def vllm_config(
     spec=None,
     hash_algo="sha256",
     kv_events=False,
+    shutdown_timeout=0,
 ):
     return SimpleNamespace(
+        shutdown_timeout=shutdown_timeout,
         kv_events_config=SimpleNamespace(enable_kv_cache_events=kv_events),
         cache_config=SimpleNamespace(
             kv_offloading_size=size,
@@ -220,3 +222,21 @@ def test_the_hash_warning_is_part_of_the_plan(monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     plan = oc.translate(vllm_config(size=1, ktc=connector(None), hash_algo="xxhash"), 24 * GiB)
     assert any("seeded per process" in w for w in plan.warnings)
+
+
+def test_a_disk_tier_gives_a_stopping_server_time_to_write(tmp_path):
+    tiers = [{"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 1}]
+    cfg = vllm_config(size=1, ktc=connector(None, secondary_tiers=tiers))
+    note = oc.flush_on_stop(cfg, oc.translate(cfg, 24 * GiB))
+    assert cfg.shutdown_timeout == oc.DISK_FLUSH_TIMEOUT_S
+    assert "--shutdown-timeout set to 30 s" in note
+
+
+@pytest.mark.parametrize("timeout, tiers", [(5, True), (0, False)])
+def test_the_stop_timeout_is_left_alone_otherwise(tmp_path, timeout, tiers):
+    extra = {"secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path), "max_size_gib": 1}]}
+    cfg = vllm_config(
+        size=1, ktc=connector(None, **(extra if tiers else {})), shutdown_timeout=timeout
+    )
+    assert oc.flush_on_stop(cfg, oc.translate(cfg, 24 * GiB)) is None
+    assert cfg.shutdown_timeout == timeout

@@ -8,6 +8,7 @@ then on ``sys.path``).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -92,3 +93,10 @@ def disk_read_gbps(directory: Path, nbytes: int, repeats: int = 2) -> float:
         return path.stat().st_size / min(times) / 1e9
     finally:
         path.unlink(missing_ok=True)
+
+
+def disk_tier_args(root_dir: Path, cap_gib: float) -> list[str]:
+    """The `vllm-uma serve` flags of a disk tier (L3) at ``root_dir``."""
+    tier = {"type": "fs", "root_dir": str(root_dir), "max_size_gib": cap_gib}
+    config = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
+    return ["--kv-transfer-config", json.dumps(config)]

@@ -1,15 +1,21 @@
-"""TTFT of a prefix restored from the host pool (L2), against an L1 hit and a recompute.
+"""TTFT of a prefix restored from the host pool (L2) or the disk tier (L3),
+against an L1 hit and a recompute.
 
     .venv/bin/python tools/benchmark/kv_offload_ttft.py [--prompt-tokens 4000] [--rounds 3]
+        [--disk-dir DIR]
 
 One server with a 2 GiB pool and an L1 of about two prompts
 (--kv-cache-memory-bytes). Each round: prompt P cold (recompute), P again
 (L1 hit), three other prompts (P leaves L1), P again (restored from L2).
 A second pair of servers, pool off and on, serves distinct prompts at
 concurrency 4 to show what offloading costs when nothing is reused.
+Then the restart: a server with the disk tier serves ``--rounds`` prompts
+cold and stops; the block files are dropped from the page cache; a new
+server on the same directory serves them again (restored from L3).
 Requests use max_tokens=1, so latency is the TTFT. Medians of one run;
 ratios are what to compare on a shared machine. The floor for a restore is
-its bytes over the memory-copy bandwidth measured here.
+its bytes over the bandwidth measured here: memory copy for L2, a
+sequential read of the disk tier's volume for L3.
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_common import EXE, KV_PER_TOKEN, memcpy_gbps, text
+from bench_common import (
+    EXE,
+    KV_PER_TOKEN,
+    disk_read_gbps,
+    disk_tier_args,
+    drop_page_cache,
+    memcpy_gbps,
+    text,
+)
 
 from vllm_uma.procs import Server
 
@@ -77,15 +91,47 @@ def no_reuse_throughput(log_dir: Path, tokens: int, requests: int) -> dict[str, 
     return out
 
 
+def disk_restart(log_dir: Path, disk_dir: Path, tokens: int, rounds: int) -> dict[str, list]:
+    """Recompute on a first server, restore from disk on a second one."""
+    times = {"recompute": [], "l3_restart": []}
+    args = ["--kv-offloading-size", "2", *disk_tier_args(disk_dir, cap_gib=0)]
+    prompts = [text(300 + r, tokens) for r in range(rounds)]
+    first = start(args, log_dir, "disk-first")
+    try:
+        times["recompute"] = [ttft(first, p) for p in prompts]
+    finally:
+        first.stop()  # a clean stop: every block file is written by now
+    dropped = drop_page_cache(disk_dir)
+    print(f"dropped {dropped / 2**20:.0f} MiB of block files from the page cache", file=sys.stderr)
+    second = start(args, log_dir, "disk-restart")
+    try:
+        times["l3_restart"] = [ttft(second, p) for p in prompts]
+    finally:
+        second.stop()
+    return times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-reuse-requests", type=int, default=12)
+    ap.add_argument(
+        "--disk-dir",
+        type=Path,
+        default=Path(__file__).resolve().parent / "bench-out",
+        help="a directory on the disk to measure (not tmpfs); a temp dir is made in it",
+    )
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="kv-offload-ttft-") as tmp:
+    args.disk_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="kv-offload-ttft-") as tmp,
+        tempfile.TemporaryDirectory(prefix="kv-disk-tier-", dir=args.disk_dir) as disk_tmp,
+    ):
         times = revisit_rounds(Path(tmp), args.prompt_tokens, args.rounds)
         tput = no_reuse_throughput(Path(tmp), args.prompt_tokens, args.no_reuse_requests)
+        disk = disk_restart(Path(tmp), Path(disk_tmp) / "kv", args.prompt_tokens, args.rounds)
+        disk_gbps = disk_read_gbps(Path(disk_tmp), 1 << 30)
     med = {k: statistics.median(v) for k, v in times.items()}
     restore_bytes = args.prompt_tokens * KV_PER_TOKEN
     floor = restore_bytes / (memcpy_gbps(restore_bytes) * 1e9)
@@ -95,6 +141,17 @@ def main() -> int:
     print(f"floor for restoring {restore_bytes / 2**20:.0f} MiB at memcpy speed: {floor:.3f} s")
     print(f"l2_restore / l1_hit = {med['l2_restore'] / med['l1_hit']:.2f} (target <= 1.5)")
     print(f"recompute / l2_restore = {med['recompute'] / med['l2_restore']:.1f} (target >= 10)")
+    disk_med = {k: statistics.median(v) for k, v in disk.items()}
+    disk_floor = restore_bytes / (disk_gbps * 1e9)
+    print(
+        f"restart from disk: recompute {disk_med['recompute']:.3f} s, restored "
+        f"{disk_med['l3_restart']:.3f} s; floor for reading {restore_bytes / 2**20:.0f} MiB "
+        f"at {disk_gbps:.2f} GB/s (this volume, page cache dropped): {disk_floor:.3f} s"
+    )
+    print(
+        f"recompute / l3_restart = {disk_med['recompute'] / disk_med['l3_restart']:.1f} "
+        f"(target >= 5)"
+    )
     cost = 1 - tput["pool"] / tput["off"]
     print(
         f"no reuse, concurrency 4: {tput['off']:.0f} tok/s off, {tput['pool']:.0f} tok/s with "

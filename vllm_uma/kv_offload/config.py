@@ -243,6 +243,29 @@ def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
     return size
 
 
+# How long a stopping server may take to write its pending KV blocks to the
+# disk tier (vLLM's --shutdown-timeout, which is 0 by default).
+DISK_FLUSH_TIMEOUT_S = 30
+
+
+def flush_on_stop(vllm_config, plan: OffloadPlan) -> str | None:
+    """Give a stopping server time to write its pending blocks to disk.
+
+    With vLLM's default --shutdown-timeout 0, the API server kills the engine
+    at once on SIGTERM: blocks computed but not yet on disk are lost, and a
+    restarted server recomputes them. A positive timeout is vLLM's drain
+    mode: the engine finishes its work, offload writes included, then exits.
+    Returns the line to log when the timeout was raised; None otherwise."""
+    if plan.disk is None or vllm_config.shutdown_timeout > 0:
+        return None
+    vllm_config.shutdown_timeout = DISK_FLUSH_TIMEOUT_S
+    return (
+        f"KV offloading: --shutdown-timeout set to {DISK_FLUSH_TIMEOUT_S} s so that a "
+        f"stopping server finishes its requests and writes their KV blocks to the disk "
+        f"tier (pass --shutdown-timeout N to choose another limit)."
+    )
+
+
 def configured_pool_bytes(vllm_config) -> int:
     """The pool size the platform settled on (0 when offloading is off)."""
     ktc = vllm_config.kv_transfer_config
