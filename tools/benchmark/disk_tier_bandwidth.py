@@ -6,9 +6,9 @@
 1. The disk: a file of --seq-gib GiB written and read back with O_DIRECT in
    1 MiB requests, one at a time (no page cache, no read-ahead help): the
    disk's sequential read bandwidth, the floor for restoring bytes from it.
-2. The tier: --blocks blocks of the default model's row (16 tokens x
-   23,040 B = 368,640 B) stored by the real DiskTier from an mmap'd primary
-   tier in jobs of 16 blocks, then the page cache is dropped for every block
+2. The tier: --blocks blocks of the default model's row (vLLM CPU's block of
+   128 tokens x 23,040 B = 2,949,120 B) stored by the real DiskTier from an mmap'd primary
+   tier in jobs of 9 blocks, then the page cache is dropped for every block
    file (sync + posix_fadvise DONTNEED on each), and a new DiskTier on the
    same root (a restart) restores them all, checksums verified.
 The ratio restore / disk read is the target (>= 70%); all figures come from
@@ -41,9 +41,11 @@ from vllm_uma.kv_offload.disk_tier import DiskTier
 
 REPO = Path(__file__).resolve().parents[2]
 MiB, GiB = 1 << 20, 1 << 30
-ROW = 16 * 23_040  # one 16-token block of SmolLM2-135M KV in bf16
-JOB_BLOCKS = 16
-PRIMARY_ROWS = 512  # 180 MiB of primary tier; jobs reuse its rows
+# One KV block of the default model as vLLM CPU lays it out: 128 tokens of
+# SmolLM2-135M in bf16 (23,040 B a token), i.e. one primary-tier row.
+ROW = 128 * 23_040
+JOB_BLOCKS = 9  # a 1,200-token prompt's full blocks
+PRIMARY_ROWS = 64  # 180 MiB of primary tier; jobs reuse its rows
 NS = bytes.fromhex("be" * 16)
 
 
@@ -169,7 +171,7 @@ def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=None, help="where the temp files go")
-    ap.add_argument("--blocks", type=int, default=4000, help="blocks stored and restored")
+    ap.add_argument("--blocks", type=int, default=500, help="blocks stored and restored")
     ap.add_argument("--seq-gib", type=float, default=3.0, help="size of the sequential file")
     ap.add_argument("--threads", default=str(DEFAULT_IO_THREADS), help="I/O threads, e.g. 1,2,4,8")
     ap.add_argument("--repeats", type=int, default=3, help="restores per thread count")
