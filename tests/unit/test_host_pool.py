@@ -8,7 +8,7 @@ import torch
 from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-from vllm_uma.kv_offload.host_pool import HostPool
+from vllm_uma.kv_offload.host_pool import HostPool, SharedPools
 from vllm_uma.kv_offload.mover import HostPoolMover, LayoutError
 
 NUM_BLOCKS, PAGE, LAYERS = 8, 64, 3
@@ -93,3 +93,36 @@ def test_unpaired_block_and_row_counts_are_refused():
     with pytest.raises(LayoutError, match="one block per row"):
         mover.submit_store(1, l1([0, 1]), CPULoadStoreSpec([0]))
     mover.shutdown()
+
+
+def test_the_memoryview_for_the_disk_tier_is_the_pool_itself():
+    pool = HostPool(3, 256)
+    view = pool.kv_memoryview()
+    assert view.shape == (3, 256) and view.strides == (256, 1)
+    flat = view.cast("B")
+    flat[256 + 7] = 42  # row 1, byte 7
+    assert pool.array[1, 7] == 42
+    flat.release()
+    view.release()
+    pool.close()
+
+
+def test_shared_pools_give_both_sides_one_pool_and_close_it_with_the_last():
+    pools = SharedPools()
+    worker_side = pools.open("engine-a", 4, 128)
+    assert pools.existing("engine-a") is worker_side
+    scheduler_side = pools.open("engine-a", 4, 128)
+    assert scheduler_side is worker_side
+    assert pools.existing("engine-b") is None
+    pools.release("engine-a")
+    worker_side.array[0, 0] = 1  # still open for the other side
+    pools.release("engine-a")
+    assert pools.existing("engine-a") is None
+
+
+def test_shared_pools_refuse_two_sides_that_disagree_on_the_shape():
+    pools = SharedPools()
+    pools.open("engine-a", 4, 128)
+    with pytest.raises(ValueError, match="the worker and scheduler disagree on the pool"):
+        pools.open("engine-a", 5, 128)
+    pools.release("engine-a")
