@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     png = args.out.with_suffix(".png")
-    chart(workloads, png, _title(env, args))
+    title = _title(env, args) + ("\nSUSPECT: " + reasons[0][:110] if reasons else "")
+    chart(workloads, png, title)
     print(table(workloads))
     bw = bandwidth
     print(f"floors: memcpy {bw['memcpy_gbps']} GB/s, disk read {bw['disk_read_gbps']} GB/s")

@@ -180,7 +180,7 @@ def chart(workloads: dict[str, dict[str, dict]], path: Path, title: str) -> None
     for ax, label in ((ax_ttft, "TTFT p50, s (whisker: p99)"), (ax_tput, "throughput, tokens/s")):
         ax.set_xticks(range(len(names)), names)
         ax.set_ylabel(label)
-        ax.legend()
+        ax.legend(fontsize=8)
     ax_ttft.set_yscale("log")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
