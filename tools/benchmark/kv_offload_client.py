@@ -12,6 +12,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from pathlib import Path
 
 import requests
 from bench_common import MODEL
@@ -124,18 +125,30 @@ def _metric(text: str, name: str, label: str = "") -> float:
     return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)
 
 
-def wait_quiet(url: str, timeout: float = 60) -> None:
-    """Wait until no offloading transfer has moved bytes for two seconds, so
-    that a server is stopped only after its stores reached their tier."""
+def wait_quiet(url: str, watch: Path | None = None, timeout: float = 60) -> None:
+    """Wait until no offloading transfer has moved bytes, and the files under
+    ``watch`` (a disk tier: /metrics does not count its writes) have not
+    grown, for two seconds; so that a server is stopped only after its
+    stores reached their tier."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        now = scrape(url)["bytes_all"]
+        now = (scrape(url)["bytes_all"], _tree_bytes(watch) if watch else 0)
         if now == last:
             return
         last = now
         time.sleep(2)
     progress(f"  transfers still moving after {timeout:.0f} s; stopping anyway")
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for path in root.rglob("*"):
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except FileNotFoundError:
+            pass  # evicted or renamed while we looked
+    return total
 
 
 _T0 = time.monotonic()

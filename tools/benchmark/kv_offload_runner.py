@@ -198,7 +198,7 @@ class Runner:
         try:
             traffic = self.traffic_for("restart")
             run_pass(server.url, list(traffic.warmup), *self._pass_opts("writer"))
-            wait_quiet(server.url)
+            wait_quiet(server.url, watch=disk_root)
         finally:
             server.stop()
         on_disk = sum(p.stat().st_size for p in disk_root.rglob("*") if p.is_file())
