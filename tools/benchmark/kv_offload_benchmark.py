@@ -158,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": workloads,
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(workloads))
     png = args.out.with_suffix(".png")
     title = _title(env, args) + ("\nSUSPECT: " + reasons[0][:110] if reasons else "")
     chart(workloads, png, title)
-    print(table(workloads))
     bw = bandwidth
     print(f"floors: memcpy {bw['memcpy_gbps']} GB/s, disk read {bw['disk_read_gbps']} GB/s")
     print(f"suspect: {str(report['suspect']).lower()}" + "".join(f"\n  - {r}" for r in reasons))

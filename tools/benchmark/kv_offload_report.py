@@ -166,6 +166,7 @@ def chart(workloads: dict[str, dict[str, dict]], path: Path, title: str) -> None
     names = list(workloads)
     fig, (ax_ttft, ax_tput) = plt.subplots(1, 2, figsize=(12, 4.5))
     width = 0.8 / len(VARIANTS)
+    drawn = 0
     for i, variant in enumerate(VARIANTS):
         xs, p50, p99, tput = [], [], [], []
         for x, name in enumerate(names):
@@ -177,11 +178,15 @@ def chart(workloads: dict[str, dict[str, dict]], path: Path, title: str) -> None
                 tput.append(v["throughput_tok_s"])
         ax_ttft.bar(xs, p50, width, yerr=[[0] * len(p99), p99], capsize=3, label=variant)
         ax_tput.bar(xs, tput, width, label=variant)
+        drawn += len(xs)
     for ax, label in ((ax_ttft, "TTFT p50, s (whisker: p99)"), (ax_tput, "throughput, tokens/s")):
         ax.set_xticks(range(len(names)), names)
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
-    ax_ttft.set_yscale("log")
+    if drawn:
+        ax_ttft.set_yscale("log")
+    else:
+        fig.text(0.5, 0.5, "no variant completed: see the JSON's errors", ha="center")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
