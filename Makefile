@@ -47,10 +47,13 @@ bench-memory: model
 	$(BIN)/python tools/benchmark/memory_benchmark.py --startup-under-pressure 6 --out bench-out/memory_benchmark.json
 
 # KV offloading: TTFT of an L2 restore against an L1 hit and a recompute,
-# the cost with no reuse, and the L1<->L2 copy bandwidth beside memcpy.
+# the cost with no reuse, a restart served from the disk tier, the L1<->L2
+# copy bandwidth beside memcpy, and the disk tier's restore bandwidth
+# beside the disk's own read bandwidth.
 bench-offload: model
 	$(BIN)/python tools/benchmark/kv_offload_ttft.py
 	$(BIN)/python tools/benchmark/kv_pool_bandwidth.py
+	$(BIN)/python tools/benchmark/disk_tier_bandwidth.py
 
 # KV offloading, four workloads x off / host pool / pool + disk tier, a
 # fresh server each: JSON, PNG chart and server logs in bench-out/.
