@@ -115,7 +115,8 @@ class UmaTieredOffloadingSpec(TieringOffloadingSpec):
     def __init__(self, config):
         super().__init__(config)
         check_layout(self)
-        self.disk_config, warnings = parse_disk_tier(
+        # Checked already by the platform, which logged its warnings.
+        self.disk_config, _ = parse_disk_tier(
             self.extra_config.get("secondary_tiers"),
             kv_events_enabled=self.kv_events_config.enable_kv_cache_events,
         )
@@ -124,7 +125,6 @@ class UmaTieredOffloadingSpec(TieringOffloadingSpec):
                 f"{type(self).__name__} needs a disk tier in 'secondary_tiers'; "
                 f"without one, use UmaOffloadingSpec."
             )
-        self._warnings = warnings  # logged once, by the scheduler side
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
@@ -134,8 +134,6 @@ class UmaTieredOffloadingSpec(TieringOffloadingSpec):
     def _build_manager(self) -> TieringOffloadingManager:
         from vllm_uma.kv_offload.disk_tier import DiskTier
 
-        for warning in self._warnings:
-            logger.warning("%s", warning)
         disk = self.disk_config
         noindex = disk.root_dir / ".noindex"
         noindex.mkdir(mode=0o700, exist_ok=True)
