@@ -77,6 +77,21 @@ def test_budget_too_small_shows_breakdown_and_fix(vllm_uma_exe, default_model_di
             "--kv-offloading-backend lmcache is not supported",
         ),
         (["--pipeline-parallel-size", "2"], "not supported with pipeline or data parallelism"),
+        (
+            [
+                "--kv-transfer-config",
+                '{"kv_connector_extra_config": {"secondary_tiers": [{"type": "obj"}]}}',
+            ],
+            "secondary tier type 'obj' is not supported by vllm-uma",
+        ),
+        (
+            [
+                "--kv-transfer-config",
+                '{"kv_connector_extra_config": {"secondary_tiers": '
+                '[{"type": "fs", "root_dir": "/proc/kv", "max_size_gib": 1}]}}',
+            ],
+            "fs tier root_dir='/proc/kv' cannot be created or written",
+        ),
     ],
 )
 def test_offloading_refusals_are_one_line(vllm_uma_exe, default_model_dir, flags, fragment):
