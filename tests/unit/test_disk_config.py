@@ -55,6 +55,19 @@ def test_default_cap_larger_than_the_free_space_fails(tmp_path, monkeypatch):
     assert "only 1.0 GiB is free" in message and "set max_size_gib" in message
 
 
+def test_the_tiers_own_files_count_as_free_space(tmp_path, monkeypatch):
+    # A restart after the tier filled its default cap: 1 GiB free beside the
+    # tier's own 99 GiB of blocks, which it may evict, is room enough.
+    full = namedtuple("vfs", "f_blocks f_frsize f_bavail")(1000 * GiB // 4096, 4096, GiB // 4096)
+    monkeypatch.setattr(dc.os, "statvfs", lambda path: full)
+    blocks = tmp_path / "kv" / ".noindex" / ("ab" * 16) / "cd"
+    blocks.mkdir(parents=True)
+    with open(blocks / "cdef.kvb", "wb") as f:
+        f.truncate(99 * GiB)  # sparse: st_size is what the tier counts
+    config, _ = parse(tier(tmp_path))
+    assert config.cap_bytes == 100 * GiB
+
+
 @pytest.mark.parametrize(
     "tiers, fragment",
     [

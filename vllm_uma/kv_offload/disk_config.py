@@ -142,6 +142,10 @@ def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
         vfs = os.statvfs(root_dir)
         size, free = vfs.f_blocks * vfs.f_frsize, vfs.f_bavail * vfs.f_frsize
         cap = int(size * DEFAULT_CAP_FRACTION)
+        # The tier's own files count as room: they are within the cap and
+        # evicted to make space, so a restarted server that filled its cap
+        # must not be refused for it.
+        free += tier_bytes(root_dir)
         if free < cap:
             raise DiskTierConfigError(
                 f"the fs tier's default cap is 10% of the volume holding "
@@ -163,3 +167,15 @@ def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
     if value == 0:
         return None, "max_size_gib=0 (no cap)"
     return int(value * GiB), f"max_size_gib={value}"
+
+
+def tier_bytes(root_dir: Path) -> int:
+    """Bytes of the files under root_dir/.noindex (the tier's blocks)."""
+    total = 0
+    for directory, _, names in os.walk(root_dir / ".noindex"):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:  # deleted meanwhile
+                continue
+    return total
