@@ -85,6 +85,20 @@ def test_a_damaged_cache_is_recomputed(tmp_path):
     assert ns.weights_fingerprint(str(d), cache) == first
 
 
+def test_a_cache_that_cannot_be_written_is_no_failure(tmp_path, monkeypatch):
+    d = model_dir(tmp_path)
+    expected = ns.weights_fingerprint(str(d), tmp_path / "fp.json")
+    real_dump = ns.json.dump
+
+    def disk_full(obj, f, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ns.json, "dump", disk_full)
+    assert ns.weights_fingerprint(str(d), tmp_path / "other.json") == expected
+    monkeypatch.setattr(ns.json, "dump", real_dump)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp.json", "model"]
+
+
 def test_a_dir_without_weights_is_refused(tmp_path):
     d = tmp_path / "empty"
     d.mkdir()

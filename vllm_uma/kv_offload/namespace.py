@@ -23,6 +23,7 @@ Computed once, at start-up, in the engine-core process (the spec's
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -127,8 +128,14 @@ def _load_cache(path: Path) -> dict[str, list]:
 
 
 def _save_cache(path: Path, cache: dict[str, list]) -> None:
+    # Only a cache: a full or read-only disk costs a rehash at the next
+    # start, never this start.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(cache, f)
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(cache, f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
