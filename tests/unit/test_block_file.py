@@ -167,6 +167,10 @@ def test_names_and_leftovers():
     assert bf.key_from_name(f"{KEY.hex()}.kvb") == KEY
     assert bf.key_from_name("namespace.json") is None
     assert bf.key_from_name("zz.kvb") is None
+    # Names block_path never makes: evicting them would raise.
+    assert bf.key_from_name(f"{(b'k' * (bf.MAX_KEY_BYTES + 1)).hex()}.kvb") is None
+    assert bf.key_from_name(f"{KEY.hex().upper()}.kvb") is None
+    assert bf.key_from_name(".kvb") is None
     assert bf.is_temp_name(f"{KEY.hex()}.kvb.0123456789ab.tmp")
     assert not bf.is_temp_name(f"{KEY.hex()}.kvb")
 

@@ -134,6 +134,20 @@ def test_leftover_temp_files_are_deleted_at_startup(tmp_path, primary):
     tier.shutdown()
 
 
+def test_a_file_with_a_name_no_key_makes_is_left_alone(tmp_path, primary):
+    # A key longer than block_path accepts: indexed, its eviction would raise
+    # in submit_store and the job would never end.
+    odd = path_of(tmp_path, key(0)).parent / f"{('00' * 121)}.kvb"
+    odd.parent.mkdir(parents=True)
+    odd.write_bytes(b"x" * 100)
+    tier = make_tier(tmp_path, primary, cap_blocks=1)
+    jobs = Jobs(tier)
+    assert jobs.stored([key(1)], [1]).success
+    assert jobs.stored([key(2)], [2]).success  # evicts key(1), not the odd file
+    assert odd.exists()
+    tier.shutdown()
+
+
 def failing_write(monkeypatch, code: int) -> list:
     calls = []
 

@@ -101,9 +101,15 @@ def key_from_name(name: str) -> bytes | None:
     if not name.endswith(BLOCK_SUFFIX):
         return None
     try:
-        return bytes.fromhex(name[: -len(BLOCK_SUFFIX)])
+        key = bytes.fromhex(name[: -len(BLOCK_SUFFIX)])
     except ValueError:
         return None
+    # Only names block_path makes: another (a long or upper-case hex name
+    # someone put there) would map back to a different path, or none, and
+    # evicting it would raise on the scheduler thread.
+    if not 0 < len(key) <= MAX_KEY_BYTES or key.hex() + BLOCK_SUFFIX != name:
+        return None
+    return key
 
 
 def is_temp_name(name: str) -> bool:
