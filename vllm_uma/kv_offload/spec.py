@@ -30,6 +30,7 @@ from vllm.v1.kv_offload.tiering.manager import (
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from vllm_uma.kv_offload.disk_config import parse_disk_tier
+from vllm_uma.kv_offload.disk_layout import NOINDEX
 from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
 from vllm_uma.kv_offload.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
@@ -61,17 +62,21 @@ def make_mover(spec: CPUOffloadingSpec, kv_caches: CanonicalKVCaches) -> HostPoo
         raise
 
 
-class UmaOffloadingSpec(CPUOffloadingSpec):
-    """L2 only: vLLM's CPUOffloadingManager decides, our mover copies."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        check_layout(self)
+class HostPoolWorkerMixin:
+    """The worker side both specs share: our mover over the shared host pool."""
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
             self._worker = make_mover(self, kv_caches)
         return self._worker
+
+
+class UmaOffloadingSpec(HostPoolWorkerMixin, CPUOffloadingSpec):
+    """L2 only: vLLM's CPUOffloadingManager decides, our mover copies."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        check_layout(self)
 
 
 class PoolRegion:
@@ -98,7 +103,7 @@ class PoolRegion:
         SHARED_POOLS.release(self._engine_id)
 
 
-class UmaTieredOffloadingSpec(TieringOffloadingSpec):
+class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
     """L2 + L3: vLLM's tiering manager over our pool and our disk tier."""
 
     @classmethod
@@ -115,16 +120,6 @@ class UmaTieredOffloadingSpec(TieringOffloadingSpec):
     def __init__(self, config):
         super().__init__(config)
         check_layout(self)
-        # Checked already by the platform, which logged its warnings.
-        self.disk_config, _ = parse_disk_tier(
-            self.extra_config.get("secondary_tiers"),
-            kv_events_enabled=self.kv_events_config.enable_kv_cache_events,
-        )
-        if self.disk_config is None:
-            raise ValueError(
-                f"{type(self).__name__} needs a disk tier in 'secondary_tiers'; "
-                f"without one, use UmaOffloadingSpec."
-            )
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
@@ -134,8 +129,18 @@ class UmaTieredOffloadingSpec(TieringOffloadingSpec):
     def _build_manager(self) -> TieringOffloadingManager:
         from vllm_uma.kv_offload.disk_tier import DiskTier
 
-        disk = self.disk_config
-        noindex = disk.root_dir / ".noindex"
+        # Parsed here, on the scheduler side only (the worker side never
+        # needs it); the platform checked it and logged its warnings.
+        disk, _ = parse_disk_tier(
+            self.extra_config.get("secondary_tiers"),
+            kv_events_enabled=self.kv_events_config.enable_kv_cache_events,
+        )
+        if disk is None:
+            raise ValueError(
+                f"{type(self).__name__} needs a disk tier in 'secondary_tiers'; "
+                f"without one, use UmaOffloadingSpec."
+            )
+        noindex = disk.root_dir / NOINDEX
         noindex.mkdir(mode=0o700, exist_ok=True)
         fingerprint = weights_fingerprint(self.config.model.name, noindex / FINGERPRINTS_FILE)
         namespace = namespace_for(self.config, fingerprint)
@@ -165,8 +170,3 @@ class UmaTieredOffloadingSpec(TieringOffloadingSpec):
             "on" if disk.enable_kv_events else "off",
         )
         return TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
-
-    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if self._worker is None:
-            self._worker = make_mover(self, kv_caches)
-        return self._worker
