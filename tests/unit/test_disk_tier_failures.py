@@ -276,7 +276,7 @@ def test_a_full_disk_at_startup_only_costs_the_namespace_description(
     def full(path, info):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(disk_layout, "_write_json", full)
+    monkeypatch.setattr(disk_layout, "write_private_json", full)
     with WarningLog() as log:
         tier = make_tier(tmp_path, primary)
     assert len(log.messages) == 1 and "namespace.json" in log.messages[0]

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_uma.kv_offload.disk_layout import NOINDEX, tree_bytes
+
 GiB = 1 << 30
 TIER_TYPE = "fs"
 DEFAULT_CAP_FRACTION = 0.10
@@ -145,7 +147,7 @@ def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
         # The tier's own files count as room: they are within the cap and
         # evicted to make space, so a restarted server that filled its cap
         # must not be refused for it.
-        free += tier_bytes(root_dir)
+        free += tree_bytes(root_dir / NOINDEX)
         if free < cap:
             raise DiskTierConfigError(
                 f"the fs tier's default cap is 10% of the volume holding "
@@ -167,15 +169,3 @@ def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
     if value == 0:
         return None, "max_size_gib=0 (no cap)"
     return int(value * GiB), f"max_size_gib={value}"
-
-
-def tier_bytes(root_dir: Path) -> int:
-    """Bytes of the files under root_dir/.noindex (the tier's blocks)."""
-    total = 0
-    for directory, _, names in os.walk(root_dir / ".noindex"):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(directory, name)).st_size
-            except OSError:  # deleted meanwhile
-                continue
-    return total

@@ -73,7 +73,7 @@ class Layout:
             _private_dir(directory)
         path = self.namespace_dir(namespace) / NAMESPACE_FILE
         try:
-            _write_json(path, info)
+            write_private_json(path, info)
         except OSError as exc:
             return f"{path}: {exc.strerror or exc}"
         return None
@@ -147,7 +147,19 @@ def _private_dir(directory: Path) -> None:
         directory.chmod(0o700)
 
 
-def _write_json(path: Path, info: dict[str, Any]) -> None:
+def tree_bytes(directory: Path) -> int:
+    """Bytes of every file under ``directory`` (0 if it does not exist)."""
+    total = 0
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            with contextlib.suppress(OSError):  # deleted meanwhile
+                total += os.lstat(os.path.join(parent, name)).st_size
+    return total
+
+
+def write_private_json(path: Path, info: Any) -> None:
+    """Write ``info`` as ``path`` (0600), atomically: a temp file the start-up
+    scan knows as a leftover, renamed into place."""
     temp = path.with_name(f"{path.name}.{os.urandom(6).hex()}{TEMP_SUFFIX}")
     fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     try:

@@ -26,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from blake3 import blake3
+
+from vllm_uma.kv_offload.disk_layout import write_private_json
 
 # The files whose contents decide the KV a model computes.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -130,12 +131,5 @@ def _load_cache(path: Path) -> dict[str, list]:
 def _save_cache(path: Path, cache: dict[str, list]) -> None:
     # Only a cache: a full or read-only disk costs a rehash at the next
     # start, never this start.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(cache, f)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    with contextlib.suppress(OSError):
+        write_private_json(path, cache)
