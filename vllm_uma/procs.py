@@ -11,6 +11,7 @@ VmLck.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -102,6 +103,12 @@ class Server:
         except ProcessLookupError:
             pass
         self._log.close()
+
+
+def metric(text: str, name: str, label: str = "") -> float:
+    """Sum of a /metrics series over the samples whose labels contain ``label``."""
+    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
+    return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)
 
 
 def proc_status(pid: int, key: str) -> int:

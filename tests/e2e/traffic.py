@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import requests
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -31,9 +29,3 @@ def complete(server, i: int, topic: str = "Story", max_tokens: int = 16) -> list
 
 def metrics(server) -> str:
     return requests.get(f"{server.url}/metrics", timeout=10).text
-
-
-def metric(text: str, name: str, label: str = "") -> float:
-    """Sum of a /metrics series over the samples whose labels contain ``label``."""
-    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
-    return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)

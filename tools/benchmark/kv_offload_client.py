@@ -6,7 +6,6 @@ say which tier supplied the cached prompt tokens.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import sys
 import time
@@ -16,6 +15,9 @@ from pathlib import Path
 
 import requests
 from bench_common import MODEL
+
+from vllm_uma.kv_offload.disk_layout import tree_bytes
+from vllm_uma.procs import metric
 
 REQUEST_TIMEOUT_S = 900
 HIT_SOURCES = ("device", "host", "disk")
@@ -107,22 +109,16 @@ def percentile(values: list[float], q: float) -> float:
 def scrape(url: str) -> dict[str, float]:
     """The counters the benchmark diffs around a measured pass."""
     text = requests.get(f"{url}/metrics", timeout=30).text
-    out = {f"hit_{s}": _metric(text, CACHED_BY_SOURCE, f'source="{s}"') for s in HIT_SOURCES}
-    out["computed"] = _metric(text, COMPUTED, 'source="local_compute"')
+    out = {f"hit_{s}": metric(text, CACHED_BY_SOURCE, f'source="{s}"') for s in HIT_SOURCES}
+    out["computed"] = metric(text, COMPUTED, 'source="local_compute"')
     for kind in ("CPU_to_GPU", "GPU_to_CPU"):
-        out[f"bytes_{kind}"] = _metric(text, BYTES_MOVED, f'transfer_type="{kind}"')
-    out["bytes_all"] = _metric(text, BYTES_MOVED)
+        out[f"bytes_{kind}"] = metric(text, BYTES_MOVED, f'transfer_type="{kind}"')
+    out["bytes_all"] = metric(text, BYTES_MOVED)
     return out
 
 
 def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
     return {k: int(after[k] - before[k]) for k in after}
-
-
-def _metric(text: str, name: str, label: str = "") -> float:
-    """Sum of a series over the samples whose labels contain ``label``."""
-    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
-    return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)
 
 
 def wait_quiet(url: str, watch: Path | None = None, timeout: float = 60) -> None:
@@ -133,22 +129,12 @@ def wait_quiet(url: str, watch: Path | None = None, timeout: float = 60) -> None
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        now = (scrape(url)["bytes_all"], _tree_bytes(watch) if watch else 0)
+        now = (scrape(url)["bytes_all"], tree_bytes(watch) if watch else 0)
         if now == last:
             return
         last = now
         time.sleep(2)
     progress(f"  transfers still moving after {timeout:.0f} s; stopping anyway")
-
-
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    for path in root.rglob("*"):
-        try:
-            total += path.stat().st_size if path.is_file() else 0
-        except FileNotFoundError:
-            pass  # evicted or renamed while we looked
-    return total
 
 
 _T0 = time.monotonic()

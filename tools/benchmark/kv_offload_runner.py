@@ -5,7 +5,6 @@ one fresh server (two for a disk-tier restart) per workload and variant.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -15,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
-from bench_common import EXE, drop_page_cache, text
+from bench_common import EXE, disk_tier_args, drop_page_cache, text
 from kv_offload_client import diff, progress, run_pass, scrape, stream_completion, wait_quiet
 from kv_offload_report import summarize
 
+from vllm_uma.kv_offload.disk_layout import tree_bytes
 from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
 from vllm_uma.procs import Server
 
@@ -144,9 +144,7 @@ class Runner:
         if variant != "off":
             args += ["--kv-offloading-size", f"{s.pool_gib:g}"]
         if variant == "pool_disk":
-            tier = {"type": "fs", "root_dir": str(disk_root), "max_size_gib": s.disk_cap_gib}
-            extra = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
-            args += ["--kv-transfer-config", json.dumps(extra)]
+            args += disk_tier_args(disk_root, s.disk_cap_gib)
         return args
 
     def run(self, workload: str, variant: str) -> dict:
@@ -201,7 +199,7 @@ class Runner:
             wait_quiet(server.url, watch=disk_root)
         finally:
             server.stop()
-        on_disk = sum(p.stat().st_size for p in disk_root.rglob("*") if p.is_file())
+        on_disk = tree_bytes(disk_root)
         dropped = drop_page_cache(disk_root)
         progress(f"{name}: writer stopped, {on_disk / 2**20:.0f} MiB on disk, page cache dropped")
         return {"log": str(server.log_path), "disk_bytes": on_disk, "page_cache_dropped": dropped}
