@@ -29,9 +29,10 @@ import pytest
 import zmq
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
-from tests.e2e.traffic import complete, metric, metrics
+from tests.e2e.traffic import complete, metrics
 from vllm_uma.kv_offload import block_file
-from vllm_uma.procs import Server, free_port
+from vllm_uma.kv_offload.disk_layout import NOINDEX, tree_bytes
+from vllm_uma.procs import Server, free_port, metric
 
 pytestmark = pytest.mark.slow
 
@@ -117,6 +118,18 @@ def start(exe, args, log_dir: Path) -> Server:
     return Server(exe, args, log_dir / "server.log").wait_ready()
 
 
+def serve_prompts(exe, args, log_dir: Path, before=None) -> tuple[list[list[int]], str, object]:
+    """A fresh server's greedy tokens for PROMPTS, its /metrics after them,
+    and what ``before()`` returned, called once the server is ready."""
+    server = start(exe, args, log_dir)
+    try:
+        seen = before() if before else None
+        outputs = [complete(server, i) for i in PROMPTS]
+        return outputs, metrics(server), seen
+    finally:
+        server.stop()
+
+
 def damage(root: Path) -> dict[str, Path]:
     """Truncate one block file, flip bytes in another, and replace a third by a
     well-formed file written for another namespace (another model)."""
@@ -149,12 +162,7 @@ def restart(vllm_uma_exe, default_model_dir, tmp_path_factory):
         a.stop()
     files_after_a = block_files(root)
     damaged = damage(root)
-    b = start(vllm_uma_exe, args, tmp_path_factory.mktemp("server-b"))
-    try:
-        b_outputs = [complete(b, i) for i in PROMPTS]
-        b_metrics = metrics(b)
-    finally:
-        b.stop()
+    b_outputs, b_metrics, _ = serve_prompts(vllm_uma_exe, args, tmp_path_factory.mktemp("server-b"))
     return dict(
         root=root,
         a_outputs=a_outputs,
@@ -214,13 +222,7 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
 
     def sample():
         while not stop_sampling.is_set():
-            total = 0
-            for path in (root / ".noindex").rglob("*"):
-                try:
-                    total += path.stat().st_size if path.is_file() else 0
-                except FileNotFoundError:
-                    pass  # evicted while we looked
-            sizes.append(total)
+            sizes.append(tree_bytes(root / NOINDEX))
             time.sleep(0.05)
 
     listener = EventListener()
@@ -242,13 +244,9 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
         sampler.join()
         listener.stop()
         c.stop()
-    d = start(vllm_uma_exe, args, tmp_path_factory.mktemp("server-d"))
-    try:
-        d_leftovers = leftovers(root)
-        d_outputs = [complete(d, i) for i in PROMPTS]
-        d_metrics = metrics(d)
-    finally:
-        d.stop()
+    d_outputs, d_metrics, d_leftovers = serve_prompts(
+        vllm_uma_exe, args, tmp_path_factory.mktemp("server-d"), before=lambda: leftovers(root)
+    )
     return dict(
         cap=cap_bytes,
         block=block,

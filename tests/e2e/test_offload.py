@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.traffic import complete, metric, metrics
+from tests.e2e.traffic import complete, metrics
 from vllm_uma.memory import parse_breakdown
-from vllm_uma.procs import Server
+from vllm_uma.procs import Server, metric
 
 pytestmark = pytest.mark.slow
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ import numpy as np
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 
-from vllm_uma.kv_offload import disk_warnings
+from vllm_uma.kv_offload import disk_io, disk_warnings
 from vllm_uma.kv_offload.block_file import file_bytes
 from vllm_uma.kv_offload.disk_config import DiskTierConfig
 from vllm_uma.kv_offload.disk_tier import DiskTier
@@ -145,3 +146,17 @@ class WarningLog(logging.Handler):
 
     def __exit__(self, *exc) -> None:
         disk_warnings.logger.removeHandler(self)
+
+
+def held_io(monkeypatch, name: str) -> threading.Event:
+    """Make the I/O threads' ``disk_io.<name>`` (read_block or write_block)
+    wait until the returned event is set: a load or store kept in flight."""
+    release = threading.Event()
+    real = getattr(disk_io, name)
+
+    def held(*args, **kw):
+        release.wait(10)
+        real(*args, **kw)
+
+    monkeypatch.setattr(disk_io, name, held)
+    return release

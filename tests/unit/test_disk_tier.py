@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import threading
 
 import pytest
 from disk_tier_kit import (
@@ -19,6 +18,7 @@ from disk_tier_kit import (
     Primary,
     block_files,
     counters,
+    held_io,
     key,
     make_tier,
 )
@@ -30,7 +30,6 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
 )
 
-from vllm_uma.kv_offload import disk_io
 from vllm_uma.kv_offload import disk_metrics as m
 from vllm_uma.kv_offload.disk_tier import DiskTier
 
@@ -60,14 +59,7 @@ def test_store_then_restore_the_exact_bytes_into_other_rows(tmp_path, aligned):
 
 
 def test_a_block_still_being_written_is_a_miss(tmp_path, primary, monkeypatch):
-    release = threading.Event()
-    write = disk_io.write_block
-
-    def slow_write(*args, **kw):
-        release.wait(10)
-        write(*args, **kw)
-
-    monkeypatch.setattr(disk_io, "write_block", slow_write)
+    release = held_io(monkeypatch, "write_block")
     tier = make_tier(tmp_path, primary)
     jobs = Jobs(tier)
     job = jobs.store([key(0)], [0])

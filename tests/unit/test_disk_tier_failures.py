@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import threading
 
 import pytest
 from disk_tier_kit import (
@@ -19,6 +18,7 @@ from disk_tier_kit import (
     WarningLog,
     block_files,
     counters,
+    held_io,
     key,
     make_tier,
 )
@@ -203,25 +203,13 @@ def test_other_write_errors_warn_once_per_kind_and_later_stores_still_try(
     tier.shutdown()
 
 
-def held_reads(monkeypatch) -> threading.Event:
-    release = threading.Event()
-    read = disk_io.read_block
-
-    def held(*args, **kw):
-        release.wait(10)
-        read(*args, **kw)
-
-    monkeypatch.setattr(disk_io, "read_block", held)
-    return release
-
-
 def test_a_block_being_loaded_is_never_evicted(tmp_path, primary, monkeypatch):
     tier = make_tier(tmp_path, primary, cap_blocks=2)
     jobs = Jobs(tier)
     data = primary.fill(0, seed=5)
     jobs.stored([key(0)], [0])
     jobs.stored([key(1)], [1])
-    release = held_reads(monkeypatch)
+    release = held_io(monkeypatch, "read_block")
     load = jobs.load([key(0)], [6])  # key 0 is the oldest, but pinned now
     assert jobs.stored([key(2)], [2]).success
     assert tier.lookup(key(1), CTX) is LookupResult.MISS
@@ -234,7 +222,7 @@ def test_a_store_is_refused_when_everything_else_is_pinned(tmp_path, primary, mo
     tier = make_tier(tmp_path, primary, cap_blocks=1)
     jobs = Jobs(tier)
     jobs.stored([key(0)], [0])
-    release = held_reads(monkeypatch)
+    release = held_io(monkeypatch, "read_block")
     load = jobs.load([key(0)], [6])
     assert not jobs.stored([key(1)], [1]).success
     assert counters(tier.get_stats())[(m.STORE_FAILED, ("no_room",))] == 1
