@@ -11,12 +11,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from pathlib import Path
 
 import requests
 from bench_common import MODEL
 
-from vllm_uma.kv_offload.disk_layout import tree_bytes
 from vllm_uma.procs import metric
 
 REQUEST_TIMEOUT_S = 900
@@ -121,15 +119,15 @@ def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
     return {k: int(after[k] - before[k]) for k in after}
 
 
-def wait_quiet(url: str, watch: Path | None = None, timeout: float = 60) -> None:
-    """Wait until no offloading transfer has moved bytes, and the files under
-    ``watch`` (a disk tier: /metrics does not count its writes) have not
-    grown, for two seconds; so that a server is stopped only after its
-    stores reached their tier."""
+def wait_quiet(url: str, timeout: float = 60) -> None:
+    """Wait until no offloading transfer has moved bytes for two seconds, so
+    that a measured pass does not share the cores with the warm-up's stores.
+    (A stopping server writes its pending disk-tier blocks by itself: the
+    platform raises --shutdown-timeout when a disk tier is on.)"""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        now = (scrape(url)["bytes_all"], tree_bytes(watch) if watch else 0)
+        now = scrape(url)["bytes_all"]
         if now == last:
             return
         last = now

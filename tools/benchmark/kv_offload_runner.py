@@ -196,7 +196,7 @@ class Runner:
         try:
             traffic = self.traffic_for("restart")
             run_pass(server.url, list(traffic.warmup), *self._pass_opts("writer"))
-            wait_quiet(server.url, watch=disk_root)
+            wait_quiet(server.url)
         finally:
             server.stop()
         on_disk = tree_bytes(disk_root)
