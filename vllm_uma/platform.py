@@ -20,6 +20,8 @@ What changes from the CPU platform, and why:
   ceiling, a lazily allocated KV cache, wired weights (worker.py).
 - A single worker runs in the engine-core process (executor ``uni``), where
   vLLM CPU would reserve a core for the frontend (``keep_single_worker_in_process``).
+- Only vLLM 0.32.0 is accepted: importing this module with another version
+  raises one line naming both (vllm_version.py).
 - ``--additional-config '{"vllm_uma": {...}}'`` is validated here, in the
   API-server process, before any weights load (config.py).
 """
@@ -35,6 +37,11 @@ from vllm_uma.config import UmaConfig
 from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.log import get_logger
 from vllm_uma.memory import fmt_gib
+from vllm_uma.vllm_version import require_supported_vllm
+
+# Every vLLM process imports this module first (through the entry point):
+# another vLLM version fails here, in one line, not deep inside a request.
+require_supported_vllm()
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -47,11 +47,16 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, exe: str, args: list[str], log_path: Path, env: dict | None = None):
+    def __init__(
+        self, exe: str | list[str], args: list[str], log_path: Path, env: dict | None = None
+    ):
+        """``exe``: the ``vllm-uma`` command, a path or an argv prefix
+        (``[python, "-m", "vllm_uma.cli"]``)."""
         self.port = free_port()
         self.log_path = log_path
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [exe, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        prefix = [exe] if isinstance(exe, str) else list(exe)
+        cmd = [*prefix, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
             cmd,
@@ -84,7 +89,7 @@ class Server:
         """The process that runs the model (holds the weights and the KV cache)."""
         return model_process(self.proc.pid)
 
-    def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
+    def post(self, path: str, payload: dict, timeout: float = 120) -> dict:
         response = requests.post(f"{self.url}{path}", json=payload, timeout=timeout)
         response.raise_for_status()
         return response.json()

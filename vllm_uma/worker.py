@@ -14,7 +14,8 @@ Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 - the KV buffer is allocated lazily (lazy_kv.py) unless vLLM says the layout
   needs zeroing;
 - the weights are locked in RAM after loading (wiring.py);
-- one parseable ``memory breakdown:`` line once the KV cache exists.
+- one parseable ``memory breakdown:`` line once the KV cache exists;
+- AMX tile permission and crash stacks for vLLM's kernels (cpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_uma.config import UmaConfig
+from vllm_uma.cpu_kernels import prepare_worker_process
 from vllm_uma.kv_offload.config import configured_pool_bytes
 from vllm_uma.lazy_kv import LazyZerosMode
 from vllm_uma.log import get_logger
@@ -90,6 +92,7 @@ class UmaWorker(CPUWorker):
         # unless utilization x the NUMA node's RAM is free right now. Do the
         # binding and skip the check: the budget is a ceiling (memory.py).
         torch.ops._C.init_cpu_memory_env([_memory_node()])
+        prepare_worker_process()
         Worker.__init__(
             self,
             vllm_config,

@@ -1,8 +1,18 @@
 """The disk tier (L3) through real servers on one root_dir.
 
-- A serves four long prompts and stops at once. Three of its block files are then
-  damaged: one truncated, one with flipped bytes, one replaced by a file
-  another model wrote under the same name.
+Every server here runs the model in float32, so that "the same tokens" can
+be demanded exactly whatever computed a prefix: a cold prefill, an L1 hit,
+a host-pool restore, a whole or partial disk restore (vllm_uma/oracles.py).
+In bfloat16 a prefix split differently rounds differently, and a damaged
+block makes the split depend on which file was damaged. Float32 is upcast
+from the same weights and its rounding no longer reaches the argmax, on any
+CPU's kernels: the comparisons hold on AVX2, AVX-512 and AMX alike.
+
+- A serves four long prompts cold, each again at once (an L1 hit), then all
+  four again after they left L1 (restored from the host pool): the three
+  must give the same tokens. It stops at once. Three of its block files are
+  then damaged: one truncated, one with flipped bytes, one replaced by a
+  file another model wrote under the same name.
 - B, a new process on the same root_dir, serves the four prompts again: most
   prefix tokens come from disk, each damaged file is a counted miss, and the
   greedy tokens equal A's.
@@ -29,16 +39,28 @@ import pytest
 import zmq
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
-from tests.e2e.traffic import complete, metrics
+from tests.e2e.traffic import EAGER, complete, metrics
 from vllm_uma.kv_offload import block_file
 from vllm_uma.kv_offload.disk_layout import NOINDEX, tree_bytes
 from vllm_uma.procs import Server, free_port, metric
 
 pytestmark = pytest.mark.slow
 
-SMALL_L1 = ["--kv-cache-memory-bytes", "100000000", "--max-model-len", "2048"]
+# 18 float32 blocks (17 usable): room for one 2,048-token request, not for
+# two prompts of 10 blocks (9 full and the tail).
+SMALL_L1 = [
+    *EAGER,
+    "--dtype",
+    "float32",
+    "--kv-cache-memory-bytes",
+    "110000000",
+    "--max-model-len",
+    "2048",
+]
 BLOCK_TOKENS = 128  # vLLM CPU's KV block
-BLOCK_FILE_BYTES = block_file.file_bytes(BLOCK_TOKENS * 23_040)  # one row of KV, with its header
+KV_PER_TOKEN = 46_080  # SmolLM2-135M in float32: 2 x 30 layers x 3 heads x 64 x 4 B
+BLOCK_FILE_BYTES = block_file.file_bytes(BLOCK_TOKENS * KV_PER_TOKEN)  # a row of KV + header
+POOL_GIB = 0.3  # 54 float32 blocks: A's four prompts (36 blocks) fit
 PROMPTS = range(4)
 DISK_HITS = "vllm:prompt_tokens_cached_by_source_total"
 BAD_BLOCKS = "vllm:kv_offload_disk_bad_blocks_total"
@@ -52,7 +74,7 @@ def disk_args(root: Path, cap_gib: float) -> list[str]:
     return [
         *SMALL_L1,
         "--kv-offloading-size",
-        "0.1",
+        str(POOL_GIB),
         "--kv-transfer-config",
         json.dumps(config),
     ]
@@ -155,7 +177,13 @@ def restart(vllm_uma_exe, default_model_dir, tmp_path_factory):
     args = disk_args(root, cap_gib=1)
     a = start(vllm_uma_exe, args, tmp_path_factory.mktemp("server-a"))
     try:
-        a_outputs = [complete(a, i) for i in PROMPTS]
+        a_outputs, a_hits = [], []
+        for i in PROMPTS:
+            a_outputs.append(complete(a, i))
+            a_hits.append(complete(a, i))  # its prefix is in L1 now
+        # L1 holds under two prompts: each comes back from the pool.
+        a_restores = [complete(a, i) for i in PROMPTS]
+        a_pool_tokens = metric(metrics(a), DISK_HITS, 'source="host"')
     finally:
         # Right after the last reply: the stop itself must write what is
         # still pending (the platform raises --shutdown-timeout for that).
@@ -166,11 +194,23 @@ def restart(vllm_uma_exe, default_model_dir, tmp_path_factory):
     return dict(
         root=root,
         a_outputs=a_outputs,
+        a_hits=a_hits,
+        a_restores=a_restores,
+        a_pool_tokens=a_pool_tokens,
         b_outputs=b_outputs,
         b_metrics=b_metrics,
         files_after_a=files_after_a,
         damaged=damaged,
     )
+
+
+def test_cold_l1_hit_and_pool_restore_give_the_same_tokens(restart):
+    assert restart["a_hits"] == restart["a_outputs"]
+    assert restart["a_restores"] == restart["a_outputs"]
+    # The restores were restores: all four prompts' full blocks from the pool.
+    assert restart["a_pool_tokens"] >= len(PROMPTS) * 9 * BLOCK_TOKENS
+    # And the prompts' tokens differ, so equality is not trivial.
+    assert len({tuple(t) for t in restart["a_outputs"]}) == len(PROMPTS)
 
 
 def test_a_restarted_server_serves_the_same_tokens(restart):

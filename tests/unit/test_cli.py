@@ -45,3 +45,38 @@ def test_prepare_model_error_is_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("vllm-uma prepare-model: error: the package")
     assert err.count("\n") == 1
+
+
+def test_another_vllm_fails_serve_in_one_line_with_status_1(monkeypatch, capsys):
+    from vllm_uma import serve, vllm_version
+
+    monkeypatch.setattr(vllm_version, "installed_vllm_version", lambda: "0.33.0")
+    assert cli.main(["serve", "--help"]) == serve.EXIT_FAILURE == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vllm-uma serve: error: vllm-uma is built for vLLM 0.32.0")
+    assert err.count("\n") == 1
+
+
+def test_usage_errors_and_runtime_failures_exit_differently():
+    from pydantic import BaseModel, field_validator
+
+    from vllm_uma.serve import is_usage_error
+
+    class Flag(BaseModel):
+        size: int
+
+        @field_validator("size")
+        @classmethod
+        def positive(cls, value):
+            if value < 0:
+                raise ValueError("size must be >= 0")
+            return value
+
+    try:
+        Flag(size=-1)
+    except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError
+        assert is_usage_error(exc)
+    assert is_usage_error(ValueError("--kv-offloading-backend lmcache is not supported"))
+    # What vLLM raises when the engine core did not start.
+    assert not is_usage_error(RuntimeError("Engine core initialization failed."))
+    assert not is_usage_error(OSError("No space left on device"))

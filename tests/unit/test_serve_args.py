@@ -48,16 +48,22 @@ def test_default_model_under_a_name_of_the_users_choice():
     assert args.served_model_name == ["mine"]
 
 
-def test_eager_by_default():
-    assert parse([]).enforce_eager is True
+def test_compiled_by_default_as_in_vllm():
+    # Measured: compiled prefills faster and decodes 1.4x faster (docs/serving.md).
+    assert parse([]).enforce_eager is False
 
 
 @pytest.mark.parametrize(
-    "flags",
-    [["--no-enforce-eager"], ["-O3"], ["-O", "3"], ["--compilation-config", "{}"], ["-cc.mode=0"]],
+    "flags, eager",
+    [
+        (["--enforce-eager"], True),
+        (["--no-enforce-eager"], False),
+        (["-O3"], False),
+        (["--compilation-config", "{}"], False),
+    ],
 )
-def test_user_compilation_choice_is_left_alone(flags):
-    assert parse(flags).enforce_eager is False
+def test_user_compilation_choice_is_kept(flags, eager):
+    assert parse(flags).enforce_eager is eager
 
 
 def test_no_wire_weights_travels_in_additional_config():

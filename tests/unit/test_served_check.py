@@ -1,0 +1,23 @@
+"""The served answer check's verdicts (the real server runs in e2e)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_uma.served_check import ServedCheckError, judge_answer
+
+Q = "What is the capital of France? Answer with one word."
+
+
+def test_a_right_answer_that_ends_passes():
+    judge_answer(Q, "The capital of France is Paris.", "stop", "Paris")
+
+
+def test_a_wrong_answer_is_refused_with_what_was_said():
+    with pytest.raises(ServedCheckError, match='answered "L\'Étoile, la Marseillaise"'):
+        judge_answer(Q, "L'Étoile, la Marseillaise", "stop", "Paris")
+
+
+def test_a_runaway_answer_is_refused_even_if_it_mentions_the_word():
+    with pytest.raises(ServedCheckError, match="was cut at 32 tokens"):
+        judge_answer(Q, "Paris, Paris, Paris, Paris", "length", "Paris")
