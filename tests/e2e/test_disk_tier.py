@@ -19,8 +19,9 @@ CPU's kernels: the comparisons hold on AVX2, AVX-512 and AMX alike.
 - C has a cap a third of its traffic: the bytes on disk never exceed the cap
   by more than one block, and with KV events on, its disk stores and
   evictions are published. C is killed with SIGKILL while it stores.
-- D starts on C's root_dir: no partial file is left, and it serves A's
-  prompts with A's tokens.
+- D starts on C's root_dir: no partial file is left, some prefix tokens of
+  C's prompts come back from the blocks C wrote before it was killed, and
+  D's tokens equal C's.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ import zmq
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
 from tests.e2e.traffic import EAGER, complete, metrics
-from vllm_uma.kv_offload import block_file
-from vllm_uma.kv_offload.disk_layout import NOINDEX, tree_bytes
+from vllm_uma.kv_offload.disk import block_file
+from vllm_uma.kv_offload.disk.layout import NOINDEX, tree_bytes
 from vllm_uma.procs import Server, free_port, metric
 
 pytestmark = pytest.mark.slow
@@ -65,7 +66,9 @@ PROMPTS = range(4)
 DISK_HITS = "vllm:prompt_tokens_cached_by_source_total"
 BAD_BLOCKS = "vllm:kv_offload_disk_bad_blocks_total"
 EVICTIONS = "vllm:kv_offload_disk_evicted_blocks_total"
+STORE_FAILED = "vllm:kv_offload_disk_store_failed_blocks_total"
 OTHER_MODEL = b"\x01" * 16  # a namespace id no real model has
+C_REVISITS = [3, 2, 1, 0]  # C's completed prompts, the last stored first
 
 
 def disk_args(root: Path, cap_gib: float) -> list[str]:
@@ -140,23 +143,30 @@ def start(exe, args, log_dir: Path) -> Server:
     return Server(exe, args, log_dir / "server.log").wait_ready()
 
 
-def serve_prompts(exe, args, log_dir: Path, before=None) -> tuple[list[list[int]], str, object]:
-    """A fresh server's greedy tokens for PROMPTS, its /metrics after them,
-    and what ``before()`` returned, called once the server is ready."""
+def serve_prompts(
+    exe, args, log_dir: Path, before=None, order=PROMPTS, topic: str = "Story"
+) -> tuple[list[list[int]], str, object]:
+    """A fresh server's greedy tokens for the prompts of ``order``, its
+    /metrics after them, and what ``before()`` returned, called once the
+    server is ready."""
     server = start(exe, args, log_dir)
     try:
         seen = before() if before else None
-        outputs = [complete(server, i) for i in PROMPTS]
+        outputs = [complete(server, i, topic) for i in order]
         return outputs, metrics(server), seen
     finally:
         server.stop()
 
 
 def damage(root: Path) -> dict[str, Path]:
-    """Truncate one block file, flip bytes in another, and replace a third by a
-    well-formed file written for another namespace (another model)."""
+    """Truncate one block file, flip bytes in another, replace a third by a
+    well-formed file written for another namespace (another model), and a
+    fourth by a FIFO (opening it without O_NONBLOCK would wait for ever)."""
     files = block_files(root)
     truncated, flipped, foreign = files[0], files[len(files) // 2], files[-1]
+    fifo = files[len(files) // 4]
+    fifo.unlink()
+    os.mkfifo(fifo, 0o600)
     with open(truncated, "r+b") as f:
         f.truncate(truncated.stat().st_size // 2)
     with open(flipped, "r+b") as f:
@@ -168,7 +178,19 @@ def damage(root: Path) -> dict[str, Path]:
     payload = foreign.read_bytes()[block_file.HEADER_BYTES :]
     foreign.unlink()
     block_file.write_block(foreign, key, OTHER_MODEL, memoryview(payload), direct=False)
-    return {"truncated": truncated, "flipped": flipped, "foreign": foreign}
+    return {"truncated": truncated, "flipped": flipped, "foreign": foreign, "fifo": fifo}
+
+
+def move_out_and_link_back(subdir: Path, outside: Path) -> list:
+    """Move a 2-hex subdirectory out of the store and put a symlink in its
+    place. Returns what is in it, to compare with afterwards."""
+    os.rename(subdir, outside)
+    os.symlink(outside, subdir)
+    return listing(outside)
+
+
+def listing(directory: Path) -> list[tuple[str, int, int]]:
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir())
 
 
 @pytest.fixture(scope="module")
@@ -231,9 +253,11 @@ def test_most_prefix_tokens_come_back_from_disk(restart):
 
 def test_each_damaged_file_is_a_counted_miss_and_removed(restart):
     text = restart["b_metrics"]
-    assert metric(text, BAD_BLOCKS) == 3
+    assert metric(text, BAD_BLOCKS) == 4
+    assert metric(text, BAD_BLOCKS, 'reason="not_a_file"') == 1  # the FIFO
     for path in restart["damaged"].values():
         # Removed, or stored again (from the recomputed KV) with B's namespace.
+        assert not path.is_fifo()
         assert not path.exists() or namespace_of(path) != OTHER_MODEL
 
 
@@ -273,8 +297,7 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
             futures = [pool.submit(complete, c, i, "Capped") for i in range(6)]
-            for future in futures[:4]:
-                future.result()
+            c_outputs = [future.result() for future in futures[:4]]
             evictions = metric(metrics(c), EVICTIONS)
             # Killed while the last prompts compute and store.
             os.killpg(c.proc.pid, signal.SIGKILL)
@@ -284,8 +307,16 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
         sampler.join()
         listener.stop()
         c.stop()
+    # D restores what the killed C wrote. The most recent prompts first (C's
+    # cap kept the blocks it stored last), and a cap of D's own large enough
+    # that D's stores evict none of C's blocks before D asks for them.
     d_outputs, d_metrics, d_leftovers = serve_prompts(
-        vllm_uma_exe, args, tmp_path_factory.mktemp("server-d"), before=lambda: leftovers(root)
+        vllm_uma_exe,
+        disk_args(root, cap_gib=1),
+        tmp_path_factory.mktemp("server-d"),
+        before=lambda: leftovers(root),
+        order=C_REVISITS,
+        topic="Capped",
     )
     return dict(
         cap=cap_bytes,
@@ -295,6 +326,7 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
         disk_stored=listener.on_disk(BlockStored),
         disk_removed=listener.on_disk(BlockRemoved),
         d_leftovers=d_leftovers,
+        c_outputs=[c_outputs[i] for i in C_REVISITS],
         d_outputs=d_outputs,
         d_metrics=d_metrics,
     )
@@ -311,7 +343,43 @@ def test_disk_stores_and_evictions_are_published_as_kv_events(capped):
     assert capped["disk_removed"], "no BlockRemoved event with medium STORAGE"
 
 
-def test_after_sigkill_no_partial_file_is_left_and_serving_is_correct(capped, restart):
+def test_after_sigkill_no_partial_file_is_left_and_serving_is_correct(capped):
     assert capped["d_leftovers"] == []
     assert metric(capped["d_metrics"], BAD_BLOCKS) == 0
-    assert capped["d_outputs"] == restart["a_outputs"]
+    assert capped["d_outputs"] == capped["c_outputs"]
+
+
+def test_after_sigkill_the_killed_servers_blocks_are_restored(capped):
+    disk_tokens = metric(capped["d_metrics"], DISK_HITS, 'source="disk"')
+    assert disk_tokens >= BLOCK_TOKENS, "D restored nothing the killed server wrote"
+
+
+@pytest.fixture(scope="module")
+def linked(vllm_uma_exe, default_model_dir, tmp_path_factory):
+    """E stores a prompt; a subdirectory of its blocks is moved out of the
+    store and linked back; F serves the prompt again on the same root."""
+    root = tmp_path_factory.mktemp("disk-linked") / "kv"
+    args = disk_args(root, cap_gib=1)
+    e_outputs, _, _ = serve_prompts(
+        vllm_uma_exe, args, tmp_path_factory.mktemp("server-e"), order=[0]
+    )
+    victim = block_files(root)[len(block_files(root)) // 2]
+    outside = root.parent / "outside-the-store"
+    before = move_out_and_link_back(victim.parent, outside)
+    f_outputs, f_metrics, _ = serve_prompts(
+        vllm_uma_exe, args, tmp_path_factory.mktemp("server-f"), order=[0]
+    )
+    return dict(
+        e_outputs=e_outputs,
+        f_outputs=f_outputs,
+        f_metrics=f_metrics,
+        outside=outside,
+        before=before,
+    )
+
+
+def test_nothing_is_read_written_or_deleted_through_a_symlinked_subdirectory(linked):
+    assert listing(linked["outside"]) == linked["before"]
+    # The blocks behind the link were recomputed, and their store refused.
+    assert linked["f_outputs"] == linked["e_outputs"]
+    assert metric(linked["f_metrics"], STORE_FAILED, 'reason="io_error"') >= 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 
@@ -101,3 +103,32 @@ def test_budget_too_small_shows_breakdown_and_fix(vllm_uma_exe, default_model_di
 def test_offloading_refusals_are_one_line(vllm_uma_exe, default_model_dir, flags, fragment):
     result = run_serve(vllm_uma_exe, "--kv-offloading-size", "1", *flags)
     assert_one_line_error(result, fragment)
+
+
+def disk_tier_flags(root) -> list[str]:
+    tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
+    config = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
+def test_a_root_dir_others_may_write_is_refused_in_one_line(
+    vllm_uma_exe, default_model_dir, tmp_path
+):
+    root = tmp_path / "kv"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    result = run_serve(vllm_uma_exe, "--kv-offloading-size", "1", *disk_tier_flags(root))
+    assert_one_line_error(result, "is writable by group or others (mode 0777)", "chmod go-w")
+    assert list(root.iterdir()) == []  # nothing written into it
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
+def test_a_root_dir_another_user_owns_is_refused_in_one_line(
+    vllm_uma_exe, default_model_dir, tmp_path
+):
+    root = tmp_path / "kv"
+    root.mkdir(mode=0o700)
+    os.chown(root, 65534, 65534)
+    result = run_serve(vllm_uma_exe, "--kv-offloading-size", "1", *disk_tier_flags(root))
+    assert_one_line_error(result, "is owned by", "uid 65534", "Use a directory of your own")
+    assert list(root.iterdir()) == []

@@ -18,10 +18,10 @@ import numpy as np
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 
-from vllm_uma.kv_offload import disk_io, disk_warnings
-from vllm_uma.kv_offload.block_file import file_bytes
-from vllm_uma.kv_offload.disk_config import DiskTierConfig
-from vllm_uma.kv_offload.disk_tier import DiskTier
+from vllm_uma.kv_offload.disk import io_threads, messages
+from vllm_uma.kv_offload.disk.block_file import file_bytes
+from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.tier import DiskTier
 
 ROWS, ROW = 8, 8192
 FILE = file_bytes(ROW)  # bytes one block takes on disk
@@ -62,6 +62,7 @@ def make_tier(
     ns: bytes = NS,
     events: bool = True,
     io_threads: int = 2,
+    full_disk=None,
 ) -> DiskTier:
     config = DiskTierConfig(
         root_dir=root,
@@ -75,8 +76,9 @@ def make_tier(
         "fs",
         config=config,
         namespace_id=ns,
-        namespace_info={"model": "test-model", "dtype": "bfloat16"},
+        namespace_info={"model": "test-model", "kv_dtype": "bfloat16"},
         io_threads=io_threads,
+        full_disk=full_disk,
     )
 
 
@@ -141,22 +143,22 @@ class WarningLog(logging.Handler):
         self.messages.append(record.getMessage())
 
     def __enter__(self) -> WarningLog:
-        disk_warnings.logger.addHandler(self)
+        messages.logger.addHandler(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        disk_warnings.logger.removeHandler(self)
+        messages.logger.removeHandler(self)
 
 
 def held_io(monkeypatch, name: str) -> threading.Event:
-    """Make the I/O threads' ``disk_io.<name>`` (read_block or write_block)
+    """Make the I/O threads' ``io_threads.<name>`` (read_block or write_block)
     wait until the returned event is set: a load or store kept in flight."""
     release = threading.Event()
-    real = getattr(disk_io, name)
+    real = getattr(io_threads, name)
 
     def held(*args, **kw):
         release.wait(10)
         real(*args, **kw)
 
-    monkeypatch.setattr(disk_io, name, held)
+    monkeypatch.setattr(io_threads, name, held)
     return release

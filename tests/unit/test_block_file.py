@@ -1,4 +1,4 @@
-"""L3 block files (vllm_uma/kv_offload/block_file.py): format, atomic writes,
+"""L3 block files (vllm_uma/kv_offload/disk/block_file.py): format, atomic writes,
 and every way a file can be unfit to serve."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import struct
 
 import pytest
 
-from vllm_uma.kv_offload import block_file as bf
-from vllm_uma.kv_offload.block_file import BadBlock, BadReason
+from vllm_uma.kv_offload.disk import block_file as bf
+from vllm_uma.kv_offload.disk.block_file import BadBlock, BadReason
 
 NS = bytes(range(16))
 OTHER_NS = bytes(16)
@@ -84,11 +84,12 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     assert os.listdir(bf.block_path(tmp_path, KEY).parent) == []
 
 
-def test_a_short_write_is_reported_as_a_full_disk(tmp_path, monkeypatch):
+def test_a_short_write_fails_the_block_but_is_not_a_full_disk(tmp_path, monkeypatch):
+    # Only ENOSPC/EDQUOT from the kernel turn disk stores off.
     monkeypatch.setattr(os, "pwritev", lambda fd, buffers, offset: 100)
     with pytest.raises(OSError) as info:
         written(tmp_path)
-    assert info.value.errno == errno.ENOSPC
+    assert info.value.errno == errno.EIO
     assert os.listdir(bf.block_path(tmp_path, KEY).parent) == []
 
 
@@ -185,3 +186,14 @@ def test_direct_io_needs_page_aligned_writable_buffers():
     assert not bf.is_direct_capable(memoryview(bytearray(ROW))[1:4097])
     assert not bf.is_direct_capable(memoryview(bytes(ROW)))  # read-only
     assert not bf.is_direct_capable(payload()[:100])
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_fifo_under_the_name_is_not_a_file_and_never_blocks(tmp_path, direct):
+    path = bf.block_path(tmp_path, KEY)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    dest = memoryview(mmap.mmap(-1, 4096))
+    with pytest.raises(BadBlock) as info:
+        bf.read_block(path, KEY, NS, dest, direct=direct and bool(bf.O_DIRECT))
+    assert info.value.reason is BadReason.NOT_A_FILE

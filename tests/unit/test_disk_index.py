@@ -1,10 +1,10 @@
-"""L3 disk index (vllm_uma/kv_offload/disk_index.py): LRU order, cap, pins."""
+"""L3 disk index (vllm_uma/kv_offload/disk/index.py): LRU order, cap, pins."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_uma.kv_offload.disk_index import BlockState, DiskIndex, Refusal
+from vllm_uma.kv_offload.disk.index import BlockState, DiskIndex, Refusal
 
 
 def stored(index: DiskIndex, *names: str, size: int = 10) -> None:

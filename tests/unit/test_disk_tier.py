@@ -1,4 +1,4 @@
-"""L3 disk tier (vllm_uma/kv_offload/disk_tier.py): stores, loads, jobs, cap,
+"""L3 disk tier (vllm_uma/kv_offload/disk/tier.py): stores, loads, jobs, cap,
 restarts, permissions, events and metrics, on a tiny primary tier.
 Failure paths are in test_disk_tier_failures.py."""
 
@@ -30,8 +30,8 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
 )
 
-from vllm_uma.kv_offload import disk_metrics as m
-from vllm_uma.kv_offload.disk_tier import DiskTier
+from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk.tier import DiskTier
 
 
 @pytest.fixture
@@ -161,6 +161,10 @@ def test_other_namespaces_count_toward_the_cap_but_are_never_served(tmp_path, pr
     theirs = make_tier(tmp_path, primary, ns=OTHER_NS)
     Jobs(theirs).stored([key(0), key(1)], [0, 1])
     theirs.shutdown()
+    # Both files may carry the same mtime (the clock's tick): make key 0
+    # the older one, so that "oldest first" names one file.
+    theirs_dir = tmp_path / ".noindex" / OTHER_NS.hex() / "00"
+    os.utime(theirs_dir / f"{key(0).hex()}.kvb", (1_000_000, 1_000_000))
 
     tier = make_tier(tmp_path, primary, cap_blocks=3)
     jobs = Jobs(tier)
@@ -213,6 +217,21 @@ def test_events_announce_our_stores_and_removals(tmp_path, primary):
     ]
     assert {(e.medium, e.ownership) for e in events} == {(Medium.STORAGE, "fs")}
     assert list(tier.take_events()) == []
+    tier.shutdown()
+
+
+def test_a_restarted_tier_announces_the_blocks_it_found(tmp_path, primary):
+    first = make_tier(tmp_path, primary)
+    Jobs(first).stored([key(0), key(1)], [0, 1])
+    first.shutdown()
+    theirs = make_tier(tmp_path, primary, ns=OTHER_NS)  # another model's block
+    Jobs(theirs).stored([key(7)], [2])
+    theirs.shutdown()
+    tier = make_tier(tmp_path, primary)
+    events = list(tier.take_events())
+    assert len(events) == 1 and not events[0].removed
+    assert sorted(events[0].keys) == [key(0), key(1)]  # ours only
+    assert events[0].medium == Medium.STORAGE
     tier.shutdown()
 
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
+import time
 
 import pytest
 from disk_tier_kit import (
     CTX,
     NS,
     OTHER_NS,
+    ROW,
     Jobs,
     Primary,
     WarningLog,
@@ -24,9 +27,9 @@ from disk_tier_kit import (
 )
 from vllm.v1.kv_offload.base import LookupResult
 
-from vllm_uma.kv_offload import block_file as bf
-from vllm_uma.kv_offload import disk_io, disk_layout
-from vllm_uma.kv_offload import disk_metrics as m
+from vllm_uma.kv_offload.disk import block_file as bf
+from vllm_uma.kv_offload.disk import io_threads, layout
+from vllm_uma.kv_offload.disk import metrics as m
 
 
 @pytest.fixture
@@ -65,6 +68,20 @@ def delete(root, primary):
     os.unlink(path_of(root, key(1)))
 
 
+def plant_a_fifo(root, primary):
+    # Without O_NONBLOCK, opening it would wait for a writer for ever.
+    os.unlink(path_of(root, key(1)))
+    os.mkfifo(path_of(root, key(1)), 0o600)
+
+
+def plant_a_symlink_to_a_valid_block(root, primary):
+    # A well-formed block file elsewhere (here: key 1's own bytes): the name
+    # must not lead there, whatever it holds.
+    outside = root.parent / f"{root.name}-outside.kvb"
+    os.rename(path_of(root, key(1)), outside)
+    os.symlink(outside, path_of(root, key(1)))
+
+
 @pytest.mark.parametrize(
     "damage, reason",
     [
@@ -73,6 +90,8 @@ def delete(root, primary):
         (copy_from_another_namespace, "foreign"),
         (rename_another_key_onto_it, "foreign"),
         (delete, "missing"),
+        (plant_a_fifo, "not_a_file"),
+        (plant_a_symlink_to_a_valid_block, "not_a_file"),
     ],
 )
 def test_a_bad_block_is_never_served_but_removed_and_recomputed(tmp_path, primary, damage, reason):
@@ -134,6 +153,33 @@ def test_leftover_temp_files_are_deleted_at_startup(tmp_path, primary):
     tier.shutdown()
 
 
+def test_a_live_writers_temp_file_is_kept_a_dead_or_stale_ones_removed(tmp_path, primary):
+    """A server starting while another still writes (a restart while the old
+    one drains, or two servers on one root) must not delete its writes."""
+    tier = make_tier(tmp_path, primary)
+    Jobs(tier).stored([key(0)], [0])
+    tier.shutdown()
+    block = path_of(tmp_path, key(0))
+    sleeper = subprocess.Popen(["sleep", "60"])  # a live process, not us
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        live = block.with_name(f"{block.name}.{sleeper.pid}-0123456789ab.tmp")
+        gone = block.with_name(f"{block.name}.{dead.pid}-0123456789ab.tmp")
+        stale = block.with_name(f"{block.name}.{sleeper.pid}-ba9876543210.tmp")
+        for temp in (live, gone, stale):
+            temp.write_bytes(b"a write")
+        two_hours_ago = time.time() - 7200
+        os.utime(stale, (two_hours_ago, two_hours_ago))
+        tier = make_tier(tmp_path, primary)
+        assert live.exists()
+        assert not gone.exists() and not stale.exists()
+        tier.shutdown()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_a_file_with_a_name_no_key_makes_is_left_alone(tmp_path, primary):
     # A key longer than block_path accepts: indexed, its eviction would raise
     # in submit_store and the job would never end.
@@ -155,7 +201,7 @@ def failing_write(monkeypatch, code: int) -> list:
         calls.append(path)
         raise OSError(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr(disk_io, "write_block", write)
+    monkeypatch.setattr(io_threads, "write_block", write)
     return calls
 
 
@@ -243,7 +289,9 @@ def test_a_block_evicted_between_lookup_and_load_fails_that_key(tmp_path, primar
     tier.shutdown()
 
 
-def test_an_unexpected_error_on_an_io_thread_still_ends_the_job(tmp_path, primary, monkeypatch):
+def test_an_unexpected_error_on_an_io_thread_ends_the_job_and_keeps_the_file(
+    tmp_path, primary, monkeypatch
+):
     tier = make_tier(tmp_path, primary)
     jobs = Jobs(tier)
     jobs.stored([key(0)], [0])
@@ -251,22 +299,55 @@ def test_an_unexpected_error_on_an_io_thread_still_ends_the_job(tmp_path, primar
     def bug(*args, **kw):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(disk_io, "read_block", bug)
-    with WarningLog():
+    monkeypatch.setattr(io_threads, "read_block", bug)
+    with WarningLog() as log:
         assert not jobs.loaded([key(0)], [5]).success
-    assert tier.lookup(key(0), CTX) is LookupResult.MISS
+    # A bug of ours is not a bad file: the block stays, on disk and indexed.
+    assert len(log.messages) == 1 and "RuntimeError('a bug')" in log.messages[0]
+    assert (m.BAD_BLOCKS, ("unreadable",)) not in counters(tier.get_stats())
+    assert len(block_files(tmp_path)) == 1
+    assert tier.lookup(key(0), CTX) is LookupResult.HIT
     tier.shutdown()
 
 
 def test_a_full_disk_at_startup_only_costs_the_namespace_description(
     tmp_path, primary, monkeypatch
 ):
-    def full(path, info):
+    def full(path, info, **where):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(disk_layout, "write_private_json", full)
+    monkeypatch.setattr(layout, "write_private_json", full)
     with WarningLog() as log:
         tier = make_tier(tmp_path, primary)
     assert len(log.messages) == 1 and "namespace.json" in log.messages[0]
     assert Jobs(tier).stored([key(0)], [0]).success
+    tier.shutdown()
+
+
+def test_a_symlinked_subdirectory_is_never_followed(tmp_path, primary):
+    root = tmp_path / "kv"
+    tier = make_tier(root, primary)
+    jobs = Jobs(tier)
+    for row in range(2):
+        primary.fill(row, seed=row + 1)
+    assert jobs.stored([key(0), key(1)], [0, 1]).success
+    # Someone moves the blocks' subdirectory out and links it back in.
+    subdir = path_of(root, key(0)).parent
+    outside = tmp_path / "elsewhere"
+    os.rename(subdir, outside)
+    os.symlink(outside, subdir)
+    before = sorted((p.name, p.stat().st_size) for p in outside.iterdir())
+    primary.clear()
+    with WarningLog():
+        loaded = jobs.loaded([key(0), key(1)], [4, 5])
+        primary.fill(2, seed=3)
+        stored = jobs.stored([key(2)], [2])
+        tier.drain_jobs()
+        tier.get_finished_jobs()
+    assert not loaded.success and not loaded.successful_keys
+    assert primary.row(4) == bytes(ROW)  # nothing read through the link
+    assert not stored.success
+    # Nothing outside was read into a row, written, or deleted.
+    assert sorted((p.name, p.stat().st_size) for p in outside.iterdir()) == before
+    assert counters(tier.get_stats())[(m.BAD_BLOCKS, ("not_a_file",))] == 2
     tier.shutdown()

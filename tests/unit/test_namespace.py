@@ -1,4 +1,4 @@
-"""The disk tier's namespace (vllm_uma/kv_offload/namespace.py): what makes KV bytes differ."""
+"""The disk tier's namespace (vllm_uma/kv_offload/disk/namespace.py): what makes KV bytes differ."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_uma.kv_offload import namespace as ns
+from vllm_uma.kv_offload.disk import namespace as ns
 
 
 def model_dir(tmp_path, weights=b"w" * 4096):

@@ -62,7 +62,10 @@ def vllm_config(
             kv_offloading_backend=backend,
             gpu_memory_utilization=0.5,
             prefix_caching_hash_algo=hash_algo,
+            cache_dtype="auto",
         ),
+        load_config=SimpleNamespace(load_format="auto", download_dir=None),
+        lora_config=None,
         kv_transfer_config=ktc,
         model_config=Model(
             use_mla=use_mla,
@@ -72,6 +75,12 @@ def vllm_config(
             runner_type=runner_type,
             _model_info=SimpleNamespace(supports_transcription=transcription),
             is_hybrid=is_hybrid,
+            model="/models/smol",
+            revision=None,
+            quantization=None,
+            hf_overrides={},
+            trust_remote_code=False,
+            is_multimodal_model=False,
         ),
         parallel_config=SimpleNamespace(
             pipeline_parallel_size=pp,
@@ -229,7 +238,7 @@ def test_a_disk_tier_gives_a_stopping_server_time_to_write(tmp_path):
     cfg = vllm_config(size=1, ktc=connector(None, secondary_tiers=tiers))
     note = oc.flush_on_stop(cfg, oc.translate(cfg, 24 * GiB))
     assert cfg.shutdown_timeout == oc.DISK_FLUSH_TIMEOUT_S
-    assert "--shutdown-timeout set to 30 s" in note
+    assert f"--shutdown-timeout set to {oc.DISK_FLUSH_TIMEOUT_S} s" in note
 
 
 @pytest.mark.parametrize("timeout, tiers", [(5, True), (0, False)])

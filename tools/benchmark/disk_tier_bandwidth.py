@@ -36,9 +36,9 @@ from bench_common import drop_page_cache
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
-from vllm_uma.kv_offload.disk_config import DiskTierConfig
-from vllm_uma.kv_offload.disk_io import DEFAULT_IO_THREADS
-from vllm_uma.kv_offload.disk_tier import DiskTier
+from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
+from vllm_uma.kv_offload.disk.tier import DiskTier
 
 REPO = Path(__file__).resolve().parents[2]
 MiB, GiB = 1 << 20, 1 << 30

@@ -1,1 +1,12 @@
-"""KV offloading on the unified-memory platform (L1 -> L2 host pool)."""
+"""KV offloading on the unified-memory platform: L1 -> L2 -> L3.
+
+    L1  vLLM's own KV cache (RAM), managed by vLLM
+    L2  host_pool.py (anonymous shared memory), filled and read by mover.py
+        on the worker side
+    L3  disk/ (block files under a root_dir), a secondary tier behind L2
+
+Scheduler side (engine core, decides what is where): connector.py and
+holds.py (no block lost when the pool is full), disk/index.py. Worker side
+(moves bytes): mover.py, disk/io_threads.py. config.py turns vLLM's flags
+into the spec that spec.py builds both sides from; metrics.py counts.
+"""

@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from vllm_uma.kv_offload.disk_config import DiskTierConfig, parse_disk_tier
+from vllm_uma.kv_offload.disk.config import RESOLVED_KEY as DISK_TIER_KEY
+from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier, to_extra_config
+from vllm_uma.kv_offload.disk.namespace_inputs import KEY as NAMESPACE_INPUTS_KEY
+from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputsError, namespace_inputs
 from vllm_uma.memory import GiB
 
 CONNECTOR = "OffloadingConnector"
@@ -33,7 +36,9 @@ KNOWN_EXTRA_KEYS = frozenset(
         "store_threshold",
         "max_tracker_size",
         "offload_prompt_only",
-        "secondary_tiers",  # the disk tier, checked by disk_config.py
+        "secondary_tiers",  # the disk tier, checked by disk/config.py
+        NAMESPACE_INPUTS_KEY,  # ours: set below for the disk tier
+        DISK_TIER_KEY,  # ours: the disk tier's resolved settings
     }
 )
 SPEC_MODULE = "vllm_uma.kv_offload.spec"
@@ -215,7 +220,19 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
     )
     if (hash_note := hash_warning(vllm_config)) is not None:
         warnings.append(hash_note)
+    inputs = None
+    if disk is not None:
+        try:
+            inputs = namespace_inputs(vllm_config)
+        except NamespaceInputsError as exc:
+            raise OffloadingConfigError(str(exc)) from None
     pool = _translate_pool(vllm_config, total_ram, TIERED_SPEC if disk else POOL_SPEC)
+    if disk is not None:
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        # The engine's namespace covers them (disk/namespace_inputs.py).
+        extra[NAMESPACE_INPUTS_KEY] = inputs
+        # Checked and measured here once; the engine reads the result.
+        extra[DISK_TIER_KEY] = to_extra_config(disk)
     return OffloadPlan(pool=pool, disk=disk, warnings=tuple(warnings))
 
 
@@ -244,8 +261,11 @@ def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
 
 
 # How long a stopping server may take to write its pending KV blocks to the
-# disk tier (vLLM's --shutdown-timeout, which is 0 by default).
-DISK_FLUSH_TIMEOUT_S = 30
+# disk tier (vLLM's --shutdown-timeout, which is 0 by default). Below what
+# usually kills a process that does not stop: Kubernetes' and our test
+# harness's 30 s after SIGTERM, leaving time for the tier's own stop (its
+# I/O threads get up to 5 s more, for a file they are stuck on).
+DISK_FLUSH_TIMEOUT_S = 20
 
 
 def flush_on_stop(vllm_config, plan: OffloadPlan) -> str | None:

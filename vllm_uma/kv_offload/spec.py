@@ -29,11 +29,13 @@ from vllm.v1.kv_offload.tiering.manager import (
 )
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from vllm_uma.kv_offload.disk_config import parse_disk_tier
-from vllm_uma.kv_offload.disk_layout import NOINDEX
+from vllm_uma.kv_offload.disk.config import RESOLVED_KEY as DISK_TIER_KEY
+from vllm_uma.kv_offload.disk.config import from_extra_config
+from vllm_uma.kv_offload.disk.layout import NOINDEX, Layout
+from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
+from vllm_uma.kv_offload.disk.namespace_inputs import KEY as NAMESPACE_INPUTS_KEY
 from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
-from vllm_uma.kv_offload.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
 
 logger = init_logger("vllm.plugins.vllm_uma.kv_offload")
 
@@ -110,7 +112,7 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
     def build_metric_definitions(cls, extra_config: dict[str, Any]):
         # vLLM's version looks the tier up by type, and "fs" is vLLM's own
         # tier there; ours is the DiskTier.
-        from vllm_uma.kv_offload.disk_tier import DiskTier
+        from vllm_uma.kv_offload.disk.tier import DiskTier
 
         without_tiers = {k: v for k, v in extra_config.items() if k != "secondary_tiers"}
         metrics = super().build_metric_definitions(without_tiers)
@@ -127,23 +129,26 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
         return self._manager
 
     def _build_manager(self) -> TieringOffloadingManager:
-        from vllm_uma.kv_offload.disk_tier import DiskTier
+        from vllm_uma.kv_offload.disk.tier import DiskTier
 
-        # Parsed here, on the scheduler side only (the worker side never
-        # needs it); the platform checked it and logged its warnings.
-        disk, _ = parse_disk_tier(
-            self.extra_config.get("secondary_tiers"),
-            kv_events_enabled=self.kv_events_config.enable_kv_cache_events,
-        )
-        if disk is None:
+        # Resolved by the API server (created, checked, cap measured); read
+        # here without I/O, on the scheduler side only.
+        if DISK_TIER_KEY not in self.extra_config:
             raise ValueError(
-                f"{type(self).__name__} needs a disk tier in 'secondary_tiers'; "
-                f"without one, use UmaOffloadingSpec."
+                f"{type(self).__name__} needs a disk tier in 'secondary_tiers', set up "
+                f"by the vllm-uma platform; without one, use UmaOffloadingSpec."
             )
+        disk = from_extra_config(self.extra_config[DISK_TIER_KEY])
         noindex = disk.root_dir / NOINDEX
-        noindex.mkdir(mode=0o700, exist_ok=True)
-        fingerprint = weights_fingerprint(self.config.model.name, noindex / FINGERPRINTS_FILE)
-        namespace = namespace_for(self.config, fingerprint)
+        Layout(disk.root_dir).ensure_store_dir()  # for the fingerprint cache
+        inputs = dict(self.extra_config.get(NAMESPACE_INPUTS_KEY) or {})
+        fingerprint = weights_fingerprint(
+            self.config.model.name,
+            noindex / FINGERPRINTS_FILE,
+            revision=inputs.get("revision"),
+            download_dir=inputs.get("download_dir"),
+        )
+        namespace = namespace_for(self.config, fingerprint, inputs)
         primary = CPUPrimaryTierOffloadingManager(
             num_chunks=self.num_chunks,
             mmap_region=PoolRegion(self.config.engine_id),

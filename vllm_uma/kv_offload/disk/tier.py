@@ -3,7 +3,7 @@
 Runs in the engine-core process. vLLM's TieringOffloadingManager calls every
 method on the scheduler thread, and none may block: lookups answer from the
 in-memory DiskIndex, stores and loads become one task per block on a few
-I/O threads (disk_io.py), and ``get_finished_jobs`` applies their outcomes
+I/O threads (io_threads.py), and ``get_finished_jobs`` applies their outcomes
 to the index on the scheduler thread, so the index needs no lock.
 
 What crosses the boundary with vLLM: ``TransferJob``s (keys + primary-tier
@@ -37,17 +37,18 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from vllm_uma.kv_offload import disk_metrics as m
-from vllm_uma.kv_offload.block_file import (
+from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk.block_file import (
     DIRECT_ALIGN,
     BadReason,
     file_bytes,
     is_direct_capable,
     probe_direct,
 )
-from vllm_uma.kv_offload.disk_config import DiskTierConfig
-from vllm_uma.kv_offload.disk_index import DiskIndex, Refusal
-from vllm_uma.kv_offload.disk_io import (
+from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.full_disk import FullDisk
+from vllm_uma.kv_offload.disk.index import DiskIndex, Refusal
+from vllm_uma.kv_offload.disk.io_threads import (
     DEFAULT_IO_THREADS,
     BlockIO,
     IOPool,
@@ -58,9 +59,9 @@ from vllm_uma.kv_offload.disk_io import (
     load_task,
     store_task,
 )
-from vllm_uma.kv_offload.disk_jobs import PendingJob
-from vllm_uma.kv_offload.disk_layout import BlockRef, Layout
-from vllm_uma.kv_offload.disk_warnings import DiskWarnings, log_startup
+from vllm_uma.kv_offload.disk.jobs import PendingJob
+from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
+from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 
 
 class DiskTier(SecondaryTierManager):
@@ -83,6 +84,7 @@ class DiskTier(SecondaryTierManager):
         namespace_info: dict[str, Any],
         backpressure_detector=None,
         io_threads: int = DEFAULT_IO_THREADS,
+        full_disk: FullDisk | None = None,
     ):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.LOCAL
@@ -108,18 +110,29 @@ class DiskTier(SecondaryTierManager):
         self._jobs: dict[int, PendingJob] = {}
         self._results: list[JobResult] = []  # finished, not yet returned
         self._deleting: dict[BlockRef, int] = {}  # deletes in flight per block
-        self._disk_full = False
+        self._full = FullDisk() if full_disk is None else full_disk
+        self._written_this_run = 0
         self._pool = IOPool(io_threads, self._outcomes, "uma-kv-disk")
         self._closed = False
         self._load_existing(io_threads)
 
     def _load_existing(self, io_threads: int) -> None:
+        # A large store takes a while to walk: say so first (log_startup
+        # then says what was found).
+        self._warnings.scanning()
         found, temps = self._layout.scan()
         for block in found:
             self._index.add_existing(block.ref, block.size)
         nbytes = self._index.used_bytes
         victims = self._index.evict_to_cap()  # the cap may have been lowered
         self._evict(victims, announce=False)
+        # Announce what this server holds on disk from the start, so that a
+        # KV-aware router learns it too (oldest first, as they were stored).
+        gone = {ref for ref, _ in victims}
+        self._event(
+            [b.ref.key for b in found if b.ref.namespace == self._ns and b.ref not in gone],
+            removed=False,
+        )
         ours = sum(block.ref.namespace == self._ns for block in found)
         io = f"{'O_DIRECT' if self._direct else 'buffered'} I/O on {io_threads} threads"
         log_startup(self._config, len(found), ours, nbytes, len(victims), temps, io)
@@ -161,7 +174,7 @@ class DiskTier(SecondaryTierManager):
             if skip is not None:
                 self._stats.count(m.STORE_SKIPPED, reason=skip)
                 continue
-            if self._disk_full:
+            if self._full.paused:
                 self._store_failed(job, key, StoreFailure.DISK_FULL.value)
                 continue
             reserved = self._index.reserve(ref, self._file_bytes)
@@ -195,7 +208,8 @@ class DiskTier(SecondaryTierManager):
 
     def _delete_file(self, ref: BlockRef) -> None:
         self._deleting[ref] = self._deleting.get(ref, 0) + 1
-        self._pool.submit(Priority.DELETE, delete_task, BlockIO(None, ref, self._layout.path(ref)))
+        io = BlockIO(None, ref, self._layout, self._layout.path(ref))
+        self._pool.submit(Priority.DELETE, delete_task, io)
 
     # -- loads --------------------------------------------------------------
 
@@ -215,7 +229,9 @@ class DiskTier(SecondaryTierManager):
     def _block_io(self, job: PendingJob, ref: BlockRef, chunk: Any) -> BlockIO:
         start = int(chunk) * self.block_size_bytes
         row = self._rows[start : start + self.block_size_bytes]
-        return BlockIO(job.job_id, ref, self._layout.path(ref), self._ns, row, self._direct)
+        return BlockIO(
+            job.job_id, ref, self._layout, self._layout.path(ref), self._ns, row, self._direct
+        )
 
     # -- completion (scheduler thread) --------------------------------------
 
@@ -242,6 +258,8 @@ class DiskTier(SecondaryTierManager):
                 self._deleting[ref] = left
             if not outcome.ok:
                 self._warnings.unlink(outcome.detail)
+            elif self._full.on_space():  # our delete freed room
+                self._warnings.space_is_back()
             return
         job = self._jobs[outcome.job_id]
         if job.is_load:
@@ -253,7 +271,10 @@ class DiskTier(SecondaryTierManager):
 
     def _apply_store(self, job: PendingJob, ref: BlockRef, outcome: Outcome) -> None:
         if outcome.ok:
+            if self._full.on_space():
+                self._warnings.space_is_back()
             self._index.commit(ref)
+            self._written_this_run += 1
             job.written.append(ref.key)
             self._stats.count(m.WRITTEN_BLOCKS)
             self._stats.count(m.WRITTEN_BYTES, outcome.nbytes)
@@ -261,10 +282,10 @@ class DiskTier(SecondaryTierManager):
         self._index.abort(ref)
         self._store_failed(job, ref.key, outcome.failure.value)  # type: ignore[union-attr]
         if outcome.failure is StoreFailure.DISK_FULL:
-            # Every later store would fail the same way, and slowly (a full
-            # file system searches for space): stop them all.
-            self._disk_full = True
-            self._warnings.disk_full(outcome.detail)
+            # Every store would fail the same way, and slowly (a full file
+            # system searches for space): pause them (full_disk.py).
+            if self._full.on_full():
+                self._warnings.disk_full(outcome.detail, self._full.retry_in_s)
         else:
             self._warnings.store_error(outcome.detail)
 
@@ -276,7 +297,12 @@ class DiskTier(SecondaryTierManager):
             self._stats.count(m.READ_BYTES, outcome.nbytes)
             return
         job.failed.append(ref.key)
-        reason = outcome.failure if isinstance(outcome.failure, BadReason) else BadReason.UNREADABLE
+        if not isinstance(outcome.failure, BadReason):
+            # Our own code failed, not the file: recompute this time, keep the
+            # block (only a file-level error deletes a file).
+            self._warnings.load_error(outcome.detail)
+            return
+        reason = outcome.failure
         self._stats.count(m.BAD_BLOCKS, reason=reason.value)
         self._warnings.bad_block(reason, outcome.detail)
         # Only the generation this load read: a newer store of the key stays.
@@ -328,5 +354,13 @@ class DiskTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        self._pool.shutdown()
+        stopped = self._pool.shutdown()
+        self._layout.close()
+        dropped_stores = stopped.dropped.get(Priority.STORE, 0)
+        self._warnings.stopped(self._written_this_run, dropped_stores)
+        if stopped.stuck_threads:
+            # A thread still inside a read or write holds a slice of the
+            # rows: they cannot be released, and the process is stopping.
+            self._warnings.stuck_threads(stopped.stuck_threads)
+            return
         self._rows.release()  # the primary tier closes its mmap after this

@@ -9,9 +9,11 @@ The user names the tier in vLLM's own flag::
 ``check_and_update_config`` (through ``kv_offload.config.translate``), before
 any weights load: a typo, a refused tier type, a directory that cannot be
 written or a volume too small for the default cap fails start-up there, with
-one line naming the value, the rule and the fix. The engine-core process
-parses the same JSON again when vLLM builds the spec; by then it is known to
-be valid, and both processes get the same ``DiskTierConfig``.
+one line naming the value, the rule and the fix. A root_dir another user
+owns or may write is refused here too (trust.py). The resolved
+``DiskTierConfig`` travels to the engine-core process in
+``kv_connector_extra_config`` under RESOLVED_KEY (``to_extra_config``), so
+the directory is created, probed and measured once, in one process.
 
 The cap is resolved here too, so that every later reader sees bytes:
 ``max_size_gib`` unset means 10% of the volume's size (refused if the volume
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_uma.kv_offload.disk_layout import NOINDEX, tree_bytes
+from vllm_uma.kv_offload.disk.layout import NOINDEX, tree_bytes
+from vllm_uma.kv_offload.disk.trust import check_store_root
 
 GiB = 1 << 30
 TIER_TYPE = "fs"
@@ -50,6 +53,40 @@ class DiskTierConfig:
     enable_kv_events: bool
     # For the log: where the cap came from.
     cap_reason: str
+
+
+# Where the API server leaves the resolved settings for the engine core,
+# inside kv_connector_extra_config (JSON, like the rest of that dict).
+RESOLVED_KEY = "uma_disk_tier"
+
+
+def to_extra_config(config: DiskTierConfig) -> dict[str, Any]:
+    return {
+        "root_dir": str(config.root_dir),
+        "cap_bytes": config.cap_bytes,
+        "enable_kv_events": config.enable_kv_events,
+        "cap_reason": config.cap_reason,
+    }
+
+
+def from_extra_config(raw: Any) -> DiskTierConfig:
+    """The settings the API server resolved (no I/O: checked there once)."""
+    if not isinstance(raw, dict) or set(raw) != {
+        "root_dir",
+        "cap_bytes",
+        "enable_kv_events",
+        "cap_reason",
+    }:
+        raise DiskTierConfigError(
+            f"kv_connector_extra_config {RESOLVED_KEY!r}={raw!r} was not written by the "
+            f"vllm-uma platform: remove it and name the tier in 'secondary_tiers'."
+        )
+    return DiskTierConfig(
+        root_dir=Path(raw["root_dir"]),
+        cap_bytes=None if raw["cap_bytes"] is None else int(raw["cap_bytes"]),
+        enable_kv_events=bool(raw["enable_kv_events"]),
+        cap_reason=str(raw["cap_reason"]),
+    )
 
 
 def parse_disk_tier(
@@ -124,18 +161,23 @@ def _root_dir(value: Any) -> Path:
 
 
 def prepare_root(root_dir: Path) -> None:
-    """Create ``root_dir`` private (0700) if missing; prove it is writable."""
+    """Create ``root_dir`` private (0700) if missing; refuse it if another
+    user could have written it (trust.py); prove it is writable."""
     try:
         root_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # A real file, not os.access: that ignores read-only mounts and ACLs.
-        with tempfile.TemporaryFile(dir=root_dir):
-            pass
+        untrusted = check_store_root(root_dir)
+        if untrusted is None:
+            # A real file, not os.access: that ignores read-only mounts and ACLs.
+            with tempfile.TemporaryFile(dir=root_dir):
+                pass
     except OSError as exc:
         raise DiskTierConfigError(
             f"fs tier root_dir={str(root_dir)!r} cannot be created or written "
             f"({exc.strerror or exc}): choose a directory this user can write, "
             f"or fix its permissions."
         ) from None
+    if untrusted is not None:
+        raise DiskTierConfigError(untrusted)
 
 
 def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:

@@ -25,12 +25,21 @@ pwritev, straight between the disk and the row. Measured here on a 360 KiB
 block: an O_DIRECT read costs 72 us of CPU, a buffered one 194 us (the copy
 and the page-cache bookkeeping), and the crc32 check about 90 us.
 
-Writes are atomic by rename: a temp file ``<key hex>.kvb.<random>.tmp`` in
-the same directory, created O_EXCL and 0600, renamed to the final name once
-complete. A reader never sees half a file, and a crash leaves at most a temp
-file that the next start-up deletes. There is no fsync: after a power loss a
-renamed file may hold zeros or stale bytes, and the checksum rejects it on
-load (the block is then recomputed), which costs less than an fsync per block.
+Nothing under the name is trusted to be a block file: every open is
+``O_NOFOLLOW | O_NONBLOCK`` relative to a directory handle the caller walked
+to without following symlinks (layout.py), and ``fstat`` must show a regular
+file before a byte is read. A symlink, FIFO, socket or device planted under
+a block's name is a bad block (NOT_A_FILE), never a path to elsewhere and
+never a read that blocks an I/O thread (a FIFO's open would wait for a
+writer without O_NONBLOCK).
+
+Writes are atomic by rename: a temp file ``<key hex>.kvb.<pid>-<random>.tmp``
+in the same directory, created O_EXCL and 0600, renamed to the final name
+once complete. A reader never sees half a file, and a crash leaves at most a
+temp file that a later start-up deletes once its writer is gone (layout.py).
+There is no fsync: after a power loss a renamed file may hold zeros or stale
+bytes, and the checksum rejects it on load (the block is then recomputed),
+which costs less than an fsync per block.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import ctypes
 import errno
 import mmap
 import os
+import stat
 import struct
 import zlib
 from enum import Enum
@@ -69,6 +79,7 @@ class BadReason(Enum):
     CORRUPTED = "corrupted"  # bad magic, wrong length or checksum mismatch
     FOREIGN = "foreign"  # another namespace, key or format version
     UNREADABLE = "unreadable"  # open or read failed (EIO, EACCES, ...)
+    NOT_A_FILE = "not_a_file"  # a symlink, FIFO, device or directory under the name
 
 
 class BadBlock(Exception):
@@ -113,8 +124,21 @@ def key_from_name(name: str) -> bytes | None:
 
 
 def is_temp_name(name: str) -> bool:
-    """A temp file a crashed or killed writer left behind."""
+    """A temp file: a write in flight, or one a crashed writer left behind."""
     return name.endswith(TEMP_SUFFIX)
+
+
+def temp_name(final_name: str) -> str:
+    """``<final>.<writer pid>-<random>.tmp``: the pid tells a start-up scan
+    whether the write may still be in flight (writer_pid)."""
+    return f"{final_name}.{os.getpid()}-{os.urandom(6).hex()}{TEMP_SUFFIX}"
+
+
+def writer_pid(name: str) -> int | None:
+    """The pid in a temp name that temp_name made, else None."""
+    middle = name[: -len(TEMP_SUFFIX)].rsplit(".", 1)[-1]
+    pid, sep, _ = middle.partition("-")
+    return int(pid) if sep and pid.isdigit() else None
 
 
 def is_direct_capable(buffer: memoryview) -> bool:
@@ -131,7 +155,7 @@ def probe_direct(directory: Path) -> bool:
     overlay, network and older tmpfs mounts refuse it with EINVAL)."""
     if not O_DIRECT:
         return False
-    path = directory / f".direct-probe.{os.urandom(6).hex()}{TEMP_SUFFIX}"
+    path = directory / temp_name(".direct-probe")
     page = mmap.mmap(-1, DIRECT_ALIGN)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | O_DIRECT, 0o600)
@@ -158,58 +182,91 @@ def _header(key: bytes, namespace: bytes, crc: int, payload_bytes: int) -> mmap.
     return header
 
 
+# Never follow a symlink planted under a name; never wait on a FIFO's open.
+SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def write_block(
-    path: Path, key: bytes, namespace: bytes, payload: memoryview, *, direct: bool
+    path: Path,
+    key: bytes,
+    namespace: bytes,
+    payload: memoryview,
+    *,
+    direct: bool,
+    dir_fd: int | None = None,
 ) -> None:
     """Write ``payload`` as the block file ``path``, atomically (see the module
     docstring). ``direct`` asks for O_DIRECT; it needs a direct-capable payload.
-    Raises OSError (ENOSPC included) with nothing left under ``path``."""
+    With ``dir_fd`` (a handle on ``path``'s directory) only ``path.name`` is
+    resolved, relative to it. Raises OSError (ENOSPC included) with nothing
+    left under ``path``."""
     header = _header(key, namespace, zlib.crc32(payload), payload.nbytes)
-    temp = path.with_name(f"{path.name}.{os.urandom(6).hex()}{TEMP_SUFFIX}")
+    temp = path.with_name(temp_name(path.name))
     # O_DIRECT: the block goes from the primary row to the disk without a
     # page-cache copy (measured: buffered writes leave 100% of the block in
     # the page cache, and posix_fadvise(DONTNEED) cannot drop dirty pages).
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if direct else 0)
-    try:
-        fd = os.open(temp, flags, 0o600)
-    except FileNotFoundError:
-        # First block of this 2-hex subdirectory (or someone removed it).
-        os.makedirs(temp.parent, mode=0o700, exist_ok=True)
-        fd = os.open(temp, flags, 0o600)
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | SAFE_OPEN | (O_DIRECT if direct else 0)
+    if dir_fd is not None:
+        fd = os.open(temp.name, flags, 0o600, dir_fd=dir_fd)
+    else:
+        try:
+            fd = os.open(temp, flags, 0o600)
+        except FileNotFoundError:
+            # First block of this 2-hex subdirectory (or someone removed it).
+            os.makedirs(temp.parent, mode=0o700, exist_ok=True)
+            fd = os.open(temp, flags, 0o600)
     try:
         try:
             written = os.pwritev(fd, [header, payload], 0)
         finally:
             os.close(fd)
         if written != HEADER_BYTES + payload.nbytes:
-            # A short write without an error: the file system ran out mid-way.
-            raise OSError(errno.ENOSPC, f"short write of {written} bytes", str(temp))
-        os.rename(temp, path)
+            # No error, yet not every byte: a signal, or a quota or device
+            # limit hit mid-write. Not proof of a full disk (ENOSPC says
+            # that), so it fails this block only.
+            raise OSError(errno.EIO, f"short write of {written} bytes", str(temp))
+        # rename replaces whatever is under the name (even a planted FIFO or
+        # symlink) without following it.
+        if dir_fd is not None:
+            os.rename(temp.name, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        else:
+            os.rename(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(temp)
+            if dir_fd is not None:
+                os.unlink(temp.name, dir_fd=dir_fd)
+            else:
+                os.unlink(temp)
         raise
     finally:
         header.close()
 
 
-def read_block(path: Path, key: bytes, namespace: bytes, dest: memoryview, *, direct: bool) -> None:
+def read_block(
+    path: Path,
+    key: bytes,
+    namespace: bytes,
+    dest: memoryview,
+    *,
+    direct: bool,
+    dir_fd: int | None = None,
+) -> None:
     """Fill ``dest`` with the payload of block file ``path``, or raise BadBlock.
 
     Every field is checked against what the caller expects (key, namespace,
     payload length) and the payload against its checksum: ``dest`` is either
-    the block, or the call raises and ``dest`` must be treated as garbage."""
+    the block, or the call raises and ``dest`` must be treated as garbage.
+    With ``dir_fd`` only ``path.name`` is resolved, relative to it."""
     expected = HEADER_BYTES + dest.nbytes
     header = mmap.mmap(-1, HEADER_BYTES)
     try:
+        fd = _open_for_read(path, direct, dir_fd)
         try:
-            fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
-        except FileNotFoundError:
-            raise BadBlock(BadReason.MISSING, path, "no such file") from None
-        except OSError as exc:
-            raise BadBlock(BadReason.UNREADABLE, path, f"open: {exc.strerror}") from None
-        try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                kind = _file_kind(st.st_mode)
+                raise BadBlock(BadReason.NOT_A_FILE, path, f"a {kind}, not a block file")
+            size = st.st_size
             if size < expected:
                 raise BadBlock(BadReason.TRUNCATED, path, f"{size} bytes, expected {expected}")
             if size > expected:
@@ -230,6 +287,70 @@ def read_block(path: Path, key: bytes, namespace: bytes, dest: memoryview, *, di
         _check_header(header, path, key, namespace, dest)
     finally:
         header.close()
+
+
+def declared_payload_bytes(path: Path, *, dir_fd: int | None = None) -> int:
+    """The payload length a block file's header claims (for a reader that
+    does not know the block size, e.g. ``vllm-uma kv-store verify``); raises
+    BadBlock for anything that is not a block file with a whole header."""
+    fd = _open_for_read(path, False, dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadBlock(BadReason.NOT_A_FILE, path, "not a regular file")
+        fixed = os.pread(fd, _FIXED.size, 0)
+    finally:
+        os.close(fd)
+    if len(fixed) < _FIXED.size:
+        raise BadBlock(BadReason.TRUNCATED, path, f"{len(fixed)} bytes, no whole header")
+    magic, _, _, _, payload_bytes, _ = _FIXED.unpack(fixed)
+    if magic != MAGIC:
+        raise BadBlock(BadReason.CORRUPTED, path, f"bad magic {magic!r}")
+    return payload_bytes
+
+
+def _open_for_read(path: Path, direct: bool, dir_fd: int | None) -> int:
+    flags = os.O_RDONLY | SAFE_OPEN | (O_DIRECT if direct else 0)
+    try:
+        if dir_fd is not None:
+            return os.open(path.name, flags, dir_fd=dir_fd)
+        return os.open(path, flags)
+    except FileNotFoundError:
+        raise BadBlock(BadReason.MISSING, path, "no such file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise BadBlock(BadReason.NOT_A_FILE, path, "a symlink, not a block file") from None
+        if exc.errno == errno.ENXIO:  # a socket, or a FIFO opened write-only elsewhere
+            raise BadBlock(BadReason.NOT_A_FILE, path, "a socket or FIFO") from None
+        if exc.errno == errno.EINVAL and direct:
+            # O_DIRECT is refused by what is not a regular file (a FIFO...).
+            kind = _kind_at(path, dir_fd)
+            if kind is not None:
+                raise BadBlock(BadReason.NOT_A_FILE, path, f"a {kind}, not a block file") from None
+        raise BadBlock(BadReason.UNREADABLE, path, f"open: {exc.strerror}") from None
+
+
+def _kind_at(path: Path, dir_fd: int | None) -> str | None:
+    """What is under ``path`` if it is not a regular file, else None."""
+    try:
+        st = os.stat(
+            path.name if dir_fd is not None else path, dir_fd=dir_fd, follow_symlinks=False
+        )
+    except OSError:
+        return None
+    return None if stat.S_ISREG(st.st_mode) else _file_kind(st.st_mode)
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return kind
+    return f"file of mode {oct(mode)}"
 
 
 def _check_header(

@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from pathlib import Path
 
-from vllm_uma.kv_offload.block_file import BadBlock, BadReason, read_block, write_block
-from vllm_uma.kv_offload.disk_layout import BlockRef
+from vllm_uma.kv_offload.disk.block_file import BadBlock, BadReason, read_block, write_block
+from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 
 DEFAULT_IO_THREADS = 8
+# The longest a stop waits for the I/O threads to finish the file they are on.
+SHUTDOWN_TIMEOUT_S = 5.0
 
 
 class Priority(IntEnum):
@@ -57,10 +59,12 @@ class StoreFailure(Enum):
 @dataclass(frozen=True, slots=True)
 class BlockIO:
     """One block's I/O, as submitted. ``job_id`` is None for a housekeeping
-    delete (no vLLM job waits for it)."""
+    delete (no vLLM job waits for it). Files are reached through ``layout``
+    (never following a symlink); ``path`` is for messages."""
 
     job_id: int | None
     ref: BlockRef
+    layout: Layout
     path: Path
     namespace: bytes = b""
     row: memoryview | None = None  # the primary-tier row to read or fill
@@ -85,8 +89,10 @@ def store_task(io: BlockIO) -> Outcome:
     assert io.row is not None
     start = time.perf_counter()
     try:
-        write_block(io.path, io.ref.key, io.namespace, io.row, direct=io.direct)
+        with io.layout.block_dir(io.ref, create=True) as dir_fd:
+            write_block(io.path, io.ref.key, io.namespace, io.row, direct=io.direct, dir_fd=dir_fd)
     except OSError as exc:
+        # Only the kernel's own word for "no room" is a full disk.
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         failure = StoreFailure.DISK_FULL if full else StoreFailure.IO_ERROR
         code = errno.errorcode.get(exc.errno or 0, "OSError")
@@ -99,22 +105,31 @@ def load_task(io: BlockIO) -> Outcome:
     assert io.row is not None
     start = time.perf_counter()
     try:
-        read_block(io.path, io.ref.key, io.namespace, io.row, direct=io.direct)
+        with io.layout.block_dir(io.ref, create=False) as dir_fd:
+            read_block(io.path, io.ref.key, io.namespace, io.row, direct=io.direct, dir_fd=dir_fd)
+            end = time.perf_counter()
+            # Restored = recently used: the new mtime keeps the LRU order
+            # across a restart. The file may be gone already (evicted after
+            # this read); fine.
+            with contextlib.suppress(OSError):
+                os.utime(io.path.name, dir_fd=dir_fd, follow_symlinks=False)
     except BadBlock as bad:
         return _failed(io, bad.reason, str(bad))
-    except OSError as exc:  # fstat or fadvise: the file cannot be trusted either
+    except FileNotFoundError:
+        return _failed(io, BadReason.MISSING, f"{io.path}: its directory is gone")
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            detail = f"{io.path}: a directory on its way is a symlink or not a directory"
+            return _failed(io, BadReason.NOT_A_FILE, detail)
+        # fstat or fadvise failed: the file cannot be trusted either.
         return _failed(io, BadReason.UNREADABLE, f"{io.path}: {exc}")
-    end = time.perf_counter()
-    # Restored = recently used: the new mtime keeps the LRU order across a
-    # restart. The file may be gone already (evicted after this read); fine.
-    with contextlib.suppress(OSError):
-        os.utime(io.path)
     return Outcome(io.job_id, io.ref, True, nbytes=io.row.nbytes, start=start, end=end)
 
 
 def delete_task(io: BlockIO) -> Outcome:
     try:
-        os.unlink(io.path)
+        with io.layout.block_dir(io.ref, create=False) as dir_fd:
+            os.unlink(io.path.name, dir_fd=dir_fd)  # unlink never follows the name
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -163,18 +178,32 @@ class IOPool:
         """Block until every submitted task has run and put its outcome."""
         self._tasks.join()
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> "PoolStopped":
         """Stop the threads after the tasks they are running; queued tasks
-        are dropped (a dropped store leaves no file, a temp file at most)."""
+        are dropped (a dropped store leaves no file, a temp file at most).
+        Waits at most ``timeout_s`` in all: a thread stuck in the kernel on
+        a file (a hung network mount) is left behind, a daemon that dies
+        with the process."""
         for _ in self._threads:
             self._tasks.put((Priority.STOP, next(self._seq), None, None))
+        deadline = time.monotonic() + timeout_s
         for thread in self._threads:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = sum(thread.is_alive() for thread in self._threads)
         # Dropped tasks hold slices of the primary rows: let them go, or the
         # primary tier's mmap cannot be closed.
+        dropped: dict[Priority, int] = {}
         while True:
             try:
-                self._tasks.get_nowait()
+                priority, _, _, _ = self._tasks.get_nowait()
             except queue.Empty:
-                return
+                return PoolStopped(stuck, dropped)
+            if priority is not Priority.STOP:
+                dropped[priority] = dropped.get(priority, 0) + 1
             self._tasks.task_done()
+
+
+@dataclass(frozen=True)
+class PoolStopped:
+    stuck_threads: int
+    dropped: dict[Priority, int]

@@ -44,7 +44,7 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         EVICTED_BLOCKS: counter("Block files deleted to stay within the disk cap."),
         BAD_BLOCKS: counter(
             "Block files found unusable on restore (then deleted and recomputed), "
-            "by reason: missing, truncated, corrupted, foreign, unreadable.",
+            "by reason: missing, truncated, corrupted, foreign, unreadable, not_a_file.",
             labelnames=("reason",),
         ),
         STORE_SKIPPED: counter(

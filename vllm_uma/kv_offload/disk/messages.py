@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_uma.kv_offload.block_file import BadReason
-from vllm_uma.kv_offload.disk_config import DiskTierConfig, GiB
-from vllm_uma.kv_offload.disk_metrics import BAD_BLOCKS, STORE_FAILED
+from vllm_uma.kv_offload.disk.block_file import BadReason
+from vllm_uma.kv_offload.disk.config import DiskTierConfig, GiB
+from vllm_uma.kv_offload.disk.metrics import BAD_BLOCKS, STORE_FAILED
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
@@ -27,15 +27,21 @@ class DiskWarnings:
             self._seen.add(kind)
             logger.warning(msg, *args)
 
-    def disk_full(self, detail: str) -> None:
-        self._once(
-            "disk_full",
-            "Disk KV tier: the volume of %s is full (%s). This server writes no more "
-            "KV blocks to disk; serving goes on from RAM, and blocks already on disk "
-            "are still restored. Free space on that volume or lower max_size_gib, "
-            "then restart the server.",
+    def disk_full(self, detail: str, retry_in_s: float) -> None:
+        # Each pause is logged: pauses are at least 5 s apart (full_disk.py).
+        logger.warning(
+            "Disk KV tier: the volume of %s is full (%s). Disk stores pause and are "
+            "tried again in %.0f s, then less often, until there is space; serving "
+            "goes on from RAM, and blocks already on disk are still restored. Free "
+            "space on that volume or lower max_size_gib.",
             self._root_dir,
             detail,
+            retry_in_s,
+        )
+
+    def space_is_back(self) -> None:
+        logger.info(
+            "Disk KV tier: there is space again under %s; disk stores resume.", self._root_dir
         )
 
     def store_error(self, detail: str) -> None:
@@ -63,6 +69,37 @@ class DiskWarnings:
             "Disk KV tier: a block file could not be deleted (%s); it may keep "
             "the disk above its cap. Check the permissions under %s.",
             detail,
+            self._root_dir,
+        )
+
+    def load_error(self, detail: str) -> None:
+        self._once(
+            "load_error",
+            "Disk KV tier: a restore failed in vllm-uma itself (%s), not in the file; "
+            "the block is recomputed and its file kept. Please report this.",
+            detail,
+        )
+
+    def scanning(self) -> None:
+        logger.info("Disk KV tier: reading the store under %s ...", self._root_dir)
+
+    def stopped(self, written: int, dropped_stores: int) -> None:
+        logger.info(
+            "Disk KV tier stopped: %d block(s) written to %s since start-up; %d "
+            "store(s) still queued were dropped (those blocks are recomputed if "
+            "they come back).",
+            written,
+            self._root_dir,
+            dropped_stores,
+        )
+
+    def stuck_threads(self, count: int) -> None:
+        self._once(
+            "stuck",
+            "Disk KV tier: %d I/O thread(s) still inside a read or write after "
+            "the stop's wait; left behind (the process is stopping). A hung "
+            "file system under %s?",
+            count,
             self._root_dir,
         )
 

@@ -7,6 +7,9 @@ block files live in a directory per namespace, and every file carries the
 namespace id (checked on load, so a file copied across is refused).
 
 The namespace covers what makes the bytes differ:
+- the server's KV-shaping settings, read once by the API server
+  (namespace_inputs.py: revision, download dir, dtypes, quantization,
+  hf_overrides, load format, remote code, the vLLM version);
 - the model's name, its KV dtype and the KV layout (layer names, tokens per
   block, bytes per block, vLLM's KV cache layout, world size);
 - a fingerprint of the weights themselves: replacing a checkpoint under the
@@ -31,7 +34,10 @@ from pathlib import Path
 
 from blake3 import blake3
 
-from vllm_uma.kv_offload.disk_layout import write_private_json
+from vllm_uma.kv_offload.disk.layout import write_private_json
+from vllm_uma.log import get_logger
+
+logger = get_logger(__name__)
 
 # The files whose contents decide the KV a model computes.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -49,9 +55,12 @@ class Namespace:
         return self.id.hex()
 
 
-def namespace_for(offloading_config, fingerprint: str) -> Namespace:
+def namespace_for(offloading_config, fingerprint: str, server: dict | None = None) -> Namespace:
+    """``server``: the KV-shaping settings the API server read
+    (namespace_inputs.py); every one of them is part of the id."""
     cfg = offloading_config
     info = {
+        "server": server or {},
         "model": cfg.model.name,
         "kv_dtype": cfg.model.dtype,
         "weights_blake3": fingerprint,
@@ -80,8 +89,11 @@ def model_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def resolve_model_dir(model: str) -> Path:
-    """The local directory holding ``model``: a path, or a hub id's cached snapshot."""
+def resolve_model_dir(
+    model: str, revision: str | None = None, download_dir: str | None = None
+) -> Path:
+    """The local directory holding ``model``: a path, or the cached snapshot
+    of a hub id at ``revision`` (the one vLLM loads, not the default)."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path.resolve()
@@ -89,7 +101,11 @@ def resolve_model_dir(model: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(model, local_files_only=True))
+        return Path(
+            snapshot_download(
+                model, revision=revision, cache_dir=download_dir, local_files_only=True
+            )
+        )
     except Exception as exc:
         raise FileNotFoundError(
             f"the disk tier needs the model's files to fingerprint its weights, "
@@ -97,27 +113,47 @@ def resolve_model_dir(model: str) -> Path:
         ) from None
 
 
-def weights_fingerprint(model: str, cache_path: Path) -> str:
+def weights_fingerprint(
+    model: str, cache_path: Path, revision: str | None = None, download_dir: str | None = None
+) -> str:
     """BLAKE3 over the model's weight and config files, cached by file identity."""
-    model_dir = resolve_model_dir(model)
+    model_dir = resolve_model_dir(model, revision, download_dir)
     cache = _load_cache(cache_path)
     overall = blake3()
     changed = False
-    for path in model_files(model_dir):
-        st = path.stat()
-        identity = f"{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
-        cached = cache.get(str(path))
-        if isinstance(cached, list) and len(cached) == 2 and cached[0] == identity:
-            digest = cached[1]
+    files = [(path, path.stat()) for path in model_files(model_dir)]
+    todo = [(p, st) for p, st in files if not _cached(cache, p, st)]
+    if todo:
+        # Reading a large checkpoint takes a while: say so before it starts.
+        logger.info(
+            "Disk KV tier: fingerprinting %d model file(s), %.2f GiB, under %s for the "
+            "store's namespace (once per checkpoint; cached in %s).",
+            len(todo),
+            sum(st.st_size for _, st in todo) / 2**30,
+            model_dir,
+            cache_path,
+        )
+    for path, st in files:
+        if _cached(cache, path, st):
+            digest = cache[str(path)][1]
         else:
             digest = blake3(max_threads=blake3.AUTO).update_mmap(path).hexdigest()
             # One entry per path: a rewritten file replaces its stale hash.
-            cache[str(path)] = [identity, digest]
+            cache[str(path)] = [_identity(st), digest]
             changed = True
         overall.update(f"{path.relative_to(model_dir)}={digest}\n".encode())
     if changed:
         _save_cache(cache_path, cache)
     return overall.hexdigest()
+
+
+def _identity(st) -> str:
+    return f"{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+
+
+def _cached(cache: dict, path: Path, st) -> bool:
+    entry = cache.get(str(path))
+    return isinstance(entry, list) and len(entry) == 2 and entry[0] == _identity(st)
 
 
 def _load_cache(path: Path) -> dict[str, list]:

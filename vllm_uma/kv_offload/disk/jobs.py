@@ -1,7 +1,7 @@
 """L3: one vLLM transfer job in flight on the disk tier, until its JobResult.
 
 Scheduler thread of the engine-core process. A job is one task per block on
-the I/O threads (disk_io.py); it ends when the last block's outcome has been
+the I/O threads (io_threads.py); it ends when the last block's outcome has been
 applied, or at once when no block needed I/O (all skipped or refused).
 vLLM unpins the job's primary-tier rows only when it sees the JobResult, so
 every job ends in exactly one.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.kv_offload.tiering.base import JobResult
 
-from vllm_uma.kv_offload.disk_io import Outcome
+from vllm_uma.kv_offload.disk.io_threads import Outcome
 
 
 @dataclass

@@ -1,0 +1,103 @@
+"""The store's trust rules at start-up (vllm_uma/kv_offload/disk/trust.py),
+through the fs tier's config check, on real directories."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from vllm_uma.kv_offload.disk.config import DiskTierConfigError, parse_disk_tier
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
+
+
+def parse(root) -> None:
+    tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
+    parse_disk_tier([tier], kv_events_enabled=False)
+
+
+def refusal(root) -> str:
+    with pytest.raises(DiskTierConfigError) as caught:
+        parse(root)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_new_root_is_created_private(tmp_path):
+    root = tmp_path / "a" / "kv"
+    parse(root)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+def test_a_root_of_ours_readable_by_others_is_accepted(tmp_path):
+    root = tmp_path / "kv"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    parse(root)
+
+
+def test_a_root_reached_through_the_users_own_symlink_is_accepted(tmp_path):
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    parse(tmp_path / "link")
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])
+def test_a_root_others_may_write_is_refused_with_the_fix(tmp_path, mode):
+    root = tmp_path / "kv"
+    root.mkdir()
+    os.chmod(root, mode)
+    message = refusal(root)
+    assert f"'{root}' is writable by group or others (mode {stat.S_IMODE(mode):04o})" in message
+    assert f"chmod go-w {root}" in message
+    assert stat.S_IMODE(root.stat().st_mode) == mode  # left as it was
+
+
+@as_root
+def test_a_root_another_user_owns_is_refused(tmp_path):
+    root = tmp_path / "kv"
+    root.mkdir(mode=0o700)
+    os.chown(root, NOBODY, NOBODY)
+    message = refusal(root)
+    assert f"'{root}' is owned by" in message and f"uid {NOBODY}" in message
+    assert "Use a directory of your own" in message
+
+
+def test_a_noindex_symlink_is_refused_and_its_target_untouched(tmp_path):
+    root, target = tmp_path / "kv", tmp_path / "elsewhere"
+    root.mkdir(mode=0o700)
+    target.mkdir(mode=0o755)
+    os.chmod(target, 0o755)
+    (root / ".noindex").symlink_to(target)
+    message = refusal(root)
+    assert ".noindex' is a symlink" in message and "rm " in message
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    assert list(target.iterdir()) == []
+
+
+def test_a_noindex_file_is_refused(tmp_path):
+    root = tmp_path / "kv"
+    root.mkdir(mode=0o700)
+    (root / ".noindex").write_text("")
+    assert ".noindex' is not a directory" in refusal(root)
+
+
+def test_a_noindex_others_may_write_is_refused(tmp_path):
+    root = tmp_path / "kv"
+    (root / ".noindex").mkdir(parents=True)
+    os.chmod(root, 0o700)
+    os.chmod(root / ".noindex", 0o777)
+    assert "is writable by group or others (mode 0777)" in refusal(root)
+
+
+@as_root
+def test_a_noindex_another_user_owns_is_refused(tmp_path):
+    root = tmp_path / "kv"
+    (root / ".noindex").mkdir(parents=True, mode=0o700)
+    os.chmod(root, 0o700)
+    os.chown(root / ".noindex", NOBODY, NOBODY)
+    assert f"uid {NOBODY}" in refusal(root)

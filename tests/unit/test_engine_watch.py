@@ -1,0 +1,35 @@
+"""EngineDeathWatch notices vLLM's own reports of a dead engine core, only those."""
+
+from __future__ import annotations
+
+import logging
+
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from vllm_uma.engine_watch import EngineDeathWatch
+
+
+def test_an_engine_dead_error_is_noticed():
+    logger = logging.getLogger("vllm.v1.engine.async_llm")
+    with EngineDeathWatch() as watch:
+        try:
+            raise EngineDeadError()
+        except EngineDeadError:
+            logger.exception("AsyncLLM output_handler failed.")
+    assert watch.report is not None
+
+
+def test_the_monitors_line_is_noticed():
+    with EngineDeathWatch() as watch:
+        logging.getLogger("vllm.v1.engine.core_client").warning(
+            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"
+        )
+    assert "exited unexpectedly" in watch.report
+
+
+def test_other_errors_and_a_clean_stop_are_not_a_death():
+    with EngineDeathWatch() as watch:
+        logging.getLogger("vllm.entrypoints").error("a request failed: bad JSON")
+        logging.getLogger("vllm.entrypoints").info("Shutting down")
+    assert watch.report is None
+    assert watch not in logging.getLogger("vllm").handlers

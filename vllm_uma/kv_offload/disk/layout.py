@@ -1,0 +1,288 @@
+"""L3 directory layout, and what the disk tier finds there at start-up.
+
+Runs once in the engine-core process, when the disk tier is built (before
+serving), so it may do blocking I/O:
+
+    root_dir/                      the user's directory (0700 if we create it)
+      .noindex/                    0700; the name keeps desktop indexers
+        <namespace id hex>/        (Spotlight, tracker) out: prompts can be
+          namespace.json           recovered from KV bytes
+          <2 hex>/<key hex>.kvb    block files, 0600 (see block_file.py)
+
+A namespace is one model + dtype + KV layout: blocks of other namespaces
+are never served, but they count toward the cap and may be evicted, since
+the cap covers the whole root_dir.
+
+Paths inside the store are never resolved by the kernel from the top: the
+tier holds a handle on root_dir (checked at start-up, disk/trust.py) and
+walks ``.noindex``, the namespace and the 2-hex subdirectory one component
+at a time with ``O_NOFOLLOW | O_DIRECTORY`` (:meth:`Layout.block_dir`), so a
+symlink planted anywhere inside cannot send a read or a write elsewhere: the
+walk fails with ELOOP or ENOTDIR, and the block is a miss. Directories the
+tier creates are 0700.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from vllm_uma.kv_offload.disk.block_file import (
+    NAMESPACE_BYTES,
+    block_path,
+    is_temp_name,
+    key_from_name,
+    temp_name,
+    writer_pid,
+)
+
+NOINDEX = ".noindex"
+NAMESPACE_FILE = "namespace.json"
+
+
+class BlockRef(NamedTuple):
+    """A block file: whose namespace, which key. The disk index's name."""
+
+    namespace: bytes
+    key: bytes
+
+
+@dataclass(frozen=True)
+class FoundBlock:
+    ref: BlockRef
+    size: int
+    mtime_ns: int
+
+
+# Open a directory component: never through a symlink, never inherited.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Layout:
+    def __init__(self, root_dir: Path):
+        self.root_dir = root_dir
+        self.noindex = root_dir / NOINDEX
+        self._root_fd: int | None = None
+
+    def namespace_dir(self, namespace: bytes) -> Path:
+        return self.noindex / namespace.hex()
+
+    def path(self, ref: BlockRef) -> Path:
+        """Where a block lives, for messages; I/O goes through block_dir."""
+        return block_path(self.namespace_dir(ref.namespace), ref.key)
+
+    def open(self) -> None:
+        """Hold a handle on root_dir: every later walk starts from it."""
+        if self._root_fd is None:
+            # Checked (or created) by the API server already; created again
+            # if it went away since.
+            self.root_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._root_fd = os.open(self.root_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    def ensure_store_dir(self) -> None:
+        """Create ``.noindex`` (0700) if missing, without following a link."""
+        self.open()
+        os.close(self._walk((NOINDEX,), create=True))
+
+    @contextlib.contextmanager
+    def block_dir(self, ref: BlockRef, *, create: bool) -> Iterator[int]:
+        """A handle on the directory of ``ref``'s file, reached without
+        following a symlink; created (0700) on the way if ``create``.
+        Raises OSError: ELOOP or ENOTDIR where something planted is in the
+        way, ENOENT where a directory is missing and ``create`` is False."""
+        sub = self.path(ref).parent.name
+        fd = self._walk((NOINDEX, ref.namespace.hex(), sub), create=create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _walk(self, parts: tuple[str, ...], *, create: bool) -> int:
+        if self._root_fd is None:
+            raise RuntimeError("Layout.open() was not called")
+        fd = os.dup(self._root_fd)
+        for part in parts:
+            fd = _step(fd, part, create)  # closes the parent, raised or not
+        return fd
+
+    def prepare(self, namespace: bytes, info: dict[str, Any]) -> str | None:
+        """Create the private directories and (re)write namespace.json; the
+        error if that file could not be written (it is for humans only: a
+        full disk must not stop the server from starting)."""
+        if len(namespace) != NAMESPACE_BYTES:
+            raise ValueError(
+                f"namespace id of {len(namespace)} bytes: it must be {NAMESPACE_BYTES}"
+            )
+        self.open()
+        ns_fd = self._walk((NOINDEX, namespace.hex()), create=True)
+        path = self.namespace_dir(namespace) / NAMESPACE_FILE
+        try:
+            write_private_json(path, info, dir_fd=ns_fd)
+        except OSError as exc:
+            return f"{path}: {exc.strerror or exc}"
+        finally:
+            os.close(ns_fd)
+        return None
+
+    def scan(self) -> tuple[list[FoundBlock], int]:
+        """Block files of every namespace, oldest mtime first, and the number
+        of leftover temp files deleted on the way."""
+        found: list[FoundBlock] = []
+        removed = 0
+        for ns_entry in _entries(self.noindex):
+            if _remove_if_temp(ns_entry):
+                removed += 1
+                continue
+            namespace = _namespace_of(ns_entry)
+            if namespace is None:
+                continue
+            for sub in _entries(Path(ns_entry.path)):
+                if _remove_if_temp(sub):
+                    removed += 1
+                elif sub.is_dir(follow_symlinks=False) and len(sub.name) == 2:
+                    removed += self._scan_subdir(namespace, sub, found)
+        found.sort(key=lambda block: block.mtime_ns)
+        return found, removed
+
+    def _scan_subdir(self, namespace: bytes, sub: os.DirEntry, found: list[FoundBlock]) -> int:
+        removed = 0
+        for entry in _entries(Path(sub.path)):
+            if _remove_if_temp(entry):
+                removed += 1
+                continue
+            key = key_from_name(entry.name)
+            # A block file sits in the subdirectory its key names; anything
+            # else is not ours to index (nor to delete).
+            if key is None or not entry.name.startswith(sub.name):
+                continue
+            with contextlib.suppress(OSError):  # deleted meanwhile
+                st = entry.stat(follow_symlinks=False)
+                found.append(FoundBlock(BlockRef(namespace, key), st.st_size, st.st_mtime_ns))
+        return removed
+
+
+def _entries(directory: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+# A temp file older than this is left over whatever its pid says (the pid
+# may have been reused, or belong to another host's or container's writer).
+STALE_TEMP_S = 3600
+
+
+def _remove_if_temp(entry: os.DirEntry) -> bool:
+    """Delete a temp file whose write cannot be in flight any more: its
+    writer's pid is gone, or it is over an hour old. Another live server's
+    write (a restarted server starting while the old one drains) is kept.
+    True if ``entry`` is a temp file (removed or not: never indexed)."""
+    if not is_temp_name(entry.name):
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and not _may_be_in_flight(entry.name, st.st_mtime):
+            os.unlink(entry.path)
+    return True
+
+
+def _may_be_in_flight(name: str, mtime: float) -> bool:
+    if time.time() - mtime > STALE_TEMP_S:
+        return False
+    pid = writer_pid(name)
+    if pid is None or pid == os.getpid():
+        return False  # an older format's temp, or our own earlier incarnation's
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
+def _namespace_of(entry: os.DirEntry) -> bytes | None:
+    if not entry.is_dir(follow_symlinks=False) or len(entry.name) != 2 * NAMESPACE_BYTES:
+        return None
+    try:
+        return bytes.fromhex(entry.name)
+    except ValueError:
+        return None
+
+
+def _step(parent_fd: int, name: str, create: bool) -> int:
+    """Open directory ``name`` under ``parent_fd`` (closing the parent),
+    creating it 0700 if asked and missing."""
+    try:
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):  # another thread made it
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    finally:
+        os.close(parent_fd)
+    if create:
+        try:
+            _tighten(fd)
+        except OSError:
+            os.close(fd)
+            raise
+    return fd
+
+
+def _tighten(dir_fd: int) -> None:
+    """A directory of ours made wider by hand or an older version: 0700
+    again (through the handle: no path to race). Another user's is left as
+    it is; start-up refuses a root_dir or .noindex not ours (trust.py)."""
+    st = os.fstat(dir_fd)
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        os.fchmod(dir_fd, 0o700)
+
+
+def tree_bytes(directory: Path) -> int:
+    """Bytes of every file under ``directory`` (0 if it does not exist)."""
+    total = 0
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            with contextlib.suppress(OSError):  # deleted meanwhile
+                total += os.lstat(os.path.join(parent, name)).st_size
+    return total
+
+
+def write_private_json(path: Path, info: Any, *, dir_fd: int | None = None) -> None:
+    """Write ``info`` as ``path`` (0600), atomically: a temp file the start-up
+    scan knows as a leftover, renamed into place. With ``dir_fd`` (a handle
+    on ``path``'s directory) only the names are resolved, relative to it."""
+    temp = temp_name(path.name)
+    if dir_fd is None:
+        temp, final = str(path.with_name(temp)), str(path)
+    else:
+        final = path.name
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+        os.rename(temp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=dir_fd)
+        raise
