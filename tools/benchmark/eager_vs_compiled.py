@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from bench_common import EXE, MODEL, text
+from kv_offload_env import environment
 
 from vllm_uma import default_model
 from vllm_uma.oracles import TransformersReference
@@ -108,6 +109,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1928)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    env = environment(args)  # before the servers: the load then says how idle it was
     model_dir = default_model.prepare()
     reference = TransformersReference(model_dir, "bfloat16")
     rows = []
@@ -125,7 +127,8 @@ def main() -> int:
             rows.append(measure(name, flags, cache, log_dir, args, reference))
     print(
         f"{args.prompt_tokens}-token prompts, {args.rounds} rounds, medians; "
-        "bf16, one request at a time"
+        f"bf16, one request at a time; commit {env['git_commit']}, {env['cpu_model']}, "
+        f"load before {env['loadavg_before'][0]:.1f}"
     )
     header = f"{'mode':24} {'start-up':>9} {'prefill':>8} {'L1 hit':>8} {'decode':>10}  correctness"
     print(header)

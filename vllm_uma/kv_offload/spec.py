@@ -140,7 +140,9 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
             )
         disk = from_extra_config(self.extra_config[DISK_TIER_KEY])
         noindex = disk.root_dir / NOINDEX
-        Layout(disk.root_dir).ensure_store_dir()  # for the fingerprint cache
+        store = Layout(disk.root_dir)
+        store.ensure_store_dir()  # for the fingerprint cache
+        store.close()
         inputs = dict(self.extra_config.get(NAMESPACE_INPUTS_KEY) or {})
         fingerprint = weights_fingerprint(
             self.config.model.name,
