@@ -105,6 +105,7 @@ class EventListener:
     def __init__(self):
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.events: list = []
+        self.batches: list[list] = []  # as published: one engine step's events each
         self._stop = threading.Event()
         self._sub = zmq.Context.instance().socket(zmq.SUB)
         self._sub.bind(self.endpoint)
@@ -128,15 +129,22 @@ class EventListener:
         while not self._stop.is_set():
             if self._sub.poll(100):
                 _, _, payload = self._sub.recv_multipart()
-                self.events.extend(decoder.decode(payload).events)
+                batch = decoder.decode(payload).events
+                self.batches.append(batch)
+                self.events.extend(batch)
         self._sub.close(linger=0)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
-    def on_disk(self, kind) -> list:
-        return [e for e in self.events if isinstance(e, kind) and e.medium == "STORAGE"]
+    def on_disk(self, kind, events=None) -> list:
+        events = self.events if events is None else events
+        return [e for e in events if isinstance(e, kind) and e.medium == "STORAGE"]
+
+    def first_disk_batch(self, kind) -> list:
+        """The disk events of the first batch that has any."""
+        return next((found for b in self.batches if (found := self.on_disk(kind, b))), [])
 
 
 def start(exe, args, log_dir: Path) -> Server:
@@ -310,14 +318,22 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
     # D restores what the killed C wrote. The most recent prompts first (C's
     # cap kept the blocks it stored last), and a cap of D's own large enough
     # that D's stores evict none of C's blocks before D asks for them.
-    d_outputs, d_metrics, d_leftovers = serve_prompts(
-        vllm_uma_exe,
-        disk_args(root, cap_gib=1),
-        tmp_path_factory.mktemp("server-d"),
-        before=lambda: leftovers(root),
-        order=C_REVISITS,
-        topic="Capped",
-    )
+    # D also publishes KV events: its first disk event announces what it
+    # found on disk at start-up.
+    on_disk_at_start = len(block_files(root))
+    d_listener = EventListener()
+    d_listener.start()
+    try:
+        d_outputs, d_metrics, d_leftovers = serve_prompts(
+            vllm_uma_exe,
+            disk_args(root, cap_gib=1) + d_listener.server_args(),
+            tmp_path_factory.mktemp("server-d"),
+            before=lambda: leftovers(root),
+            order=C_REVISITS,
+            topic="Capped",
+        )
+    finally:
+        d_listener.stop()
     return dict(
         cap=cap_bytes,
         block=block,
@@ -326,6 +342,8 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
         disk_stored=listener.on_disk(BlockStored),
         disk_removed=listener.on_disk(BlockRemoved),
         d_leftovers=d_leftovers,
+        on_disk_at_start=on_disk_at_start,
+        d_first_disk_batch=d_listener.first_disk_batch(BlockStored),
         c_outputs=[c_outputs[i] for i in C_REVISITS],
         d_outputs=d_outputs,
         d_metrics=d_metrics,
@@ -383,3 +401,11 @@ def test_nothing_is_read_written_or_deleted_through_a_symlinked_subdirectory(lin
     # The blocks behind the link were recomputed, and their store refused.
     assert linked["f_outputs"] == linked["e_outputs"]
     assert metric(linked["f_metrics"], STORE_FAILED, 'reason="io_error"') >= 1
+
+
+def test_a_restarted_server_announces_the_blocks_it_found_on_disk(capped):
+    # Published with D's first engine step, before any store of its own
+    # completes: one BlockStored (medium STORAGE) per block file found.
+    assert capped["on_disk_at_start"] > 0
+    announced = capped["d_first_disk_batch"]
+    assert len({h for e in announced for h in e.block_hashes}) == capped["on_disk_at_start"]
