@@ -351,3 +351,44 @@ def test_a_symlinked_subdirectory_is_never_followed(tmp_path, primary):
     assert sorted((p.name, p.stat().st_size) for p in outside.iterdir()) == before
     assert counters(tier.get_stats())[(m.BAD_BLOCKS, ("not_a_file",))] == 2
     tier.shutdown()
+
+
+def test_a_process_error_on_a_load_keeps_the_file(tmp_path, primary, monkeypatch):
+    """Out of descriptors is this process's trouble, not the file's."""
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    jobs.stored([key(0)], [0])
+
+    def no_fds(*args, **kw):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(io_threads, "read_block", no_fds)
+    with WarningLog():
+        assert not jobs.loaded([key(0)], [5]).success
+    assert len(block_files(tmp_path)) == 1
+    assert tier.lookup(key(0), CTX) is LookupResult.HIT
+    tier.shutdown()
+
+
+def test_an_other_spelling_of_a_namespace_is_not_indexed(tmp_path, primary):
+    lettered = bytes.fromhex("ab" * 16)
+    tier = make_tier(tmp_path, primary, ns=lettered)
+    Jobs(tier).stored([key(0)], [0])
+    tier.shutdown()
+    lower = tmp_path / ".noindex" / lettered.hex()
+    os.rename(lower, lower.with_name(lettered.hex().upper()))
+    tier = make_tier(tmp_path, primary)
+    assert tier._index.used_bytes == 0  # never evicted by a path that misses it
+    tier.shutdown()
+
+
+@pytest.mark.parametrize(
+    "name, pid",
+    [
+        ("x.kvb.1234-0123456789ab.tmp", 1234),
+        ("x.kvb.0123456789ab.tmp", None),  # an older format
+        ("x.kvb.99999999999999999999-ab.tmp", None),  # not a pid
+    ],
+)
+def test_writer_pid(name, pid):
+    assert bf.writer_pid(name) == pid

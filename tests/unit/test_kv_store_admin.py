@@ -122,3 +122,12 @@ def test_temp_files_in_flight_are_never_deleted(store, capsys):
 def test_a_directory_that_is_not_a_store_is_refused(tmp_path, capsys):
     status, _, err = run(capsys, str(tmp_path), "ls")
     assert status == 2 and "is not a vllm-uma KV store: it has no .noindex" in err
+
+
+def test_a_header_claiming_a_huge_payload_is_bad_not_a_huge_buffer(store, capsys):
+    victim = block_files(store)[0]
+    with open(victim, "r+b") as f:
+        f.seek(16)  # the payload length field (block_file.py's layout)
+        f.write((40 << 30).to_bytes(8, "little"))
+    status, out, _ = run(capsys, str(store), "verify")
+    assert status == 1 and "the header claims" in out

@@ -21,6 +21,12 @@ def config(**changes):
         hf_overrides={},
         trust_remote_code=False,
         is_multimodal_model=False,
+        hf_config_path=None,
+        code_revision=None,
+        model_impl="auto",
+        config_format="auto",
+        quantization_config=None,
+        model_class_overrides=None,
     )
     load = SimpleNamespace(load_format="auto", download_dir=None)
     cache = SimpleNamespace(cache_dtype="auto")
@@ -61,6 +67,10 @@ BASE = namespace_id(config())
         {"model_config.hf_overrides": {"rope_scaling": {"type": "linear", "factor": 2.0}}},
         {"load_config.load_format": "safetensors"},
         {"model_config.model": "/models/other"},
+        {"model_config.hf_config_path": "/configs/other"},
+        {"model_config.code_revision": "abc123"},
+        {"model_config.model_impl": "transformers"},
+        {"model_config.quantization_config": {"bits": 4}},
     ],
     ids=lambda change: next(iter(change)),
 )

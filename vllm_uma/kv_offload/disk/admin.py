@@ -33,7 +33,7 @@ from vllm_uma.kv_offload.disk.block_file import (
     key_from_name,
     read_block,
 )
-from vllm_uma.kv_offload.disk.layout import NAMESPACE_FILE, NOINDEX
+from vllm_uma.kv_offload.disk.layout import NAMESPACE_FILE, NOINDEX, Layout
 
 NAMESPACE_HEX = 32
 
@@ -168,6 +168,8 @@ def verify(root: Path, remove: bool) -> VerifyReport:
                 report.bad.append((block.path, f"{bad.reason.value}: {bad.detail}"))
                 if remove and _unlink(block.path):
                     report.removed += 1
+            except OSError as exc:  # this process's trouble (EMFILE...): report, keep
+                report.bad.append((block.path, f"not checked: {exc}"))
     return report
 
 
@@ -215,17 +217,32 @@ def clear(root: Path) -> tuple[int, int]:
 
 
 def _model_is_gone(info: dict | None) -> bool:
-    """A namespace whose model was a local directory that is no longer there.
-    A hub name, or an unknown namespace, is kept: nothing proves it gone."""
+    """A namespace whose model was an absolute directory path that is no
+    longer there. A hub name, a relative or ``~`` path (relative to whose
+    directory?), or an unknown namespace is kept: nothing proves it gone."""
     model = (info or {}).get("model")
-    if not isinstance(model, str) or not model.startswith(("/", "~", ".")):
+    if not isinstance(model, str) or not model.startswith("/"):
         return False
-    return not Path(model).expanduser().is_dir()
+    return not Path(model).is_dir()
 
 
 def _unlink(path: Path) -> bool:
+    """Remove a block file found by ``walk``, through directory handles
+    opened without following links: a subdirectory swapped for a symlink
+    since the walk is not followed."""
+    root = path.parents[3]
+    layout = Layout(root)
     try:
-        os.unlink(path)
+        layout.open()
+        dir_fd = layout.open_dir((NOINDEX, path.parent.parent.name, path.parent.name), create=False)
+    except OSError:
+        return False
+    finally:
+        layout.close()
+    try:
+        os.unlink(path.name, dir_fd=dir_fd)
     except FileNotFoundError:
         return False  # a server evicted it meanwhile
+    finally:
+        os.close(dir_fd)
     return True

@@ -60,9 +60,10 @@ FORMAT_VERSION = 1
 HEADER_BYTES = 4096
 NAMESPACE_BYTES = 16
 _FIXED = struct.Struct("<8sHHIQ16s")  # magic, version, key len, crc32, payload len, ns
-# A key becomes a file name of 2 hex digits per byte + ".kvb": stay under
-# the 255-byte name limit of ext4, xfs and btrfs.
-MAX_KEY_BYTES = 120
+# A key becomes a file name of 2 hex digits per byte + ".kvb", and its temp
+# file adds ".<pid>-<12 hex>.tmp" (up to 25 characters): stay under the
+# 255-byte name limit of ext4, xfs and btrfs.
+MAX_KEY_BYTES = 112
 BLOCK_SUFFIX = ".kvb"
 TEMP_SUFFIX = ".tmp"
 # O_DIRECT needs buffer address, length and file offset aligned to the
@@ -138,7 +139,10 @@ def writer_pid(name: str) -> int | None:
     """The pid in a temp name that temp_name made, else None."""
     middle = name[: -len(TEMP_SUFFIX)].rsplit(".", 1)[-1]
     pid, sep, _ = middle.partition("-")
-    return int(pid) if sep and pid.isdigit() else None
+    # Linux pids stay below 2**22; a longer number is not a pid we wrote.
+    if not sep or not pid.isdigit() or len(pid) > 7:
+        return None
+    return int(pid)
 
 
 def is_direct_capable(buffer: memoryview) -> bool:
@@ -181,6 +185,10 @@ def _header(key: bytes, namespace: bytes, crc: int, payload_bytes: int) -> mmap.
     header[_FIXED.size : _FIXED.size + len(key)] = key
     return header
 
+
+# Errors of the process, not of the file (out of descriptors or memory, a
+# signal): a load that meets one is a miss, and the file is kept.
+PROCESS_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR, errno.EAGAIN})
 
 # Never follow a symlink planted under a name; never wait on a FIFO's open.
 SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -291,13 +299,17 @@ def read_block(
 
 def declared_payload_bytes(path: Path, *, dir_fd: int | None = None) -> int:
     """The payload length a block file's header claims (for a reader that
-    does not know the block size, e.g. ``vllm-uma kv-store verify``); raises
-    BadBlock for anything that is not a block file with a whole header."""
+    does not know the block size, e.g. ``vllm-uma kv-store verify``), checked
+    against the file's size, so that a corrupted length never sizes a buffer.
+    Raises BadBlock for anything that is not a block file with a whole header."""
     fd = _open_for_read(path, False, dir_fd)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise BadBlock(BadReason.NOT_A_FILE, path, "not a regular file")
         fixed = os.pread(fd, _FIXED.size, 0)
+    except OSError as exc:
+        raise BadBlock(BadReason.UNREADABLE, path, f"read: {exc.strerror}") from None
     finally:
         os.close(fd)
     if len(fixed) < _FIXED.size:
@@ -305,6 +317,10 @@ def declared_payload_bytes(path: Path, *, dir_fd: int | None = None) -> int:
     magic, _, _, _, payload_bytes, _ = _FIXED.unpack(fixed)
     if magic != MAGIC:
         raise BadBlock(BadReason.CORRUPTED, path, f"bad magic {magic!r}")
+    expected = HEADER_BYTES + payload_bytes
+    if st.st_size != expected:
+        reason = BadReason.TRUNCATED if st.st_size < expected else BadReason.CORRUPTED
+        raise BadBlock(reason, path, f"{st.st_size} bytes, the header claims {expected}")
     return payload_bytes
 
 
@@ -317,6 +333,8 @@ def _open_for_read(path: Path, direct: bool, dir_fd: int | None) -> int:
     except FileNotFoundError:
         raise BadBlock(BadReason.MISSING, path, "no such file") from None
     except OSError as exc:
+        if exc.errno in PROCESS_ERRNOS:
+            raise  # this process is short of something; the file is not to blame
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
             raise BadBlock(BadReason.NOT_A_FILE, path, "a symlink, not a block file") from None
         if exc.errno == errno.ENXIO:  # a socket, or a FIFO opened write-only elsewhere

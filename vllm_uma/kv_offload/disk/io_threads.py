@@ -34,7 +34,13 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from pathlib import Path
 
-from vllm_uma.kv_offload.disk.block_file import BadBlock, BadReason, read_block, write_block
+from vllm_uma.kv_offload.disk.block_file import (
+    PROCESS_ERRNOS,
+    BadBlock,
+    BadReason,
+    read_block,
+    write_block,
+)
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 
 DEFAULT_IO_THREADS = 8
@@ -118,6 +124,9 @@ def load_task(io: BlockIO) -> Outcome:
     except FileNotFoundError:
         return _failed(io, BadReason.MISSING, f"{io.path}: its directory is gone")
     except OSError as exc:
+        if exc.errno in PROCESS_ERRNOS:
+            # Out of descriptors or memory: a miss this time, the file is fine.
+            return _failed(io, StoreFailure.IO_ERROR, f"{io.path}: {exc}")
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             detail = f"{io.path}: a directory on its way is a symlink or not a directory"
             return _failed(io, BadReason.NOT_A_FILE, detail)
@@ -127,14 +136,15 @@ def load_task(io: BlockIO) -> Outcome:
 
 
 def delete_task(io: BlockIO) -> Outcome:
+    """``nbytes`` is 1 if a file was removed (space freed), 0 if none was there."""
     try:
         with io.layout.block_dir(io.ref, create=False) as dir_fd:
             os.unlink(io.path.name, dir_fd=dir_fd)  # unlink never follows the name
     except FileNotFoundError:
-        pass
+        return Outcome(io.job_id, io.ref, True)
     except OSError as exc:
         return _failed(io, StoreFailure.IO_ERROR, f"unlink {io.path}: {exc.strerror}")
-    return Outcome(io.job_id, io.ref, True)
+    return Outcome(io.job_id, io.ref, True, nbytes=1)
 
 
 def _failed(io: BlockIO, failure: BadReason | StoreFailure, detail: str) -> Outcome:

@@ -94,7 +94,7 @@ class Layout:
     def ensure_store_dir(self) -> None:
         """Create ``.noindex`` (0700) if missing, without following a link."""
         self.open()
-        os.close(self._walk((NOINDEX,), create=True))
+        os.close(self.open_dir((NOINDEX,), create=True))
 
     @contextlib.contextmanager
     def block_dir(self, ref: BlockRef, *, create: bool) -> Iterator[int]:
@@ -103,13 +103,15 @@ class Layout:
         Raises OSError: ELOOP or ENOTDIR where something planted is in the
         way, ENOENT where a directory is missing and ``create`` is False."""
         sub = self.path(ref).parent.name
-        fd = self._walk((NOINDEX, ref.namespace.hex(), sub), create=create)
+        fd = self.open_dir((NOINDEX, ref.namespace.hex(), sub), create=create)
         try:
             yield fd
         finally:
             os.close(fd)
 
-    def _walk(self, parts: tuple[str, ...], *, create: bool) -> int:
+    def open_dir(self, parts: tuple[str, ...], *, create: bool) -> int:
+        """A handle on root_dir/part/part/..., each component opened with
+        O_NOFOLLOW from the one before; the caller closes it."""
         if self._root_fd is None:
             raise RuntimeError("Layout.open() was not called")
         fd = os.dup(self._root_fd)
@@ -126,7 +128,7 @@ class Layout:
                 f"namespace id of {len(namespace)} bytes: it must be {NAMESPACE_BYTES}"
             )
         self.open()
-        ns_fd = self._walk((NOINDEX, namespace.hex()), create=True)
+        ns_fd = self.open_dir((NOINDEX, namespace.hex()), create=True)
         path = self.namespace_dir(namespace) / NAMESPACE_FILE
         try:
             write_private_json(path, info, dir_fd=ns_fd)
@@ -169,7 +171,8 @@ class Layout:
                 continue
             with contextlib.suppress(OSError):  # deleted meanwhile
                 st = entry.stat(follow_symlinks=False)
-                found.append(FoundBlock(BlockRef(namespace, key), st.st_size, st.st_mtime_ns))
+                if stat.S_ISREG(st.st_mode):  # a planted link or FIFO is no block
+                    found.append(FoundBlock(BlockRef(namespace, key), st.st_size, st.st_mtime_ns))
         return removed
 
 
@@ -212,6 +215,8 @@ def _may_be_in_flight(name: str, mtime: float) -> bool:
         return False
     except PermissionError:
         return True  # alive, another user's
+    except (OverflowError, ValueError):
+        return False  # not a pid at all
     return True
 
 
@@ -219,9 +224,12 @@ def _namespace_of(entry: os.DirEntry) -> bytes | None:
     if not entry.is_dir(follow_symlinks=False) or len(entry.name) != 2 * NAMESPACE_BYTES:
         return None
     try:
-        return bytes.fromhex(entry.name)
+        namespace = bytes.fromhex(entry.name)
     except ValueError:
         return None
+    # Only names the tier makes (lower-case hex): another spelling of the same
+    # id would index files whose eviction then misses them.
+    return namespace if namespace.hex() == entry.name else None
 
 
 def _step(parent_fd: int, name: str, create: bool) -> int:

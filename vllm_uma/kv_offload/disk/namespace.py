@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,7 +160,12 @@ def _cached(cache: dict, path: Path, st) -> bool:
 
 def _load_cache(path: Path) -> dict[str, list]:
     try:
-        data = json.loads(path.read_text())
+        # Not followed if a link, not waited on if a FIFO: only a cache.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return {}
+            data = json.load(f)
     except (OSError, ValueError):
         return {}  # missing or damaged: recompute, it is only a cache
     return data if isinstance(data, dict) else {}

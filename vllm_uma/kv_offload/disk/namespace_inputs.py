@@ -10,8 +10,10 @@ under :data:`KEY` (JSON, like the rest of that dict):
 
 - the model as vLLM loads it: name or path, ``--revision``,
   ``--download-dir`` (another snapshot is other weights);
-- ``--dtype``, ``--kv-cache-dtype``, ``--quantization``, ``--hf-overrides``
-  (rope scaling and the like change every position's KV), ``--load-format``;
+- ``--dtype``, ``--kv-cache-dtype``, ``--quantization`` (and its config),
+  ``--hf-overrides`` (rope scaling and the like change every position's KV),
+  ``--hf-config-path``, ``--code-revision``, ``--model-impl``,
+  ``--config-format``, ``--load-format``;
 - with ``--trust-remote-code``, a digest of the model directory's Python
   files (the model's own code computes the KV);
 - the vLLM version (its kernels compute the KV).
@@ -56,6 +58,18 @@ def namespace_inputs(vllm_config) -> dict[str, Any]:
         "load_format": str(load.load_format),
         "vllm": installed_vllm_version(),
     }
+    # Present in vLLM 0.32.0's ModelConfig; each can change the weights or
+    # the code that computes the KV. Read defensively: a dataclass field
+    # that is absent is simply not part of the namespace.
+    for name in (
+        "hf_config_path",
+        "code_revision",
+        "model_impl",
+        "config_format",
+        "quantization_config",
+        "model_class_overrides",
+    ):
+        inputs[name] = _plain(getattr(model, name, None))
     if model.trust_remote_code:
         inputs["remote_code_sha256"] = remote_code_digest(Path(model.model))
     return inputs

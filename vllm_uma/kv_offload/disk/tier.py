@@ -258,7 +258,7 @@ class DiskTier(SecondaryTierManager):
                 self._deleting[ref] = left
             if not outcome.ok:
                 self._warnings.unlink(outcome.detail)
-            elif self._full.on_space():  # our delete freed room
+            elif outcome.nbytes and self._full.on_space():  # our delete freed room
                 self._warnings.space_is_back()
             return
         job = self._jobs[outcome.job_id]
@@ -355,7 +355,9 @@ class DiskTier(SecondaryTierManager):
             return
         self._closed = True
         stopped = self._pool.shutdown()
-        self._layout.close()
+        if not stopped.stuck_threads:
+            # A thread left behind may still walk from the root handle.
+            self._layout.close()
         dropped_stores = stopped.dropped.get(Priority.STORE, 0)
         self._warnings.stopped(self._written_this_run, dropped_stores)
         if stopped.stuck_threads:
