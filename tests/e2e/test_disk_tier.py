@@ -168,13 +168,11 @@ def serve_prompts(
 
 def damage(root: Path) -> dict[str, Path]:
     """Truncate one block file, flip bytes in another, replace a third by a
-    well-formed file written for another namespace (another model), and a
-    fourth by a FIFO (opening it without O_NONBLOCK would wait for ever)."""
+    well-formed file written for another namespace (another model). A fourth
+    is named for plant_fifo, once the next server has indexed it."""
     files = block_files(root)
     truncated, flipped, foreign = files[0], files[len(files) // 2], files[-1]
     fifo = files[len(files) // 4]
-    fifo.unlink()
-    os.mkfifo(fifo, 0o600)
     with open(truncated, "r+b") as f:
         f.truncate(truncated.stat().st_size // 2)
     with open(flipped, "r+b") as f:
@@ -187,6 +185,14 @@ def damage(root: Path) -> dict[str, Path]:
     foreign.unlink()
     block_file.write_block(foreign, key, OTHER_MODEL, memoryview(payload), direct=False)
     return {"truncated": truncated, "flipped": flipped, "foreign": foreign, "fifo": fifo}
+
+
+def plant_fifo(path: Path) -> None:
+    """Replace a block file a running server has indexed by a FIFO: opening
+    it without O_NONBLOCK would wait for a writer for ever. (One planted
+    before start-up is not indexed at all: the scan takes regular files only.)"""
+    path.unlink()
+    os.mkfifo(path, 0o600)
 
 
 def move_out_and_link_back(subdir: Path, outside: Path) -> list:
@@ -220,7 +226,12 @@ def restart(vllm_uma_exe, default_model_dir, tmp_path_factory):
         a.stop()
     files_after_a = block_files(root)
     damaged = damage(root)
-    b_outputs, b_metrics, _ = serve_prompts(vllm_uma_exe, args, tmp_path_factory.mktemp("server-b"))
+    b_outputs, b_metrics, _ = serve_prompts(
+        vllm_uma_exe,
+        args,
+        tmp_path_factory.mktemp("server-b"),
+        before=lambda: plant_fifo(damaged["fifo"]),
+    )
     return dict(
         root=root,
         a_outputs=a_outputs,
