@@ -135,19 +135,31 @@ def counters(stats) -> dict:
 class WarningLog(logging.Handler):
     """Warnings of the disk tier (vLLM's loggers do not reach caplog)."""
 
+    LEVEL = logging.WARNING
+
     def __init__(self):
-        super().__init__(logging.WARNING)
+        super().__init__(self.LEVEL)
         self.messages: list[str] = []
+        self._saved_level = logging.NOTSET
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
 
     def __enter__(self) -> WarningLog:
+        self._saved_level = messages.logger.level
+        messages.logger.setLevel(min(self.LEVEL, messages.logger.getEffectiveLevel()))
         messages.logger.addHandler(self)
         return self
 
     def __exit__(self, *exc) -> None:
         messages.logger.removeHandler(self)
+        messages.logger.setLevel(self._saved_level)
+
+
+class InfoLog(WarningLog):
+    """The disk tier's INFO lines too (its start-up and stop lines)."""
+
+    LEVEL = logging.INFO
 
 
 def held_io(monkeypatch, name: str) -> threading.Event:

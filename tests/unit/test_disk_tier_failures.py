@@ -16,6 +16,7 @@ from disk_tier_kit import (
     NS,
     OTHER_NS,
     ROW,
+    InfoLog,
     Jobs,
     Primary,
     WarningLog,
@@ -171,9 +172,12 @@ def test_a_live_writers_temp_file_is_kept_a_dead_or_stale_ones_removed(tmp_path,
             temp.write_bytes(b"a write")
         two_hours_ago = time.time() - 7200
         os.utime(stale, (two_hours_ago, two_hours_ago))
-        tier = make_tier(tmp_path, primary)
+        with InfoLog() as log:
+            tier = make_tier(tmp_path, primary)
         assert live.exists()
         assert not gone.exists() and not stale.exists()
+        # Only what was removed is counted as removed.
+        assert any("2 leftover temp files removed" in m for m in log.messages), log.messages
         tier.shutdown()
     finally:
         sleeper.kill()

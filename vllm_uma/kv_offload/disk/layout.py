@@ -144,15 +144,15 @@ class Layout:
         found: list[FoundBlock] = []
         removed = 0
         for ns_entry in _entries(self.noindex):
-            if _remove_if_temp(ns_entry):
-                removed += 1
+            if is_temp_name(ns_entry.name):
+                removed += _remove_stale_temp(ns_entry)
                 continue
             namespace = _namespace_of(ns_entry)
             if namespace is None:
                 continue
             for sub in _entries(Path(ns_entry.path)):
-                if _remove_if_temp(sub):
-                    removed += 1
+                if is_temp_name(sub.name):
+                    removed += _remove_stale_temp(sub)
                 elif sub.is_dir(follow_symlinks=False) and len(sub.name) == 2:
                     removed += self._scan_subdir(namespace, sub, found)
         found.sort(key=lambda block: block.mtime_ns)
@@ -161,8 +161,8 @@ class Layout:
     def _scan_subdir(self, namespace: bytes, sub: os.DirEntry, found: list[FoundBlock]) -> int:
         removed = 0
         for entry in _entries(Path(sub.path)):
-            if _remove_if_temp(entry):
-                removed += 1
+            if is_temp_name(entry.name):
+                removed += _remove_stale_temp(entry)
                 continue
             key = key_from_name(entry.name)
             # A block file sits in the subdirectory its key names; anything
@@ -189,18 +189,19 @@ def _entries(directory: Path) -> list[os.DirEntry]:
 STALE_TEMP_S = 3600
 
 
-def _remove_if_temp(entry: os.DirEntry) -> bool:
+def _remove_stale_temp(entry: os.DirEntry) -> int:
     """Delete a temp file whose write cannot be in flight any more: its
     writer's pid is gone, or it is over an hour old. Another live server's
     write (a restarted server starting while the old one drains) is kept.
-    True if ``entry`` is a temp file (removed or not: never indexed)."""
-    if not is_temp_name(entry.name):
-        return False
-    with contextlib.suppress(FileNotFoundError):
+    Returns 1 if it was removed, else 0 (for the start-up line's count)."""
+    try:
         st = entry.stat(follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode) and not _may_be_in_flight(entry.name, st.st_mtime):
-            os.unlink(entry.path)
-    return True
+        if not stat.S_ISREG(st.st_mode) or _may_be_in_flight(entry.name, st.st_mtime):
+            return 0
+        os.unlink(entry.path)
+    except FileNotFoundError:
+        return 0
+    return 1
 
 
 def _may_be_in_flight(name: str, mtime: float) -> bool:
