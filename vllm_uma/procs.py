@@ -94,6 +94,13 @@ class Server:
         response.raise_for_status()
         return response.json()
 
+    def chat(self, model: str, question: str, max_tokens: int, **fields) -> dict:
+        """A greedy chat completion of one user message; ``max_tokens`` is
+        required so that no caller waits on a runaway generation."""
+        message = {"role": "user", "content": question}
+        payload = {"model": model, "messages": [message], "temperature": 0}
+        return self.post("/v1/chat/completions", {**payload, "max_tokens": max_tokens, **fields})
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

@@ -43,16 +43,7 @@ def served_answer(model_dir: Path, served_name: str, question: str) -> tuple[str
                 server.wait_ready(timeout=READY_TIMEOUT_S)
             except (RuntimeError, TimeoutError) as exc:
                 raise ServedCheckError(f"the server did not start: {exc}") from None
-            reply = server.post(
-                "/v1/chat/completions",
-                {
-                    "model": served_name,
-                    "messages": [{"role": "user", "content": question}],
-                    "temperature": 0,
-                    "max_tokens": MAX_TOKENS,
-                },
-                timeout=120,
-            )
+            reply = server.chat(served_name, question, MAX_TOKENS)
         finally:
             server.stop()
     choice = reply["choices"][0]

@@ -128,15 +128,7 @@ def test_log_says_the_plugin_is_activated(server):
 
 
 def readme_answer(server) -> tuple[str, str]:
-    reply = server.post(
-        "/v1/chat/completions",
-        {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": default_model.CHECK_PROMPT}],
-            "temperature": 0,
-            "max_tokens": README_MAX_TOKENS,
-        },
-    )
+    reply = server.chat(MODEL, default_model.CHECK_PROMPT, README_MAX_TOKENS)
     choice = reply["choices"][0]
     return choice["message"]["content"], choice["finish_reason"]
 
@@ -153,17 +145,8 @@ def test_the_avx2_server_really_runs_other_linear_kernels(server, server_avx2):
 
 
 def chat(server, question):
+    reply = server.chat(MODEL, question, MAX_TOKENS, return_token_ids=True)
     messages = [{"role": "user", "content": question}]
-    reply = server.post(
-        "/v1/chat/completions",
-        {
-            "model": MODEL,
-            "messages": messages,
-            "temperature": 0,
-            "max_tokens": MAX_TOKENS,
-            "return_token_ids": True,
-        },
-    )
     return messages, reply["prompt_token_ids"], reply["choices"][0]["token_ids"]
 
 

@@ -51,16 +51,7 @@ def timed(server: Server, payload: dict) -> tuple[float, dict]:
 
 
 def chat(server: Server, question: str, max_tokens: int) -> tuple[list[int], list[int], str]:
-    reply = server.post(
-        "/v1/chat/completions",
-        {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": question}],
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "return_token_ids": True,
-        },
-    )
+    reply = server.chat(MODEL, question, max_tokens, return_token_ids=True)
     choice = reply["choices"][0]
     return reply["prompt_token_ids"], choice["token_ids"], choice["message"]["content"]
 

@@ -220,14 +220,12 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
     )
     if (hash_note := hash_warning(vllm_config)) is not None:
         warnings.append(hash_note)
-    inputs = None
+    pool = _translate_pool(vllm_config, total_ram, TIERED_SPEC if disk else POOL_SPEC)
     if disk is not None:
         try:
             inputs = namespace_inputs(vllm_config)
         except NamespaceInputsError as exc:
             raise OffloadingConfigError(str(exc)) from None
-    pool = _translate_pool(vllm_config, total_ram, TIERED_SPEC if disk else POOL_SPEC)
-    if disk is not None:
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         # The engine's namespace covers them (disk/namespace_inputs.py).
         extra[NAMESPACE_INPUTS_KEY] = inputs
