@@ -104,7 +104,7 @@ def test_cap_holds_under_three_times_its_traffic_and_evicts_oldest_first(tmp_pat
     jobs = Jobs(tier)
     for i in range(12):  # 3 x the cap
         job = jobs.store([key(i)], [i % 8])
-        assert tier._index.used_bytes <= 4 * FILE
+        assert tier.used_bytes <= 4 * FILE
         jobs.wait(job)
         on_disk = sum(p.stat().st_size for p in block_files(tmp_path))
         assert on_disk <= 4 * FILE + FILE
@@ -159,17 +159,14 @@ def test_restart_finds_earlier_blocks_in_their_lru_order(tmp_path, primary):
 
 def test_other_namespaces_count_toward_the_cap_but_are_never_served(tmp_path, primary):
     theirs = make_tier(tmp_path, primary, ns=OTHER_NS)
-    Jobs(theirs).stored([key(0), key(1)], [0, 1])
+    Jobs(theirs).stored([key(0)], [0])  # the older of their two
+    Jobs(theirs).stored([key(1)], [1])
     theirs.shutdown()
-    # Both files may carry the same mtime (the clock's tick): make key 0
-    # the older one, so that "oldest first" names one file.
-    theirs_dir = tmp_path / ".noindex" / OTHER_NS.hex() / "00"
-    os.utime(theirs_dir / f"{key(0).hex()}.kvb", (1_000_000, 1_000_000))
 
     tier = make_tier(tmp_path, primary, cap_blocks=3)
     jobs = Jobs(tier)
     assert tier.lookup(key(0), CTX) is LookupResult.MISS
-    assert tier._index.used_bytes == 2 * FILE
+    assert tier.used_bytes == 2 * FILE
     jobs.stored([key(5), key(6)], [2, 3])  # evicts one of theirs, oldest first
     tier.drain_jobs()
     tier.get_finished_jobs()
@@ -185,7 +182,7 @@ def test_an_over_cap_root_is_trimmed_at_startup(tmp_path, primary):
     tier = make_tier(tmp_path, primary, cap_blocks=2)
     tier.drain_jobs()
     tier.get_finished_jobs()
-    assert len(block_files(tmp_path)) == 2 and tier._index.used_bytes == 2 * FILE
+    assert len(block_files(tmp_path)) == 2 and tier.used_bytes == 2 * FILE
     tier.shutdown()
 
 
@@ -248,6 +245,8 @@ def test_metrics_count_traffic_and_every_name_is_defined(tmp_path, primary):
     jobs.stored([key(0), key(1)], [0, 1])
     tier.lookup(key(0), CTX)
     jobs.loaded([key(0)], [4])
+    tier.drain_jobs()  # the used-bytes gauge comes with the ledger feed
+    tier.get_finished_jobs()
     got = counters(tier.get_stats())
     assert got[(m.WRITTEN_BLOCKS, ())] == 2 and got[(m.WRITTEN_BYTES, ())] == 2 * 8192
     assert got[(m.READ_BLOCKS, ())] == 1 and got[(m.READ_BYTES, ())] == 8192
@@ -283,3 +282,31 @@ def test_shutdown_lets_the_primary_close_its_mapping(tmp_path):
     tier.shutdown()  # twice is harmless
     primary.view.release()
     primary.buffer.close()  # raises BufferError if a view of it were left
+
+
+def test_two_servers_on_one_root_find_each_others_blocks_under_one_cap(tmp_path):
+    a_rows, b_rows = Primary(), Primary()
+    a = make_tier(tmp_path, a_rows, cap_blocks=3)
+    b = make_tier(tmp_path, b_rows, cap_blocks=3)
+    data = a_rows.fill(0, seed=9)
+    for i in range(3):
+        Jobs(a).stored([key(i)], [i])
+    b.drain_jobs()  # the feed brings a's stores
+    b.get_finished_jobs()
+    assert b.lookup(key(0), CTX) is LookupResult.HIT
+    assert Jobs(b).loaded([key(0)], [5]).success and b_rows.row(5) == data
+    stored_by_b = [e.keys for e in b.take_events() if not e.removed]
+    assert stored_by_b == [[key(0)], [key(1)], [key(2)]]  # announced: restorable here
+
+    b.drain_jobs()  # b's restore of key 0 is in the ledger: key 1 is the oldest now
+    Jobs(b).stored([key(3)], [3])
+    assert b.used_bytes == 3 * FILE and len(block_files(tmp_path)) == 3
+    a.drain_jobs()
+    a.get_finished_jobs()
+    assert a.lookup(key(1), CTX) is LookupResult.MISS  # evicted by b: a clean miss
+    assert [e.keys for e in a.take_events() if e.removed] == [[key(1)]]
+    assert a.lookup(key(3), CTX) is LookupResult.HIT
+    got = counters(a.get_stats())
+    assert got[(m.PEER_CHANGES, ("added",))] == 1 and got[(m.PEER_CHANGES, ("removed",))] == 1
+    a.shutdown()
+    b.shutdown()

@@ -226,7 +226,7 @@ def test_a_full_disk_stops_all_stores_with_one_warning_and_serving_goes_on(
     assert len(log.messages) == 1
     assert str(tmp_path) in log.messages[0] and "max_size_gib" in log.messages[0]
     assert counters(tier.get_stats())[(m.STORE_FAILED, ("disk_full",))] == 4
-    assert tier._index.used_bytes == bf.file_bytes(8192)  # key 0 only
+    assert tier.used_bytes == bf.file_bytes(8192)  # key 0 only
     primary.clear()
     assert jobs.loaded([key(0)], [7]).success and primary.row(7) == data
     assert len(block_files(tmp_path)) == 1
@@ -246,7 +246,7 @@ def test_other_write_errors_warn_once_per_kind_and_later_stores_still_try(
         assert not jobs.stored([key(2)], [2]).success
     assert len(calls) == 2 and len(log.messages) == 2
     assert "EIO" in log.messages[0] and "EACCES" in log.messages[1]
-    assert tier._index.used_bytes == 0 and len(tier._index) == 0  # reservations aborted
+    assert tier.used_bytes == 0 and len(tier._index) == 0  # reservations aborted
     monkeypatch.undo()
     assert jobs.stored([key(0)], [0]).success
     assert tier.lookup(key(0), CTX) is LookupResult.HIT
@@ -278,6 +278,7 @@ def test_a_store_is_refused_when_everything_else_is_pinned(tmp_path, primary, mo
     assert counters(tier.get_stats())[(m.STORE_FAILED, ("no_room",))] == 1
     release.set()
     assert jobs.wait(load)[0].success
+    tier.drain_jobs()  # the restore's touch is in the ledger: no longer protected
     assert jobs.stored([key(1)], [1]).success  # unpinned: key 0 may go now
     tier.shutdown()
 
@@ -287,7 +288,11 @@ def test_a_block_evicted_between_lookup_and_load_fails_that_key(tmp_path, primar
     jobs = Jobs(tier)
     jobs.stored([key(0)], [0])
     assert tier.lookup(key(0), CTX) is LookupResult.HIT
-    jobs.stored([key(1)], [1])  # a cascade in the same step takes the room
+    # Until the hit's touch is in the ledger, no store evicts the block ...
+    assert not jobs.stored([key(1)], [1]).success
+    tier.drain_jobs()
+    # ... then one may (cap 1: it is the only candidate), before the load.
+    assert jobs.stored([key(2)], [2]).success
     result = jobs.loaded([key(0)], [5])
     assert not result.success and result.successful_keys is None
     tier.shutdown()
@@ -382,7 +387,7 @@ def test_an_other_spelling_of_a_namespace_is_not_indexed(tmp_path, primary):
     lower = tmp_path / ".noindex" / lettered.hex()
     os.rename(lower, lower.with_name(lettered.hex().upper()))
     tier = make_tier(tmp_path, primary)
-    assert tier._index.used_bytes == 0  # never evicted by a path that misses it
+    assert tier.used_bytes == 0  # never evicted by a path that misses it
     tier.shutdown()
 
 

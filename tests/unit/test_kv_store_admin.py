@@ -131,3 +131,20 @@ def test_a_header_claiming_a_huge_payload_is_bad_not_a_huge_buffer(store, capsys
         f.write((40 << 30).to_bytes(8, "little"))
     status, out, _ = run(capsys, str(store), "verify")
     assert status == 1 and "the header claims" in out
+
+
+def test_deletions_reach_a_running_server_and_the_shared_count(store, capsys):
+    from disk_tier_kit import CTX
+    from vllm.v1.kv_offload.base import LookupResult
+
+    tier = make_tier(store, Primary(), ns=NS)
+    assert tier.lookup(key(0), CTX) is LookupResult.HIT
+    assert tier.used_bytes == 5 * FILE
+    status, _, _ = run(capsys, str(store), "prune", "--namespace", NS.hex())
+    assert status == 0
+    tier.drain_jobs()  # the ledger feed brings the removals
+    tier.get_finished_jobs()
+    assert [tier.lookup(key(k), CTX) for k in (0, 1, 2)] == [LookupResult.MISS] * 3
+    assert tier.used_bytes == 2 * FILE  # the other namespace's two blocks
+    assert sorted(e.keys[0] for e in tier.take_events() if e.removed) == [key(k) for k in (0, 1, 2)]
+    tier.shutdown()

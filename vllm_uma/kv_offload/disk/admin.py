@@ -5,6 +5,9 @@ servers use the store, because of how the tier treats the files:
 - a block file removed under a running server is a clean miss for it (the
   load finds it MISSING, counts it and recomputes the block): never wrong
   data, and a load already reading the file finishes from its open handle;
+- every deletion also removes the block's row from the store's shared
+  ledger (ledger.py), in one transaction, so servers see it go and the
+  bytes counted toward the cap stay right;
 - temp files (``*.tmp``) are writes in flight, a server's or a crashed one's:
   this command never deletes them (a server's start-up removes its own
   leftovers);
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 import stat
 import time
 from collections.abc import Iterator
@@ -33,7 +37,8 @@ from vllm_uma.kv_offload.disk.block_file import (
     key_from_name,
     read_block,
 )
-from vllm_uma.kv_offload.disk.layout import NAMESPACE_FILE, NOINDEX, Layout
+from vllm_uma.kv_offload.disk.layout import NAMESPACE_FILE, NOINDEX, BlockRef, Layout
+from vllm_uma.kv_offload.disk.ledger import LEDGER_FILE, Ledger
 
 NAMESPACE_HEX = 32
 
@@ -155,6 +160,12 @@ def verify(root: Path, remove: bool) -> VerifyReport:
     """Read every block file and check it as a restore would (header, key,
     namespace, length, checksum); with ``remove``, delete the bad ones."""
     report = VerifyReport()
+    with _Deleter(root) as deleter:
+        _verify(root, remove, report, deleter)
+    return report
+
+
+def _verify(root: Path, remove: bool, report: VerifyReport, deleter: _Deleter) -> None:
     for ns, ns_dir in namespaces(root):
         namespace = bytes.fromhex(ns)
         for block in walk(ns, ns_dir):
@@ -166,11 +177,10 @@ def verify(root: Path, remove: bool) -> VerifyReport:
                 read_block(block.path, key, namespace, memoryview(payload), direct=False)
             except BadBlock as bad:
                 report.bad.append((block.path, f"{bad.reason.value}: {bad.detail}"))
-                if remove and _unlink(block.path):
+                if remove and deleter.delete(block):
                     report.removed += 1
             except OSError as exc:  # this process's trouble (EMFILE...): report, keep
                 report.bad.append((block.path, f"not checked: {exc}"))
-    return report
 
 
 def prune(
@@ -190,27 +200,28 @@ def prune(
             "--missing-models (use `clear` to delete everything)."
         )
     cutoff_ns = None if older_than_s is None else time.time_ns() - int(older_than_s * 1e9)
-    files = nbytes = 0
+    chosen = []
     for ns, ns_dir in namespaces(root):
         if namespace is not None and ns != namespace:
             continue
         if missing_models and not _model_is_gone(read_info(ns_dir)):
             continue
-        for block in walk(ns, ns_dir):
-            if cutoff_ns is not None and block.mtime_ns >= cutoff_ns:
-                continue
-            if dry_run or _unlink(block.path):
-                files += 1
-                nbytes += block.size
-    return files, nbytes
+        chosen += [b for b in walk(ns, ns_dir) if cutoff_ns is None or b.mtime_ns < cutoff_ns]
+    if dry_run:
+        return len(chosen), sum(block.size for block in chosen)
+    return _delete(root, chosen)
 
 
 def clear(root: Path) -> tuple[int, int]:
     """Delete every block file of every namespace (temp files excepted)."""
+    return _delete(root, [b for ns, ns_dir in namespaces(root) for b in walk(ns, ns_dir)])
+
+
+def _delete(root: Path, blocks: list[BlockFile]) -> tuple[int, int]:
     files = nbytes = 0
-    for ns, ns_dir in namespaces(root):
-        for block in walk(ns, ns_dir):
-            if _unlink(block.path):
+    with _Deleter(root) as deleter:
+        for block in blocks:
+            if deleter.delete(block):
                 files += 1
                 nbytes += block.size
     return files, nbytes
@@ -226,23 +237,52 @@ def _model_is_gone(info: dict | None) -> bool:
     return not Path(model).is_dir()
 
 
-def _unlink(path: Path) -> bool:
-    """Remove a block file found by ``walk``, through directory handles
-    opened without following links: a subdirectory swapped for a symlink
-    since the walk is not followed."""
-    root = path.parents[3]
-    layout = Layout(root)
-    try:
-        layout.open()
-        dir_fd = layout.open_dir((NOINDEX, path.parent.parent.name, path.parent.name), create=False)
-    except OSError:
-        return False
-    finally:
-        layout.close()
-    try:
-        os.unlink(path.name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False  # a server evicted it meanwhile
-    finally:
-        os.close(dir_fd)
-    return True
+class _Deleter:
+    """Deletes block files ``walk`` found, each with its ledger row in one
+    transaction: servers sharing the store see it go (a clean miss), and the
+    store's count of bytes toward the cap stays right. Files are reached
+    through directory handles opened without following links: a
+    subdirectory swapped for a symlink since the walk is not followed."""
+
+    WRITER = "kv-store"
+
+    def __init__(self, root: Path):
+        self._layout = Layout(root)
+        self._layout.open()
+        ledger_path = root / NOINDEX / LEDGER_FILE
+        self._ledger = Ledger(root / NOINDEX) if ledger_path.exists() else None
+
+    def __enter__(self) -> _Deleter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+        self._layout.close()
+
+    def delete(self, block: BlockFile) -> bool:
+        """True if the file was there and is gone now."""
+        key = key_from_name(block.path.name)
+        assert key is not None  # walk yields block names only
+        ref = BlockRef(bytes.fromhex(block.namespace), key)
+        removed: list[bool] = []
+
+        def unlink(r: BlockRef) -> None:
+            removed.append(self._unlink(r))
+
+        if self._ledger is not None:
+            try:
+                self._ledger.forget([ref], self.WRITER, unlink)
+            except sqlite3.Error as exc:
+                raise StoreError(
+                    f"the store's ledger {self._ledger.path} cannot be written ({exc}); "
+                    "nothing more was deleted. Try again when the servers are less busy."
+                ) from exc
+        # A file the ledger does not know (an older store): the file alone.
+        return removed[0] if removed else self._unlink(ref)
+
+    def _unlink(self, ref: BlockRef) -> bool:
+        try:
+            return self._layout.unlink(ref)
+        except OSError:
+            return False  # its directory went meanwhile, or is not ours

@@ -27,6 +27,7 @@ import errno
 import itertools
 import os
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -38,10 +39,13 @@ from vllm_uma.kv_offload.disk.block_file import (
     PROCESS_ERRNOS,
     BadBlock,
     BadReason,
+    file_bytes,
     read_block,
     write_block,
 )
+from vllm_uma.kv_offload.disk.index import BlockState, Refusal
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
+from vllm_uma.kv_offload.disk.ledger import Ledger
 
 DEFAULT_IO_THREADS = 8
 # The longest a stop waits for the I/O threads to finish the file they are on.
@@ -60,21 +64,35 @@ class StoreFailure(Enum):
 
     DISK_FULL = "disk_full"  # ENOSPC / EDQUOT: no later store can succeed either
     IO_ERROR = "io_error"  # any other OSError; other stores may still succeed
+    LEDGER = "ledger"  # the shared ledger could not be read or written in time
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What every task of one tier needs to keep the shared ledger."""
+
+    layout: Layout  # files are reached through it, never following a symlink
+    ledger: Ledger
+    writer: str  # this tier's name in the ledger
+    cap_bytes: int | None
+    protected: Callable[[BlockRef], bool]  # never evicted now (pinned, just hit)
 
 
 @dataclass(frozen=True, slots=True)
 class BlockIO:
     """One block's I/O, as submitted. ``job_id`` is None for a housekeeping
-    delete (no vLLM job waits for it). Files are reached through ``layout``
-    (never following a symlink); ``path`` is for messages."""
+    delete (no vLLM job waits for it)."""
 
     job_id: int | None
     ref: BlockRef
-    layout: Layout
-    path: Path
-    namespace: bytes = b""
+    shared: Shared
     row: memoryview | None = None  # the primary-tier row to read or fill
     direct: bool = False
+    stamp: int = 0  # a store's place in the LRU order (ns)
+
+    @property
+    def path(self) -> Path:  # for messages
+        return self.shared.layout.path(self.ref)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,35 +102,94 @@ class Outcome:
     job_id: int | None
     ref: BlockRef
     ok: bool
-    failure: BadReason | StoreFailure | None = None
+    failure: BadReason | StoreFailure | Refusal | None = None
     detail: str = ""  # for the warning: errno name, strerror, path
     nbytes: int = 0  # payload bytes moved
     start: float = 0.0  # perf_counter at the start and end of the I/O
     end: float = 0.0
+    victims: tuple[BlockRef, ...] = ()  # evicted (rows and files gone) to make room
+    taken: BlockState | None = None  # a store found the name held already
+    freed: bool = False  # a delete removed a file
+    unlink_errors: tuple[str, ...] = ()  # victims whose file could not be removed
 
 
 def store_task(io: BlockIO) -> Outcome:
+    """Reserve room in the ledger (evicting), write the file, commit."""
     assert io.row is not None
-    start = time.perf_counter()
+    shared, start = io.shared, time.perf_counter()
+    errors: list[str] = []
+    size = file_bytes(io.row.nbytes)
     try:
-        with io.layout.block_dir(io.ref, create=True) as dir_fd:
-            write_block(io.path, io.ref.key, io.namespace, io.row, direct=io.direct, dir_fd=dir_fd)
+        reserved = shared.ledger.reserve(
+            io.ref,
+            size,
+            io.stamp,
+            shared.cap_bytes,
+            shared.writer,
+            shared.protected,
+            unlinker(shared.layout, errors),
+        )
+    except sqlite3.Error as exc:
+        return _failed(io, _ledger_failure(exc), f"ledger {shared.ledger.path}: {exc}")
+    if isinstance(reserved, Refusal):
+        return _failed(io, reserved, reserved.value)
+    if isinstance(reserved, BlockState):  # another store holds the name
+        return Outcome(io.job_id, io.ref, True, taken=reserved)
+    done = dict(victims=tuple(ref for ref, _ in reserved), unlink_errors=tuple(errors))
+    try:
+        with shared.layout.block_dir(io.ref, create=True) as dir_fd:
+            write_block(
+                io.path, io.ref.key, io.ref.namespace, io.row, direct=io.direct, dir_fd=dir_fd
+            )
     except OSError as exc:
+        shared.ledger.abort(io.ref, shared.writer)
         # Only the kernel's own word for "no room" is a full disk.
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         failure = StoreFailure.DISK_FULL if full else StoreFailure.IO_ERROR
         code = errno.errorcode.get(exc.errno or 0, "OSError")
-        return _failed(io, failure, f"{code}: {exc.strerror or exc} ({io.path})")
+        detail = f"{code}: {exc.strerror or exc} ({io.path})"
+        return Outcome(io.job_id, io.ref, False, failure, detail, **done)
+    try:
+        shared.ledger.commit(io.ref, size, io.stamp, shared.writer)
+    except sqlite3.Error as exc:
+        # Not in the ledger, so not counted: the file must go too.
+        with contextlib.suppress(OSError):
+            shared.layout.unlink(io.ref)
+        shared.ledger.abort(io.ref, shared.writer)
+        detail = f"ledger {shared.ledger.path}: {exc}"
+        return Outcome(io.job_id, io.ref, False, _ledger_failure(exc), detail, **done)
     end = time.perf_counter()
-    return Outcome(io.job_id, io.ref, True, nbytes=io.row.nbytes, start=start, end=end)
+    return Outcome(io.job_id, io.ref, True, nbytes=io.row.nbytes, start=start, end=end, **done)
+
+
+def unlinker(layout: Layout, errors: list[str]) -> Callable[[BlockRef], None]:
+    """Unlink a victim; a failure is reported, not raised (the room is
+    counted free: the file stays untracked until the next start-up)."""
+
+    def unlink(ref: BlockRef) -> None:
+        try:
+            layout.unlink(ref)
+        except OSError as exc:
+            errors.append(f"unlink {layout.path(ref)}: {exc.strerror or exc}")
+
+    return unlink
+
+
+def _ledger_failure(exc: sqlite3.Error) -> StoreFailure:
+    # SQLite's own "database or disk is full" is the volume's ENOSPC.
+    if getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
+        return StoreFailure.DISK_FULL
+    return StoreFailure.LEDGER
 
 
 def load_task(io: BlockIO) -> Outcome:
     assert io.row is not None
     start = time.perf_counter()
     try:
-        with io.layout.block_dir(io.ref, create=False) as dir_fd:
-            read_block(io.path, io.ref.key, io.namespace, io.row, direct=io.direct, dir_fd=dir_fd)
+        with io.shared.layout.block_dir(io.ref, create=False) as dir_fd:
+            read_block(
+                io.path, io.ref.key, io.ref.namespace, io.row, direct=io.direct, dir_fd=dir_fd
+            )
             end = time.perf_counter()
             # Restored = recently used: the new mtime keeps the LRU order
             # across a restart. The file may be gone already (evicted after
@@ -136,15 +213,16 @@ def load_task(io: BlockIO) -> Outcome:
 
 
 def delete_task(io: BlockIO) -> Outcome:
-    """``nbytes`` is 1 if a file was removed (space freed), 0 if none was there."""
+    """Forget a bad block in the ledger and delete its file, in one
+    transaction (no store of the same name can land in between)."""
+    shared, errors = io.shared, []
     try:
-        with io.layout.block_dir(io.ref, create=False) as dir_fd:
-            os.unlink(io.path.name, dir_fd=dir_fd)  # unlink never follows the name
-    except FileNotFoundError:
-        return Outcome(io.job_id, io.ref, True)
-    except OSError as exc:
-        return _failed(io, StoreFailure.IO_ERROR, f"unlink {io.path}: {exc.strerror}")
-    return Outcome(io.job_id, io.ref, True, nbytes=1)
+        gone = shared.ledger.forget([io.ref], shared.writer, unlinker(shared.layout, errors))
+    except sqlite3.Error as exc:
+        return _failed(io, StoreFailure.LEDGER, f"ledger {shared.ledger.path}: {exc}")
+    if errors:
+        return _failed(io, StoreFailure.IO_ERROR, errors[0])
+    return Outcome(io.job_id, io.ref, True, freed=bool(gone))
 
 
 def _failed(io: BlockIO, failure: BadReason | StoreFailure, detail: str) -> Outcome:

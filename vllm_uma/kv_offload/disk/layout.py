@@ -109,6 +109,25 @@ class Layout:
         finally:
             os.close(fd)
 
+    def unlink(self, ref: BlockRef) -> bool:
+        """Delete ``ref``'s file (unlink never follows the name); False if
+        none was there. Raises OSError for any other failure."""
+        try:
+            with self.block_dir(ref, create=False) as dir_fd:
+                os.unlink(self.path(ref).name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def exists(self, ref: BlockRef) -> bool:
+        """Whether something is under ``ref``'s name (start-up only)."""
+        try:
+            with self.block_dir(ref, create=False) as dir_fd:
+                os.stat(self.path(ref).name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
+
     def open_dir(self, parts: tuple[str, ...], *, create: bool) -> int:
         """A handle on root_dir/part/part/..., each component opened with
         O_NOFOLLOW from the one before; the caller closes it."""
@@ -210,6 +229,11 @@ def _may_be_in_flight(name: str, mtime: float) -> bool:
     pid = writer_pid(name)
     if pid is None or pid == os.getpid():
         return False  # an older format's temp, or our own earlier incarnation's
+    return pid_is_alive(pid)
+
+
+def pid_is_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (in this pid namespace)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

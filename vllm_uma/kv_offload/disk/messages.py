@@ -80,6 +80,25 @@ class DiskWarnings:
             detail,
         )
 
+    def ledger(self, detail: str) -> None:
+        self._once(
+            "ledger",
+            "Disk KV tier: the shared ledger could not be written in time (%s); the "
+            "block stays in RAM only. Another process holding it for long? Later "
+            'failures count in %s{reason="ledger"}.',
+            detail,
+            STORE_FAILED,
+        )
+
+    def ledger_rebuilt(self, path: Path, detail: str, aside: Path) -> None:
+        logger.warning(
+            "Disk KV tier: the shared ledger %s is damaged (%s); it was moved to %s "
+            "and is rebuilt from the block files.",
+            path,
+            detail,
+            aside,
+        )
+
     def scanning(self) -> None:
         logger.info("Disk KV tier: reading the store under %s ...", self._root_dir)
 

@@ -29,6 +29,7 @@ EVICTED_BLOCKS = PREFIX + "evicted_blocks"
 BAD_BLOCKS = PREFIX + "bad_blocks"
 STORE_SKIPPED = PREFIX + "store_skipped_blocks"
 STORE_FAILED = PREFIX + "store_failed_blocks"
+PEER_CHANGES = PREFIX + "peer_changes"
 USED_BYTES = PREFIX + "used_bytes"
 CAP_BYTES = PREFIX + "cap_bytes"
 
@@ -48,16 +49,24 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
             labelnames=("reason",),
         ),
         STORE_SKIPPED: counter(
-            "Blocks not written because the disk already holds them or is "
-            "writing or deleting them, by reason.",
+            "Blocks not written because the store already holds them or is "
+            "writing or deleting them (this server or another), by reason.",
             labelnames=("reason",),
         ),
         STORE_FAILED: counter(
             "Blocks the disk tier could not write, by reason: too_big, no_room "
-            "(everything else pinned), disk_full, io_error.",
+            "(everything else pinned), disk_full, io_error, ledger (the shared "
+            "ledger was busy or unwritable).",
             labelnames=("reason",),
         ),
-        USED_BYTES: gauge("Bytes of block files under root_dir (all namespaces)."),
+        PEER_CHANGES: counter(
+            "Blocks of this server's namespace that other servers on the same "
+            "store added or removed, seen through the shared ledger, by change.",
+            labelnames=("change",),
+        ),
+        USED_BYTES: gauge(
+            "Bytes of block files under root_dir, all namespaces and servers (the ledger's count)."
+        ),
         CAP_BYTES: gauge("The disk tier's cap in bytes (0: no cap)."),
     }
 

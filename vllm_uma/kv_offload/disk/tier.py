@@ -6,6 +6,14 @@ in-memory DiskIndex, stores and loads become one task per block on a few
 I/O threads (io_threads.py), and ``get_finished_jobs`` applies their outcomes
 to the index on the scheduler thread, so the index needs no lock.
 
+Several servers may share one store: the cap, the eviction order and which
+blocks exist are kept in a SQLite ledger beside the files (ledger.py). The
+I/O threads reserve room in it before a store (evicting any server's least
+recent blocks) and commit after; a feed thread (ledger_feed.py) writes the
+scheduler's touches there and brings other servers' changes to our
+namespace back as outcomes, so a block a peer stored becomes a hit here and
+one a peer evicted a miss. Loads never touch the ledger.
+
 What crosses the boundary with vLLM: ``TransferJob``s (keys + primary-tier
 row numbers, which vLLM keeps pinned until it sees the job's ``JobResult``:
 every job gets exactly one), ``JobResult``s, KV events, metric stats.
@@ -15,13 +23,16 @@ are page aligned.
 
 A block that cannot be served (missing, truncated, corrupted, foreign) is
 reported as a failed key, so vLLM recomputes it, and its file is deleted:
-never served, never a crash. A full disk stops all later stores, with one
-warning; serving goes on from RAM.
+never served, never a crash. A full disk pauses stores, with a warning, until
+there is room again (full_disk.py); serving goes on from RAM.
 """
 
 from __future__ import annotations
 
+import os
 import queue
+import secrets
+import time
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -47,20 +58,24 @@ from vllm_uma.kv_offload.disk.block_file import (
 )
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
-from vllm_uma.kv_offload.disk.index import DiskIndex, Refusal
+from vllm_uma.kv_offload.disk.index import BlockState, DiskIndex, Refusal
 from vllm_uma.kv_offload.disk.io_threads import (
     DEFAULT_IO_THREADS,
     BlockIO,
     IOPool,
     Outcome,
     Priority,
+    Shared,
     StoreFailure,
     delete_task,
     load_task,
     store_task,
+    unlinker,
 )
 from vllm_uma.kv_offload.disk.jobs import PendingJob
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
+from vllm_uma.kv_offload.disk.ledger_feed import FeedBatch, LedgerFeed
+from vllm_uma.kv_offload.disk.ledger_startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 
 
@@ -102,7 +117,16 @@ class DiskTier(SecondaryTierManager):
             and is_direct_capable(self._rows)
             and probe_direct(self._layout.namespace_dir(namespace_id))
         )
-        self._index: DiskIndex[BlockRef] = DiskIndex(config.cap_bytes)
+        self._index: DiskIndex[BlockRef] = DiskIndex()
+        # This tier's name in the shared ledger: its own changes come back
+        # through the feed and are skipped.
+        self._writer = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._ledger = open_ledger(self._layout, self._warnings)
+        self._shared = Shared(
+            self._layout, self._ledger, self._writer, config.cap_bytes, self._protected
+        )
+        self._last_stamp = 0
+        self._used_bytes = 0
         self._stats = m.DiskStats()
         self._stats.gauge(m.CAP_BYTES, config.cap_bytes or 0)
         self._events: list[OffloadingEvent] | None = [] if config.enable_kv_events else None
@@ -121,21 +145,39 @@ class DiskTier(SecondaryTierManager):
         # then says what was found).
         self._warnings.scanning()
         found, temps = self._layout.scan()
-        for block in found:
-            self._index.add_existing(block.ref, block.size)
-        nbytes = self._index.used_bytes
-        victims = self._index.evict_to_cap()  # the cap may have been lowered
-        self._evict(victims, announce=False)
-        # Announce what this server holds on disk from the start, so that a
-        # KV-aware router learns it too (oldest first, as they were stored).
-        gone = {ref for ref, _ in victims}
-        self._event(
-            [b.ref.key for b in found if b.ref.namespace == self._ns and b.ref not in gone],
-            removed=False,
+        reconcile(self._ledger, found, self._layout.exists, self._writer)
+        errors: list[str] = []
+        victims = self._ledger.evict_to_cap(  # the cap may have been lowered
+            self._config.cap_bytes,
+            self._writer,
+            lambda ref: False,
+            unlinker(self._layout, errors),
         )
-        ours = sum(block.ref.namespace == self._ns for block in found)
+        for error in errors:
+            self._warnings.unlink(error)
+        self._stats.count(m.EVICTED_BLOCKS, len(victims))
+        present, seq = self._ledger.snapshot(self._ns)
+        for key, size in present:
+            self._index.add_present(BlockRef(self._ns, key), size)
+        # Announce what this server can restore from the start (least recent
+        # first), so that a KV-aware router learns it too.
+        self._event([key for key, _ in present], removed=False)
+        self._used_bytes = self._ledger.used_bytes()
         io = f"{'O_DIRECT' if self._direct else 'buffered'} I/O on {io_threads} threads"
-        log_startup(self._config, len(found), ours, nbytes, len(victims), temps, io)
+        log_startup(
+            self._config, len(found), len(present), self._used_bytes, len(victims), temps, io
+        )
+        self._feed = LedgerFeed(self._ledger, self._ns, self._writer, seq, self._outcomes)
+
+    def _protected(self, ref: BlockRef) -> bool:
+        """I/O threads: a block our load reads, or that a lookup just hit
+        (its load comes at the end of the step), is no victim of ours."""
+        return ref in self._index.pinned or self._feed.is_touched(ref)
+
+    def _stamp(self) -> int:
+        """A place in the shared LRU order: wall-clock ns, strictly rising."""
+        self._last_stamp = max(time.time_ns(), self._last_stamp + 1)
+        return self._last_stamp
 
     # -- lookups (scheduler thread, no syscalls) ----------------------------
 
@@ -144,9 +186,9 @@ class DiskTier(SecondaryTierManager):
         # A block still being written is a MISS: its bytes are in L2 anyway.
         if not self._index.is_present(ref):
             return LookupResult.MISS
-        # A HIT is promoted by a load submitted at the end of this step; going
-        # last keeps a store in the same step from evicting it first.
-        self._index.touch(ref)
+        # A HIT is promoted by a load submitted at the end of this step; the
+        # touch keeps stores meanwhile from evicting it.
+        self._feed.touch(ref, self._stamp())
         self._stats.count(m.LOOKUP_HITS)
         return LookupResult.HIT
 
@@ -155,7 +197,9 @@ class DiskTier(SecondaryTierManager):
 
     def _touch(self, keys: Iterable[OffloadKey]) -> None:
         for key in reversed(list(keys)):  # the head last: see submit_store
-            self._index.touch(BlockRef(self._ns, key))
+            ref = BlockRef(self._ns, key)
+            if self._index.is_present(ref):
+                self._feed.touch(ref, self._stamp())
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
@@ -168,6 +212,7 @@ class DiskTier(SecondaryTierManager):
         # Keys come in prefix order. Reserved tail first, the head is the most
         # recent and goes last: without its head, the rest of a prefix is
         # useless (vLLM's block pool frees a request's blocks in reverse too).
+        cap = self._config.cap_bytes
         for key, chunk in reversed(pairs):
             ref = BlockRef(self._ns, key)
             skip = self._skip_reason(ref)
@@ -177,13 +222,14 @@ class DiskTier(SecondaryTierManager):
             if self._full.paused:
                 self._store_failed(job, key, StoreFailure.DISK_FULL.value)
                 continue
-            reserved = self._index.reserve(ref, self._file_bytes)
-            if isinstance(reserved, Refusal):
-                self._store_failed(job, key, reserved.value)
+            if cap is not None and self._file_bytes > cap:
+                self._store_failed(job, key, Refusal.TOO_BIG.value)
                 continue
-            self._evict(reserved, announce=True)
+            # Room is reserved in the shared ledger by the I/O thread.
+            self._index.begin_store(ref, self._file_bytes)
             job.pending += 1
-            self._pool.submit(Priority.STORE, store_task, self._block_io(job, ref, chunk))
+            io = self._block_io(job, ref, chunk, stamp=self._stamp())
+            self._pool.submit(Priority.STORE, store_task, io)
         self._track(job)
 
     def _skip_reason(self, ref: BlockRef) -> str | None:
@@ -196,20 +242,14 @@ class DiskTier(SecondaryTierManager):
         job.failed.append(key)
         self._stats.count(m.STORE_FAILED, reason=reason)
 
-    def _evict(self, victims: list[tuple[BlockRef, int]], *, announce: bool) -> None:
-        removed = []
-        for ref, _ in victims:
-            self._delete_file(ref)
-            if ref.namespace == self._ns:
-                removed.append(ref.key)
-        self._stats.count(m.EVICTED_BLOCKS, len(victims))
-        if announce:
-            self._event(removed, removed=True)
+    def _evicted(self, victims: Iterable[BlockRef]) -> None:
+        """Blocks whose rows and files a reservation of ours removed."""
+        removed = [ref.key for ref in victims if self._index.remove(ref) is not None]
+        self._event(removed, removed=True)
 
     def _delete_file(self, ref: BlockRef) -> None:
         self._deleting[ref] = self._deleting.get(ref, 0) + 1
-        io = BlockIO(None, ref, self._layout, self._layout.path(ref))
-        self._pool.submit(Priority.DELETE, delete_task, io)
+        self._pool.submit(Priority.DELETE, delete_task, BlockIO(None, ref, self._shared))
 
     # -- loads --------------------------------------------------------------
 
@@ -226,12 +266,10 @@ class DiskTier(SecondaryTierManager):
             self._pool.submit(Priority.LOAD, load_task, self._block_io(job, ref, chunk))
         self._track(job)
 
-    def _block_io(self, job: PendingJob, ref: BlockRef, chunk: Any) -> BlockIO:
+    def _block_io(self, job: PendingJob, ref: BlockRef, chunk: Any, stamp: int = 0) -> BlockIO:
         start = int(chunk) * self.block_size_bytes
         row = self._rows[start : start + self.block_size_bytes]
-        return BlockIO(
-            job.job_id, ref, self._layout, self._layout.path(ref), self._ns, row, self._direct
-        )
+        return BlockIO(job.job_id, ref, self._shared, row, self._direct, stamp)
 
     # -- completion (scheduler thread) --------------------------------------
 
@@ -250,7 +288,10 @@ class DiskTier(SecondaryTierManager):
         results, self._results = self._results, []
         return results
 
-    def _apply(self, outcome: Outcome) -> None:
+    def _apply(self, outcome: Outcome | FeedBatch) -> None:
+        if isinstance(outcome, FeedBatch):
+            self._apply_feed(outcome)
+            return
         ref = outcome.ref
         if outcome.job_id is None:  # a delete
             left = self._deleting.pop(ref) - 1
@@ -258,7 +299,7 @@ class DiskTier(SecondaryTierManager):
                 self._deleting[ref] = left
             if not outcome.ok:
                 self._warnings.unlink(outcome.detail)
-            elif outcome.nbytes and self._full.on_space():  # our delete freed room
+            elif outcome.freed and self._full.on_space():  # our delete freed room
                 self._warnings.space_is_back()
             return
         job = self._jobs[outcome.job_id]
@@ -270,6 +311,18 @@ class DiskTier(SecondaryTierManager):
             self._finish(job)
 
     def _apply_store(self, job: PendingJob, ref: BlockRef, outcome: Outcome) -> None:
+        self._stats.count(m.EVICTED_BLOCKS, len(outcome.victims))
+        self._evicted(outcome.victims)
+        for error in outcome.unlink_errors:
+            self._warnings.unlink(error)
+        if outcome.taken is not None:
+            # Another server stores (or stored) the same block: nothing to write.
+            self._index.abort(ref)
+            self._stats.count(m.STORE_SKIPPED, reason=outcome.taken.value)
+            if outcome.taken is BlockState.PRESENT:
+                self._index.add_present(ref, self._file_bytes)
+                job.written.append(ref.key)  # restorable from here too: announce
+            return
         if outcome.ok:
             if self._full.on_space():
                 self._warnings.space_is_back()
@@ -280,14 +333,38 @@ class DiskTier(SecondaryTierManager):
             self._stats.count(m.WRITTEN_BYTES, outcome.nbytes)
             return
         self._index.abort(ref)
-        self._store_failed(job, ref.key, outcome.failure.value)  # type: ignore[union-attr]
-        if outcome.failure is StoreFailure.DISK_FULL:
+        failure = outcome.failure
+        self._store_failed(job, ref.key, failure.value)  # type: ignore[union-attr]
+        if failure is StoreFailure.DISK_FULL:
             # Every store would fail the same way, and slowly (a full file
             # system searches for space): pause them (full_disk.py).
             if self._full.on_full():
                 self._warnings.disk_full(outcome.detail, self._full.retry_in_s)
-        else:
+        elif failure is StoreFailure.LEDGER:
+            self._warnings.ledger(outcome.detail)
+        elif not isinstance(failure, Refusal):
             self._warnings.store_error(outcome.detail)
+
+    def _apply_feed(self, batch: FeedBatch) -> None:
+        """Other servers' changes to our namespace, in the ledger's order."""
+        if batch.used_bytes is not None:
+            self._used_bytes = batch.used_bytes
+        changes = batch.changes
+        if batch.snapshot is not None:  # changes were missed: diff the lot
+            present = {BlockRef(self._ns, key): size for key, size in batch.snapshot}
+            gone = [
+                ref for ref in self._index if self._index.is_present(ref) and ref not in present
+            ]
+            changes = [(ref.key, 0, False) for ref in gone]
+            changes += [(ref.key, size, True) for ref, size in present.items()]
+        for key, size, added in changes:
+            ref = BlockRef(self._ns, key)
+            if added and self._index.add_present(ref, size):
+                self._stats.count(m.PEER_CHANGES, reason="added")
+                self._event([key], removed=False)
+            elif not added and self._index.remove(ref) is not None:
+                self._stats.count(m.PEER_CHANGES, reason="removed")
+                self._event([key], removed=True)
 
     def _apply_load(self, job: PendingJob, ref: BlockRef, outcome: Outcome) -> None:
         serial = job.serials[ref.key]
@@ -308,8 +385,9 @@ class DiskTier(SecondaryTierManager):
         # Only the generation this load read: a newer store of the key stays.
         if self._index.remove(ref, serial) is not None:
             self._event([ref.key], removed=True)
-            if reason is not BadReason.MISSING:
-                self._delete_file(ref)
+            # Out of the ledger too (a missing file's row would mislead every
+            # server), and the file deleted in the same transaction.
+            self._delete_file(ref)
 
     def _finish(self, job: PendingJob) -> None:
         del self._jobs[job.job_id]
@@ -341,22 +419,32 @@ class DiskTier(SecondaryTierManager):
         return events
 
     def get_stats(self):
-        self._stats.gauge(m.USED_BYTES, self._index.used_bytes)
+        self._stats.gauge(m.USED_BYTES, self._used_bytes)
         return self._stats.take()
+
+    @property
+    def used_bytes(self) -> int:
+        """The store's bytes, all servers (reads the ledger: for tools and
+        tests, not the scheduler thread, which has the metric)."""
+        return self._ledger.used_bytes()
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs or self._results or self._deleting)
 
     def drain_jobs(self) -> None:
         self._pool.wait_idle()
+        self._feed.flush()  # touches into the ledger, peers' changes in
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
         stopped = self._pool.shutdown()
+        self._feed.stop(timeout_s=2.0)
         if not stopped.stuck_threads:
-            # A thread left behind may still walk from the root handle.
+            # A thread left behind may still walk from the root handle, or
+            # hold a ledger transaction.
+            self._ledger.close()
             self._layout.close()
         dropped_stores = stopped.dropped.get(Priority.STORE, 0)
         self._warnings.stopped(self._written_this_run, dropped_stores)

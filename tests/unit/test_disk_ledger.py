@@ -1,0 +1,219 @@
+"""L3 shared ledger (disk/ledger.py, ledger_startup.py): one cap, one LRU
+order and one change feed for every server on a store."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_uma.kv_offload.disk.index import BlockState, Refusal
+from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout
+from vllm_uma.kv_offload.disk.ledger import Ledger, LedgerError
+from vllm_uma.kv_offload.disk.ledger_startup import open_ledger, reconcile
+from vllm_uma.kv_offload.disk.messages import DiskWarnings
+
+NS = b"\x11" * 16
+OTHER = b"\x22" * 16
+
+
+def ref(i: int, ns: bytes = NS) -> BlockRef:
+    return BlockRef(ns, i.to_bytes(4, "big"))
+
+
+def never(_: BlockRef) -> bool:
+    return False
+
+
+class Unlinks(list):
+    def __call__(self, r: BlockRef) -> None:
+        self.append(r)
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(tmp_path)
+    led.create()
+    yield led
+    led.close()
+
+
+def stored(led: Ledger, i: int, stamp: int, *, cap=None, writer="w1", ns=NS, unlink=None):
+    got = led.reserve(
+        ref(i, ns), 10, stamp, cap, writer, never, Unlinks() if unlink is None else unlink
+    )
+    assert isinstance(got, list), got
+    led.commit(ref(i, ns), 10, stamp, writer)
+    return got
+
+
+def test_victims_are_the_least_recent_of_any_writer_and_namespace(ledger):
+    stored(ledger, 0, 100, writer="a")
+    stored(ledger, 1, 200, writer="b", ns=OTHER)
+    stored(ledger, 2, 300, writer="a")
+    ledger.touch({ref(0): 400})  # restored: most recent now
+    unlinks = Unlinks()
+    victims = stored(ledger, 3, 500, cap=30, writer="c", unlink=unlinks)
+    assert victims == [(ref(1, OTHER), 10)] and unlinks == [ref(1, OTHER)]
+    assert ledger.used_bytes() == 30
+
+
+def test_a_touch_never_moves_a_block_back(ledger):
+    stored(ledger, 0, 100)
+    stored(ledger, 1, 200)
+    ledger.touch({ref(1): 50})
+    assert stored(ledger, 2, 300, cap=20) == [(ref(0), 10)]
+
+
+def test_protected_blocks_are_skipped_and_all_protected_is_a_refusal(ledger):
+    stored(ledger, 0, 100)
+    stored(ledger, 1, 200)
+    got = ledger.reserve(ref(2), 10, 300, 20, "w1", lambda r: r == ref(0), Unlinks())
+    assert got == [(ref(1), 10)]
+    ledger.commit(ref(2), 10, 300, "w1")
+    assert ledger.reserve(ref(3), 10, 400, 20, "w1", lambda r: True, Unlinks()) is Refusal.NO_ROOM
+    assert ledger.used_bytes() == 20  # nothing changed
+    assert ledger.reserve(ref(3), 30, 400, 20, "w1", never, Unlinks()) is Refusal.TOO_BIG
+
+
+def test_a_block_being_written_is_no_victim_and_its_name_is_taken(ledger):
+    assert ledger.reserve(ref(0), 10, 100, 20, "w1", never, Unlinks()) == []
+    assert ledger.reserve(ref(0), 10, 150, 20, "w2", never, Unlinks()) is BlockState.WRITING
+    assert ledger.reserve(ref(1), 20, 200, 20, "w2", never, Unlinks()) is Refusal.NO_ROOM
+    ledger.commit(ref(0), 10, 100, "w1")
+    assert ledger.reserve(ref(0), 10, 300, 20, "w2", never, Unlinks()) is BlockState.PRESENT
+
+
+def test_a_write_abandoned_by_a_dead_process_is_reclaimed_when_room_is_short(ledger):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    ledger.reserve(ref(0), 10, 100, None, "gone", never, Unlinks())
+    db = sqlite3.connect(ledger.path)
+    db.execute("UPDATE blocks SET writer_pid=?", (int(dead.stdout),))
+    db.commit()
+    db.close()
+    unlinks = Unlinks()
+    assert ledger.reserve(ref(1), 10, 200, 10, "w1", never, unlinks) == []  # no file: no victim
+    assert unlinks == [] and ledger.used_bytes() == 10
+
+
+def test_abort_releases_and_commit_announces_to_others_only(ledger):
+    ledger.reserve(ref(0), 10, 100, None, "w1", never, Unlinks())
+    ledger.abort(ref(0), "w1")
+    assert ledger.used_bytes() == 0
+    stored(ledger, 1, 200, writer="w1")
+    ledger.forget([ref(1)], "w2", None)
+    changes, gap = ledger.changes_since(0)
+    assert not gap
+    assert [(c.ref, c.added, c.writer) for c in changes] == [
+        (ref(1), True, "w1"),
+        (ref(1), False, "w2"),
+    ]
+    assert ledger.used_bytes() == 0
+
+
+def test_a_reader_behind_the_pruned_changes_is_told_to_reload(ledger):
+    for i in range(3):
+        stored(ledger, i, 100 + i)
+    assert ledger.changes_since(0)[1] is False
+    ledger.prune_changes(older_than_s=-1)  # everything
+    stored(ledger, 9, 900)
+    assert ledger.changes_since(0)[1] is True  # changes 1..3 are gone
+    assert ledger.changes_since(3)[1] is False
+    present, seq = ledger.snapshot(NS)
+    assert [k for k, _ in present] == [ref(i).key for i in (0, 1, 2, 9)] and seq == 4
+
+
+def test_reconcile_takes_the_files_as_the_truth(tmp_path, ledger):
+    layout = Layout(tmp_path)
+    stored(ledger, 0, 100)  # its file is gone: forgotten
+    found = [FoundBlock(ref(1), 10, 50), FoundBlock(ref(2), 10, 40)]  # unknown files: added
+    done = reconcile(ledger, found, lambda r: False, "w9")
+    assert (done.added, done.forgotten) == (2, 1)
+    assert ledger.used_bytes() == 20
+    present, _ = ledger.snapshot(NS)
+    assert [k for k, _ in present] == [ref(2).key, ref(1).key]  # by mtime
+    del layout
+
+
+def _worker(root: str, writer: str, first: int, count: int, cap: int, size: int) -> None:
+    """One "server": stores ``count`` blocks, each a real file of ``size``."""
+    led = Ledger(Path(root))
+    led.create()
+    for i in range(first, first + count):
+        r = ref(i)
+        stamp = time.time_ns()
+
+        def unlink(v: BlockRef) -> None:
+            os.unlink(os.path.join(root, v.key.hex()))
+
+        got = led.reserve(r, size, stamp, cap, writer, never, unlink)
+        if isinstance(got, list):
+            tmp = os.path.join(root, f"{r.key.hex()}.{writer}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(b"x" * size)
+            os.rename(tmp, os.path.join(root, r.key.hex()))
+            led.commit(r, size, stamp, writer)
+    led.close()
+
+
+def _bytes_of_blocks(root: Path) -> int:
+    total = 0
+    for entry in os.scandir(root):
+        if not entry.name.startswith("ledger"):
+            try:
+                total += entry.stat().st_size
+            except FileNotFoundError:  # renamed or unlinked meanwhile
+                pass
+    return total
+
+
+def test_three_processes_keep_one_cap_and_the_ledger_matches_the_files(tmp_path):
+    size, cap, per = 4096, 10 * 4096, 150
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_worker, args=(str(tmp_path), f"s{n}", n * 1000, per, cap, size))
+        for n in range(3)
+    ]
+    for p in procs:
+        p.start()
+    peak = 0
+    while any(p.is_alive() for p in procs):
+        peak = max(peak, _bytes_of_blocks(tmp_path))
+        time.sleep(0.001)
+    assert all(p.join() is None and p.exitcode == 0 for p in procs)
+    # Each process has at most one write in flight beyond the cap.
+    assert peak <= cap + 3 * size, peak
+    led = Ledger(tmp_path)
+    names = {e.name for e in os.scandir(tmp_path) if not e.name.startswith("ledger")}
+    present, _ = led.snapshot(NS)
+    assert {k.hex() for k, _ in present} == names and len(names) == 10
+    assert led.used_bytes() == cap
+    led.close()
+
+
+def test_a_damaged_ledger_is_set_aside_and_rebuilt(tmp_path):
+    noindex = tmp_path / ".noindex"
+    noindex.mkdir(mode=0o700)
+    (noindex / "ledger.sqlite3").write_bytes(b"not a database" * 100)
+    led = open_ledger(Layout(tmp_path), DiskWarnings(tmp_path))
+    assert led.used_bytes() == 0
+    assert len(list(noindex.glob("ledger.sqlite3.damaged-*"))) == 1
+    led.close()
+
+
+def test_a_planted_ledger_link_is_refused(tmp_path):
+    (tmp_path / "elsewhere").write_bytes(b"")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "ledger.sqlite3")
+    with pytest.raises(LedgerError, match="not a regular file owned by this user"):
+        Ledger(tmp_path).create()

@@ -1,0 +1,98 @@
+"""L3 start-up: open the shared ledger, make it agree with the block files.
+
+Runs once in the engine-core process when the disk tier is built (before
+serving), after the layout's scan. The files are the truth: the ledger may
+be new (an older store, or one removed by hand), or behind (blocks deleted
+by hand, a server killed between a file's rename and its commit, a power
+loss that lost the last commits).
+
+Other servers may be using the store meanwhile, so everything is decided
+inside one write transaction: no peer can commit while we compare, and a
+file the scan missed because a peer renamed it just after is looked up
+again by name before its row is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout, pid_is_alive
+from vllm_uma.kv_offload.disk.ledger import LEDGER_FILE, STALE_WRITE_S, Ledger, log_change
+from vllm_uma.kv_offload.disk.messages import DiskWarnings
+
+
+def open_ledger(layout: Layout, warnings: DiskWarnings) -> Ledger:
+    """The store's ledger, created if missing. A file SQLite cannot read
+    (damaged, or not a database) is moved aside and started afresh: the
+    block files are the truth, and ``reconcile`` rebuilds the rows."""
+    ledger = Ledger(layout.noindex)
+    try:
+        ledger.create()
+    except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError):
+            raise  # locked past the timeout, or unwritable: not damage
+        ledger.close()
+        aside = ledger.path.with_name(f"{LEDGER_FILE}.damaged-{time.time_ns()}")
+        os.rename(ledger.path, aside)
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(str(ledger.path) + suffix)
+        warnings.ledger_rebuilt(ledger.path, str(exc), aside)
+        ledger = Ledger(layout.noindex)
+        ledger.create()
+    return ledger
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    added: int  # files the ledger did not know
+    forgotten: int  # rows whose file is gone
+    reclaimed: int  # writes abandoned by a dead process
+
+
+def reconcile(
+    ledger: Ledger, found: list[FoundBlock], exists: Callable[[BlockRef], bool], writer: str
+) -> Reconciled:
+    """Rows for every file found, no row for a file that is gone, and the
+    used total recounted from the rows."""
+    files = {block.ref: block for block in found}
+    added = forgotten = reclaimed = 0
+    now = time.time()
+    with ledger.transaction() as db:
+        rows = db.execute("SELECT ns, key, state, writer_pid, since FROM blocks").fetchall()
+        known = set()
+        for ns, key, state, pid, since in rows:
+            ref = BlockRef(ns, key)
+            known.add(ref)
+            if state == 0:
+                # A write in flight: its owner commits or aborts it. Gone
+                # owner: the file (if its rename happened) is taken as is.
+                ours_before = pid == os.getpid()  # an earlier tier of this process
+                if pid_is_alive(pid) and not ours_before and now - since < STALE_WRITE_S:
+                    continue
+                if ref in files:
+                    db.execute("UPDATE blocks SET state=1 WHERE ns=? AND key=?", (ns, key))
+                else:
+                    db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ns, key))
+                    reclaimed += 1
+            elif ref not in files and not exists(ref):
+                db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ns, key))
+                log_change(db, ref, 0, added=False, writer=writer)
+                forgotten += 1
+        for ref, block in files.items():
+            if ref not in known:
+                db.execute(
+                    "INSERT INTO blocks VALUES (?,?,?,1,?,?,0,?)",
+                    (ref.namespace, ref.key, block.size, block.mtime_ns, writer, now),
+                )
+                log_change(db, ref, block.size, added=True, writer=writer)
+                added += 1
+        db.execute(
+            "UPDATE meta SET value=(SELECT coalesce(sum(size), 0) FROM blocks) WHERE name='used'"
+        )
+    return Reconciled(added, forgotten, reclaimed)
