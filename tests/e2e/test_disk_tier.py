@@ -40,28 +40,21 @@ import pytest
 import zmq
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
-from tests.e2e.traffic import EAGER, complete, metrics
+from tests.e2e.disk_store import (
+    BLOCK_FILE_BYTES,
+    BLOCK_TOKENS,
+    block_files,
+    disk_args,
+    leftovers,
+    start,
+    store_bytes,
+)
+from tests.e2e.traffic import complete, metrics
 from vllm_uma.kv_offload.disk import block_file
-from vllm_uma.kv_offload.disk.layout import NOINDEX, tree_bytes
-from vllm_uma.procs import Server, free_port, metric
+from vllm_uma.procs import free_port, metric
 
 pytestmark = pytest.mark.slow
 
-# 18 float32 blocks (17 usable): room for one 2,048-token request, not for
-# two prompts of 10 blocks (9 full and the tail).
-SMALL_L1 = [
-    *EAGER,
-    "--dtype",
-    "float32",
-    "--kv-cache-memory-bytes",
-    "110000000",
-    "--max-model-len",
-    "2048",
-]
-BLOCK_TOKENS = 128  # vLLM CPU's KV block
-KV_PER_TOKEN = 46_080  # SmolLM2-135M in float32: 2 x 30 layers x 3 heads x 64 x 4 B
-BLOCK_FILE_BYTES = block_file.file_bytes(BLOCK_TOKENS * KV_PER_TOKEN)  # a row of KV + header
-POOL_GIB = 0.3  # 54 float32 blocks: A's four prompts (36 blocks) fit
 PROMPTS = range(4)
 DISK_HITS = "vllm:prompt_tokens_cached_by_source_total"
 BAD_BLOCKS = "vllm:kv_offload_disk_bad_blocks_total"
@@ -69,26 +62,6 @@ EVICTIONS = "vllm:kv_offload_disk_evicted_blocks_total"
 STORE_FAILED = "vllm:kv_offload_disk_store_failed_blocks_total"
 OTHER_MODEL = b"\x01" * 16  # a namespace id no real model has
 C_REVISITS = [3, 2, 1, 0]  # C's completed prompts, the last stored first
-
-
-def disk_args(root: Path, cap_gib: float) -> list[str]:
-    tier = {"type": "fs", "root_dir": str(root), "max_size_gib": cap_gib}
-    config = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
-    return [
-        *SMALL_L1,
-        "--kv-offloading-size",
-        str(POOL_GIB),
-        "--kv-transfer-config",
-        json.dumps(config),
-    ]
-
-
-def block_files(root: Path) -> list[Path]:
-    return sorted((root / ".noindex").rglob(f"*{block_file.BLOCK_SUFFIX}"))
-
-
-def leftovers(root: Path) -> list[Path]:
-    return [p for p in (root / ".noindex").rglob("*") if block_file.is_temp_name(p.name)]
 
 
 def namespace_of(path: Path) -> bytes:
@@ -145,10 +118,6 @@ class EventListener:
     def first_disk_batch(self, kind) -> list:
         """The disk events of the first batch that has any."""
         return next((found for b in self.batches if (found := self.on_disk(kind, b))), [])
-
-
-def start(exe, args, log_dir: Path) -> Server:
-    return Server(exe, args, log_dir / "server.log").wait_ready()
 
 
 def serve_prompts(
@@ -305,7 +274,7 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
 
     def sample():
         while not stop_sampling.is_set():
-            sizes.append(tree_bytes(root / NOINDEX))
+            sizes.append(store_bytes(root))
             time.sleep(0.05)
 
     listener = EventListener()

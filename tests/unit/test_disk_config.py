@@ -142,3 +142,20 @@ def test_the_resolved_settings_travel_to_the_engine_without_io(tmp_path):
 def test_resolved_settings_not_written_by_the_platform_are_refused():
     with pytest.raises(dc.DiskTierConfigError, match="was not written by the vllm-uma platform"):
         dc.from_extra_config({"root_dir": "/x"})
+
+
+def test_the_filesystem_of_a_path_is_its_longest_mount(tmp_path):
+    from pathlib import Path
+
+    from vllm_uma.kv_offload.disk.config import filesystem_of
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda1 / ext4 rw 0 0\n"
+        "server:/export /srv/kv nfs4 rw 0 0\n"
+        "tmpfs /srv/kv\\040cache tmpfs rw 0 0\n"
+    )
+    assert filesystem_of(Path("/srv/kv/a"), str(mounts)) == "nfs4"
+    assert filesystem_of(Path("/srv/kvx"), str(mounts)) == "ext4"  # not under /srv/kv
+    assert filesystem_of(Path("/srv/kv cache/x"), str(mounts)) == "tmpfs"
+    assert filesystem_of(Path("/x"), str(tmp_path / "none")) == "?"

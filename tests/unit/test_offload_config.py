@@ -197,18 +197,34 @@ def test_other_speculative_methods_are_allowed():
 
 
 @pytest.mark.parametrize("algo", ["xxhash", "xxhash_cbor"])
-def test_per_process_hashes_warn_unless_seeded(monkeypatch, algo):
-    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    warning = oc.hash_warning(vllm_config(hash_algo=algo))
-    assert f"--prefix-caching-hash-algo {algo} is seeded per process" in warning
-    assert "Set PYTHONHASHSEED or use sha256" in warning
-    monkeypatch.setenv("PYTHONHASHSEED", "0")
-    assert oc.hash_warning(vllm_config(hash_algo=algo)) is None
+@pytest.mark.parametrize("seed", [None, "0"])
+def test_a_disk_tier_refuses_a_hash_that_is_not_collision_resistant(
+    tmp_path, monkeypatch, algo, seed
+):
+    if seed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", seed)  # a known seed is no fix
+    tiers = [{"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 1}]
+    cfg = vllm_config(size=1, ktc=connector(None, secondary_tiers=tiers), hash_algo=algo)
+    with pytest.raises(oc.OffloadingConfigError) as err:
+        oc.translate(cfg, 24 * GiB)
+    assert f"--prefix-caching-hash-algo {algo} cannot name the disk tier" in str(err.value)
+    assert "Use --prefix-caching-hash-algo sha256" in str(err.value)
+    assert not (tmp_path / "kv").exists()  # refused before anything was created
 
 
-def test_stable_hashes_do_not_warn(monkeypatch):
-    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    assert oc.hash_warning(vllm_config(hash_algo="sha256")) is None
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+def test_a_disk_tier_takes_sha256(tmp_path, algo):
+    tiers = [{"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 1}]
+    cfg = vllm_config(size=1, ktc=connector(None, secondary_tiers=tiers), hash_algo=algo)
+    assert oc.translate(cfg, 24 * GiB).disk is not None
+
+
+def test_the_host_pool_alone_takes_any_hash(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)  # the pool lives in-process
+    plan = oc.translate(vllm_config(size=1, ktc=connector(None), hash_algo="xxhash"), 24 * GiB)
+    assert plan.disk is None and plan.warnings == ()
 
 
 def test_a_disk_tier_selects_the_tiered_spec(tmp_path):
@@ -225,12 +241,6 @@ def test_without_a_disk_tier_the_pool_spec_is_used_and_no_warnings(monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     plan = oc.translate(vllm_config(size=1, ktc=connector(None)), 24 * GiB)
     assert plan.disk is None and plan.warnings == ()
-
-
-def test_the_hash_warning_is_part_of_the_plan(monkeypatch):
-    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    plan = oc.translate(vllm_config(size=1, ktc=connector(None), hash_algo="xxhash"), 24 * GiB)
-    assert any("seeded per process" in w for w in plan.warnings)
 
 
 def test_a_disk_tier_gives_a_stopping_server_time_to_write(tmp_path):

@@ -179,17 +179,27 @@ def refuse_parallelism(vllm_config) -> None:
         )
 
 
-def hash_warning(vllm_config) -> str | None:
-    """Why per-process hashes matter, when they are in use; else None."""
+# Block hashes that name files outliving the process: collision-resistant
+# and the same in every process.
+DISK_HASH_ALGOS = ("sha256", "sha256_cbor")
+
+
+def refuse_weak_hash(vllm_config) -> None:
+    """The disk tier names block files by vLLM's prefix hash. xxhash is 64
+    bits and not collision-resistant: a prompt crafted to collide with
+    another's block would be served that block's KV by every server on the
+    store, for as long as the file lives (seeding it with PYTHONHASHSEED only
+    makes the seed known). It is also seeded per process otherwise, so a
+    restarted server could not find its blocks."""
     algo = vllm_config.cache_config.prefix_caching_hash_algo
-    if algo in ("xxhash", "xxhash_cbor") and not os.environ.get("PYTHONHASHSEED"):
-        return (
-            f"--prefix-caching-hash-algo {algo} is seeded per process unless "
-            f"PYTHONHASHSEED is set: offloaded blocks cannot be found again by "
-            f"a restarted server (the disk tier needs stable hashes). Set "
-            f"PYTHONHASHSEED or use sha256."
+    if algo not in DISK_HASH_ALGOS:
+        raise OffloadingConfigError(
+            f"--prefix-caching-hash-algo {algo} cannot name the disk tier's block "
+            f"files: they outlive the process and are shared, so their names must "
+            f"be collision-resistant and the same in every process. Use "
+            f"--prefix-caching-hash-algo sha256 (the default) or sha256_cbor, or "
+            f"remove 'secondary_tiers'."
         )
-    return None
 
 
 def kv_events_enabled(vllm_config) -> bool:
@@ -215,11 +225,11 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
             f"store_threshold={extra['store_threshold']} cannot be combined with "
             f"the disk tier ('secondary_tiers'): remove one of them."
         )
+    if extra.get("secondary_tiers"):
+        refuse_weak_hash(vllm_config)
     disk, warnings = parse_disk_tier(
         extra.get("secondary_tiers"), kv_events_enabled=kv_events_enabled(vllm_config)
     )
-    if (hash_note := hash_warning(vllm_config)) is not None:
-        warnings.append(hash_note)
     pool = _translate_pool(vllm_config, total_ram, TIERED_SPEC if disk else POOL_SPEC)
     if disk is not None:
         try:

@@ -138,6 +138,12 @@ def parse_disk_tier(
             '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\' to publish them.'
         )
     prepare_root(root_dir)
+    if (fstype := filesystem_of(root_dir)) in NETWORK_FILESYSTEMS:
+        warnings.append(
+            f"the fs tier's root_dir {root_dir} is on {fstype}, a network filesystem: "
+            f"its shared ledger (SQLite WAL) works for the servers of this host only. "
+            f"Never give another host the same root_dir; give each host its own store."
+        )
     cap_bytes, reason = resolve_cap(raw.get("max_size_gib"), root_dir)
     return (
         DiskTierConfig(
@@ -149,6 +155,49 @@ def parse_disk_tier(
         ),
         warnings,
     )
+
+
+# Where several hosts could mount one store, which the ledger cannot serve.
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "9p",
+        "fuse.sshfs",
+        "fuse.glusterfs",
+        "fuse.cephfs",
+        "afs",
+        "beegfs",
+        "gpfs",
+    }
+)
+
+
+def filesystem_of(path: Path, mounts: str = "/proc/self/mounts") -> str:
+    """The type of the filesystem ``path`` is on (the longest mount point
+    that contains it), or "?" if /proc does not say."""
+    best, kind = "", "?"
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return kind
+    target = str(path.resolve())
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # /proc escapes spaces in mount points as \040.
+        mount = fields[1].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, fields[2]
+    return kind
 
 
 def _root_dir(value: Any) -> Path:

@@ -1,0 +1,197 @@
+"""What sharing one disk store costs: the ledger's time per store and lookup.
+
+    .venv/bin/python tools/benchmark/disk_ledger_cost.py [--dir DIR]
+        [--jobs 40] [--servers 1,3] [--json out.json]
+
+For each count of servers in --servers, that many processes each build the
+real DiskTier on one root_dir (under --dir: by default beside the project,
+on its disk, never tmpfs) with a cap of a quarter of their traffic, and
+store --jobs jobs of 9 blocks of the default model's row (128 tokens x
+23,040 B) through it: the real I/O threads, the real ledger, evictions in
+every job once the cap is reached. The ledger's own calls (reserve, commit)
+and the block file writes are timed where the tier makes them, so the
+figures are the code's, at its parallelism. Then each process times its
+lookups (what the scheduler thread pays per block: a dict read and, on a
+hit, a queued touch) and its feed's flushes (touches written, peers'
+changes read).
+
+Printed per run: the ledger's time per store (p50 of reserve + commit, and
+each one's p99: lock waits show there), the block write's
+(p50), their ratio, a lookup's ns, a feed flush's ms, and whether the cap
+held. One run: the ratios, not the absolute times, are the result (the
+machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import multiprocessing
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+ROW = 128 * 23_040  # one KV block of the default model in bf16
+JOB_BLOCKS = 9
+ROWS = 36
+
+
+def _timed(owner, name: str, into: list[float]) -> None:
+    real = getattr(owner, name)
+
+    def timed(*args, **kw):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kw)
+        finally:
+            into.append(time.perf_counter() - start)
+
+    setattr(owner, name, timed)
+
+
+def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessing.Queue) -> None:
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    from vllm_uma.kv_offload.disk import io_threads, ledger_feed
+    from vllm_uma.kv_offload.disk.config import DiskTierConfig
+    from vllm_uma.kv_offload.disk.ledger import Ledger
+    from vllm_uma.kv_offload.disk.tier import DiskTier
+
+    reserve_s: list[float] = []
+    commit_s: list[float] = []
+    write_s: list[float] = []
+    flush_s: list[float] = []
+    _timed(Ledger, "reserve", reserve_s)
+    _timed(Ledger, "commit", commit_s)
+    _timed(io_threads, "write_block", write_s)
+    _timed(ledger_feed.LedgerFeed, "flush", flush_s)
+
+    buffer = mmap.mmap(-1, ROWS * ROW)
+    np.frombuffer(buffer, dtype=np.uint8)[:] = index + 1
+    config = DiskTierConfig(Path(root), cap_bytes, False, "benchmark")
+    ns = bytes.fromhex("be" * 16)
+    tier = DiskTier(
+        SimpleNamespace(),
+        memoryview(buffer).cast("B", (ROWS, ROW)),
+        "fs",
+        config=config,
+        namespace_id=ns,
+        namespace_info={"model": "benchmark"},
+    )
+    ctx = ReqContext(req_id=f"bench-{index}")
+    keys = []
+    start = time.perf_counter()
+    for job_id in range(1, jobs + 1):
+        job_keys = [
+            (index * 1_000_000 + job_id * 100 + b).to_bytes(32, "big") + bytes(4)
+            for b in range(JOB_BLOCKS)
+        ]
+        rows = np.arange(JOB_BLOCKS, dtype=np.int64) + (job_id % 4) * JOB_BLOCKS
+        tier.submit_store(TransferJob(job_id, job_keys, rows, False, ctx))
+        keys += job_keys
+        tier.drain_jobs()
+        list(tier.get_finished_jobs())
+    elapsed = time.perf_counter() - start
+    lookups = 0
+    t0 = time.perf_counter_ns()
+    for _ in range(20):
+        for key in keys:
+            lookups += tier.lookup(key, ctx) is LookupResult.HIT
+    lookup_ns = (time.perf_counter_ns() - t0) / (20 * len(keys))
+    used = tier.used_bytes
+    tier.shutdown()
+    out.put(
+        dict(
+            stores=len(write_s),
+            reserve_s=reserve_s,
+            commit_s=commit_s,
+            write_s=write_s,
+            flush_s=flush_s,
+            lookup_ns=lookup_ns,
+            hits=lookups // 20,
+            used=used,
+            elapsed=elapsed,
+        )
+    )
+
+
+def run(root: Path, servers: int, jobs: int) -> dict:
+    traffic = servers * jobs * JOB_BLOCKS * (ROW + 4096)
+    cap = traffic // 4
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=server, args=(str(root), i, jobs, cap, out)) for i in range(servers)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=1800) for _ in procs]
+    for p in procs:
+        p.join()
+
+    def pooled(name: str) -> list[float]:
+        return sorted(x for r in results for x in r[name])
+
+    reserve, commit, writes = pooled("reserve_s"), pooled("commit_s"), pooled("write_s")
+    flushes = pooled("flush_s")
+    per_store = statistics.median(reserve) + statistics.median(commit)
+    return dict(
+        servers=servers,
+        stores=sum(r["stores"] for r in results),
+        cap_bytes=cap,
+        used_bytes_after=max(r["used"] for r in results),
+        ledger_per_store_p50_us=per_store * 1e6,
+        reserve_p99_us=_p99(reserve) * 1e6,
+        commit_p99_us=_p99(commit) * 1e6,
+        write_per_block_p50_us=statistics.median(writes) * 1e6,
+        ledger_over_write=per_store / statistics.median(writes),
+        lookup_ns=statistics.mean(r["lookup_ns"] for r in results),
+        feed_flush_p50_ms=statistics.median(flushes) * 1e3 if flushes else 0.0,
+    )
+
+
+def _p99(values: list[float]) -> float:
+    return values[int(0.99 * (len(values) - 1))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dir", type=Path, default=REPO)
+    parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--servers", default="1,3")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = []
+    for count in [int(n) for n in args.servers.split(",")]:
+        root = Path(tempfile.mkdtemp(prefix="uma-ledger-bench-", dir=args.dir))
+        try:
+            rows.append(run(root / "kv", count, args.jobs))
+        finally:
+            shutil.rmtree(root)
+    print(
+        f"{'servers':>7} {'stores':>6} {'ledger/store p50':>16} {'p99 reserve':>11} "
+        f"{'p99 commit':>10} {'write/block p50':>15} {'ledger/write':>12} {'lookup':>9} "
+        f"{'feed flush':>10} cap held"
+    )
+    for r in rows:
+        print(
+            f"{r['servers']:>7} {r['stores']:>6} {r['ledger_per_store_p50_us']:>13.0f} us "
+            f"{r['reserve_p99_us']:>8.0f} us {r['commit_p99_us']:>7.0f} us "
+            f"{r['write_per_block_p50_us']:>12.0f} us "
+            f"{r['ledger_over_write']:>11.1%} {r['lookup_ns']:>6.0f} ns "
+            f"{r['feed_flush_p50_ms']:>7.2f} ms {r['used_bytes_after'] <= r['cap_bytes']}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
