@@ -217,3 +217,36 @@ def test_a_planted_ledger_link_is_refused(tmp_path):
     os.symlink(tmp_path / "elsewhere", tmp_path / "ledger.sqlite3")
     with pytest.raises(LedgerError, match="not a regular file owned by this user"):
         Ledger(tmp_path).create()
+
+
+def test_a_victim_keeps_its_name_and_bytes_until_its_file_is_gone(tmp_path, ledger):
+    other = Ledger(tmp_path)  # another server's handle on the same store
+    stored(ledger, 0, 100)
+    seen = {}
+
+    def unlink(victim: BlockRef) -> None:  # runs after the reservation's commit
+        seen["reserve"] = other.reserve(victim, 10, 150, None, "w2", never, Unlinks())
+        seen["used"] = other.used_bytes()
+        seen["changes"] = [(c.ref, c.added) for c in other.changes_since(1)[0]]
+
+    assert stored(ledger, 1, 200, cap=10, unlink=unlink) == [(ref(0), 10)]
+    assert seen["reserve"] is BlockState.WRITING  # taken: no store lands under it
+    assert seen["used"] == 20  # the victim's file still counts
+    assert seen["changes"] == [(ref(0), False)]  # already announced as removed
+    assert ledger.used_bytes() == 10
+    assert other.reserve(ref(0), 10, 300, None, "w2", never, Unlinks()) == []  # free now
+    other.close()
+
+
+def test_a_deletion_left_by_a_dead_process_is_finished_or_undone_at_start(tmp_path, ledger):
+    stored(ledger, 0, 100)
+    stored(ledger, 1, 200)
+    db = sqlite3.connect(ledger.path)
+    db.execute("UPDATE blocks SET state=2, writer_pid=999999999")  # no such pid
+    db.commit()
+    db.close()
+    # Block 0's file was not unlinked yet: a block again. Block 1's was.
+    done = reconcile(ledger, [FoundBlock(ref(0), 10, 100)], lambda r: False, "w9")
+    assert done.reclaimed == 1
+    present, _ = ledger.snapshot(NS)
+    assert [k for k, _ in present] == [ref(0).key] and ledger.used_bytes() == 10

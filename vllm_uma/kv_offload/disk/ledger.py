@@ -12,9 +12,8 @@ one root_dir. The block files hold the KV; the ledger,
 
 Who calls it, all in engine-core processes and never on the scheduler
 thread: the I/O threads reserve, commit, abort and forget blocks (one short
-transaction each, and the files a transaction evicts are unlinked before it
-commits, so no server can store the same name between the row's removal and
-the file's); the feed thread writes batched touches and reads changes;
+transaction each; the files a reservation evicts are unlinked after it, and
+their rows released in a second one); the feed thread writes batched touches and reads changes;
 start-up reconciles the ledger with the files (ledger_startup.py); the
 ``kv-store`` admin command forgets what it deletes.
 
@@ -29,7 +28,10 @@ Invariants, at every commit:
   store should give the same cap; if not, each store obeys its own);
 - a row being written (state 0) is never a victim; one whose writer's
   process is gone, or that is over an hour old, is reclaimed when room is
-  short (its temp file is the start-up scan's to remove).
+  short (its temp file is the start-up scan's to remove);
+- a victim stays in the ledger, counted and its name taken, as "being
+  deleted" (state 2) until its file is unlinked: the unlink happens outside
+  the write lock, and no store can land under the name before it.
 """
 
 from __future__ import annotations
@@ -58,11 +60,11 @@ _PAGE = 256  # victim candidates read per query
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (
     ns BLOB NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL,
-    state INTEGER NOT NULL,          -- 0 being written, 1 present
+    state INTEGER NOT NULL,          -- 0 being written, 1 present, 2 being deleted
     last_use INTEGER NOT NULL,       -- ns since the epoch: the LRU order
     writer TEXT NOT NULL, writer_pid INTEGER NOT NULL, since REAL NOT NULL,
     PRIMARY KEY (ns, key)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS blocks_lru ON blocks (last_use);
+CREATE INDEX IF NOT EXISTS blocks_lru ON blocks (last_use, ns, key);
 CREATE TABLE IF NOT EXISTS changes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     ns BLOB NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL,
@@ -74,6 +76,16 @@ INSERT OR IGNORE INTO meta VALUES ('used', 0);
 
 class LedgerError(RuntimeError):
     """The ledger cannot be used; the message names the file and the fix."""
+
+
+# blocks.state
+_WRITING, PRESENT, _DELETING = 0, 1, 2
+
+
+class _Victim(NamedTuple):
+    ref: BlockRef
+    size: int
+    state: int  # PRESENT, or an abandoned _WRITING / _DELETING row
 
 
 class Change(NamedTuple):
@@ -162,34 +174,35 @@ class Ledger:
         unlink: Unlink,
     ) -> list[tuple[BlockRef, int]] | Refusal | BlockState:
         """Add ``ref`` as being written, evicting least recent blocks to stay
-        within ``cap``. Returns the victims (rows gone, files unlinked), a
-        Refusal with nothing changed, or the state of the row another store
-        already holds under that name (nothing to write)."""
+        within ``cap``. Returns the victims (gone from the ledger, files
+        unlinked), a Refusal with nothing changed, or the state of the row
+        another store holds under that name (nothing to write)."""
         if cap is not None and size > cap:
             return Refusal.TOO_BIG
         with self.transaction() as db:
             row = db.execute(
                 "SELECT state FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key)
             ).fetchone()
-            if row is not None:
-                return BlockState.PRESENT if row[0] else BlockState.WRITING
+            if row is not None:  # present, or being written or deleted
+                return BlockState.PRESENT if row[0] == PRESENT else BlockState.WRITING
             victims = self._make_room(db, size, cap, protected)
             if victims is None:
                 return Refusal.NO_ROOM
-            self._remove_rows(db, victims, writer, unlink)
+            doomed = self._condemn(db, victims, writer)
             db.execute(
-                "INSERT INTO blocks VALUES (?,?,?,0,?,?,?,?)",
-                (ref.namespace, ref.key, size, stamp, writer, os.getpid(), time.time()),
+                "INSERT INTO blocks VALUES (?,?,?,?,?,?,?,?)",
+                (ref.namespace, ref.key, size, _WRITING, stamp, writer, os.getpid(), time.time()),
             )
             add_used(db, size)
-        return _present(victims)
+        self._delete_files(doomed, writer, unlink)
+        return [(v.ref, v.size) for v in victims if v.state == PRESENT]
 
     def commit(self, ref: BlockRef, size: int, stamp: int, writer: str) -> None:
         """Our write is complete under its final name: present for all."""
         with self.transaction() as db:
             done = db.execute(
-                "UPDATE blocks SET state=1 WHERE ns=? AND key=? AND writer=? AND state=0",
-                (ref.namespace, ref.key, writer),
+                "UPDATE blocks SET state=? WHERE ns=? AND key=? AND writer=? AND state=?",
+                (PRESENT, ref.namespace, ref.key, writer, _WRITING),
             ).rowcount
             if not done:
                 taken = db.execute(
@@ -200,8 +213,17 @@ class Ledger:
                 # Our reservation was reclaimed as stale (over an hour old):
                 # the file is complete and ours, so it is present again.
                 db.execute(
-                    "INSERT INTO blocks VALUES (?,?,?,1,?,?,?,?)",
-                    (ref.namespace, ref.key, size, stamp, writer, os.getpid(), time.time()),
+                    "INSERT INTO blocks VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        ref.namespace,
+                        ref.key,
+                        size,
+                        PRESENT,
+                        stamp,
+                        writer,
+                        os.getpid(),
+                        time.time(),
+                    ),
                 )
                 add_used(db, size)
             log_change(db, ref, size, added=True, writer=writer)
@@ -213,8 +235,8 @@ class Ledger:
         try:
             with self.transaction() as db:
                 size = db.execute(
-                    "SELECT size FROM blocks WHERE ns=? AND key=? AND writer=? AND state=0",
-                    (ref.namespace, ref.key, writer),
+                    "SELECT size FROM blocks WHERE ns=? AND key=? AND writer=? AND state=?",
+                    (ref.namespace, ref.key, writer, _WRITING),
                 ).fetchone()
                 if size is not None:
                     db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
@@ -234,17 +256,18 @@ class Ledger:
     ) -> list[BlockRef]:
         """Remove present blocks (bad, or deleted by an administrator), with
         their files if ``unlink``; returns those the ledger held."""
-        gone = []
         with self.transaction() as db:
+            gone = []
             for ref in refs:
                 size = db.execute(
-                    "SELECT size FROM blocks WHERE ns=? AND key=? AND state=1",
-                    (ref.namespace, ref.key),
+                    "SELECT size FROM blocks WHERE ns=? AND key=? AND state=?",
+                    (ref.namespace, ref.key, PRESENT),
                 ).fetchone()
                 if size is not None:
-                    gone.append((ref, size[0], BlockState.PRESENT))
-            self._remove_rows(db, gone, writer, unlink)
-        return [ref for ref, _, _ in gone]
+                    gone.append(_Victim(ref, size[0], PRESENT))
+            doomed = self._condemn(db, gone, writer)
+        self._delete_files(doomed, writer, unlink)
+        return [v.ref for v in gone]
 
     # -- room ---------------------------------------------------------------------
 
@@ -253,9 +276,10 @@ class Ledger:
     ) -> list[tuple[BlockRef, int]]:
         """Evict least recent blocks until within ``cap`` (a lowered cap)."""
         with self.transaction() as db:
-            victims = self._make_room(db, 0, cap, protected, partial=True)
-            self._remove_rows(db, victims or [], writer, unlink)
-        return _present(victims or [])
+            victims = self._make_room(db, 0, cap, protected, partial=True) or []
+            doomed = self._condemn(db, victims, writer)
+        self._delete_files(doomed, writer, unlink)
+        return [(v.ref, v.size) for v in victims if v.state == PRESENT]
 
     def _make_room(
         self,
@@ -264,59 +288,88 @@ class Ledger:
         cap: int | None,
         protected: Protected,
         partial: bool = False,
-    ) -> list[tuple[BlockRef, int, BlockState]] | None:
+    ) -> list[_Victim] | None:
         if cap is None:
             return []
         excess = _used(db) + size - cap
-        chosen: list[tuple[BlockRef, int, BlockState]] = []
+        chosen: list[_Victim] = []
         if excess <= 0:
             return chosen
         freed = 0
-        for ref, nbytes, state in self._candidates(db):
-            if state is BlockState.PRESENT and protected(ref):
+        for victim in self._candidates(db):
+            if victim.state == PRESENT and protected(victim.ref):
                 continue
-            chosen.append((ref, nbytes, state))
-            freed += nbytes
+            chosen.append(victim)
+            freed += victim.size
             if freed >= excess:
                 return chosen
         return chosen if partial else None
 
-    def _candidates(self, db: sqlite3.Connection) -> Iterator[tuple[BlockRef, int, BlockState]]:
-        """Present blocks least recent first, then abandoned writes."""
-        last = -1
+    def _candidates(self, db: sqlite3.Connection) -> Iterator[_Victim]:
+        """Present blocks least recent first, then rows a dead process left
+        being written or deleted."""
+        after = (-1, b"", b"")
         while True:
             page = db.execute(
-                "SELECT ns, key, size, last_use FROM blocks WHERE state=1 AND last_use>=? "
-                "ORDER BY last_use LIMIT ?",
-                (last, _PAGE),
+                "SELECT ns, key, size, last_use FROM blocks WHERE state=? "
+                "AND (last_use, ns, key) > (?, ?, ?) ORDER BY last_use, ns, key LIMIT ?",
+                (PRESENT, *after, _PAGE),
             ).fetchall()
             for ns, key, size, _ in page:
-                yield BlockRef(ns, key), size, BlockState.PRESENT
+                yield _Victim(BlockRef(ns, key), size, PRESENT)
             if len(page) < _PAGE:
                 break
-            # Rows sharing the boundary stamp are read twice: skip them once.
-            last = page[-1][3] + 1
+            after = (page[-1][3], page[-1][0], page[-1][1])
         now = time.time()
-        for ns, key, size, pid, since in db.execute(
-            "SELECT ns, key, size, writer_pid, since FROM blocks WHERE state=0"
+        for ns, key, size, state, pid, since in db.execute(
+            "SELECT ns, key, size, state, writer_pid, since FROM blocks WHERE state!=?",
+            (PRESENT,),
         ).fetchall():
             if now - since > STALE_WRITE_S or not pid_is_alive(pid):
-                yield BlockRef(ns, key), size, BlockState.WRITING
+                yield _Victim(BlockRef(ns, key), size, state)
 
-    def _remove_rows(
-        self,
-        db: sqlite3.Connection,
-        rows: list[tuple[BlockRef, int, BlockState]],
-        writer: str,
-        unlink: Unlink | None,
-    ) -> None:
-        for ref, size, state in rows:
-            db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
-            add_used(db, -size)
-            if state is BlockState.PRESENT:
-                log_change(db, ref, size, added=False, writer=writer)
-                if unlink is not None:
-                    unlink(ref)
+    def _condemn(
+        self, db: sqlite3.Connection, victims: list[_Victim], writer: str
+    ) -> list[_Victim]:
+        """Inside the transaction: present victims become DELETING (still
+        counted, their names taken, announced as removed), abandoned
+        deletions become ours; returns what ``_delete_files`` must finish.
+        An abandoned write had no file yet: its row just goes."""
+        doomed = []
+        for victim in victims:
+            ref = victim.ref
+            if victim.state == _WRITING:
+                db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
+                add_used(db, -victim.size)
+                continue
+            db.execute(
+                "UPDATE blocks SET state=?, writer=?, writer_pid=?, since=? WHERE ns=? AND key=?",
+                (_DELETING, writer, os.getpid(), time.time(), ref.namespace, ref.key),
+            )
+            if victim.state == PRESENT:
+                log_change(db, ref, victim.size, added=False, writer=writer)
+            doomed.append(victim)
+        return doomed
+
+    def _delete_files(self, doomed: list[_Victim], writer: str, unlink: Unlink | None) -> None:
+        """Outside the transaction (an unlink of a large file takes a
+        fraction of a millisecond, too long to hold every server's lock):
+        unlink, then release the rows and their bytes. A name stays taken
+        until its file is gone, so no store lands under it meanwhile."""
+        if not doomed:
+            return
+        if unlink is not None:
+            for victim in doomed:
+                unlink(victim.ref)
+        with self.transaction() as db:
+            for victim in doomed:
+                ref = victim.ref
+                gone = db.execute(
+                    "DELETE FROM blocks WHERE ns=? AND key=? AND state=? AND writer=?",
+                    (ref.namespace, ref.key, _DELETING, writer),
+                ).rowcount
+                if gone:
+                    add_used(db, -victim.size)
 
     # -- feed (the feed thread) ------------------------------------------------
 
@@ -362,11 +415,6 @@ class Ledger:
     def prune_changes(self, older_than_s: float) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM changes WHERE at<?", (time.time() - older_than_s,))
-
-
-def _present(rows: list[tuple[BlockRef, int, BlockState]]) -> list[tuple[BlockRef, int]]:
-    """Victims that were blocks (abandoned writes had no file to announce)."""
-    return [(ref, size) for ref, size, state in rows if state is BlockState.PRESENT]
 
 
 def _used(db: sqlite3.Connection) -> int:

@@ -22,7 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout, pid_is_alive
-from vllm_uma.kv_offload.disk.ledger import LEDGER_FILE, STALE_WRITE_S, Ledger, log_change
+from vllm_uma.kv_offload.disk.ledger import (
+    LEDGER_FILE,
+    PRESENT,
+    STALE_WRITE_S,
+    Ledger,
+    log_change,
+)
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 
 
@@ -69,18 +75,22 @@ def reconcile(
         for ns, key, state, pid, since in rows:
             ref = BlockRef(ns, key)
             known.add(ref)
-            if state == 0:
-                # A write in flight: its owner commits or aborts it. Gone
-                # owner: the file (if its rename happened) is taken as is.
+            on_disk = ref in files or exists(ref)
+            if state != PRESENT:
+                # Being written or deleted: its owner finishes it. A gone
+                # owner's file (renamed, or not yet unlinked) is a block.
                 ours_before = pid == os.getpid()  # an earlier tier of this process
                 if pid_is_alive(pid) and not ours_before and now - since < STALE_WRITE_S:
                     continue
-                if ref in files:
-                    db.execute("UPDATE blocks SET state=1 WHERE ns=? AND key=?", (ns, key))
+                if on_disk:
+                    db.execute("UPDATE blocks SET state=? WHERE ns=? AND key=?", (PRESENT, ns, key))
+                    log_change(
+                        db, ref, files[ref].size if ref in files else 0, added=True, writer=writer
+                    )
                 else:
                     db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ns, key))
                     reclaimed += 1
-            elif ref not in files and not exists(ref):
+            elif not on_disk:
                 db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ns, key))
                 log_change(db, ref, 0, added=False, writer=writer)
                 forgotten += 1
