@@ -63,6 +63,7 @@ def make_tier(
     events: bool = True,
     io_threads: int = 2,
     full_disk=None,
+    **tier_kw,
 ) -> DiskTier:
     config = DiskTierConfig(
         root_dir=root,
@@ -79,6 +80,7 @@ def make_tier(
         namespace_info={"model": "test-model", "kv_dtype": "bfloat16"},
         io_threads=io_threads,
         full_disk=full_disk,
+        **tier_kw,
     )
 
 

@@ -401,3 +401,26 @@ def test_an_other_spelling_of_a_namespace_is_not_indexed(tmp_path, primary):
 )
 def test_writer_pid(name, pid):
     assert bf.writer_pid(name) == pid
+
+
+def test_a_load_still_queued_past_its_deadline_is_a_miss_and_the_file_is_kept(
+    tmp_path, primary, monkeypatch
+):
+    tier = make_tier(tmp_path, primary, io_threads=1, load_deadline_s=0.2)
+    jobs = Jobs(tier)
+    data = primary.fill(0, seed=1)
+    primary.fill(1, seed=2)
+    jobs.stored([key(0), key(1)], [0, 1])
+    release = held_io(monkeypatch, "read_block")  # the only thread is stuck in a read
+    stuck = jobs.load([key(0)], [4])
+    queued = jobs.load([key(1)], [5])
+    given_up = jobs.wait(queued, timeout=5)[0]
+    assert not given_up.success and given_up.successful_keys is None
+    assert counters(tier.get_stats())[(m.LOADS_GIVEN_UP, ())] == 1
+    assert stuck not in jobs.results  # started: its row may still be written, so it waits
+    release.set()
+    assert jobs.wait(stuck)[0].success and primary.row(4) == data
+    tier.drain_jobs()
+    assert primary.row(5) == bytes(ROW)  # the given-up load never touched its row
+    assert tier.lookup(key(1), CTX) is LookupResult.HIT  # its file is fine: kept
+    tier.shutdown()

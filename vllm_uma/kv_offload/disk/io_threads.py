@@ -67,6 +67,32 @@ class StoreFailure(Enum):
     LEDGER = "ledger"  # the shared ledger could not be read or written in time
 
 
+class Ticket:
+    """A queued load's claim: either an I/O thread starts it, or the
+    scheduler thread gives up on it first (a miss), never both. A load an
+    I/O thread has started cannot be given up: the kernel may still be
+    writing into its row, which vLLM would hand to another block."""
+
+    __slots__ = ("_lock", "_state")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "queued"
+
+    def _claim(self, state: str) -> bool:
+        with self._lock:
+            if self._state != "queued":
+                return False
+            self._state = state
+            return True
+
+    def start(self) -> bool:
+        return self._claim("started")
+
+    def cancel(self) -> bool:
+        return self._claim("cancelled")
+
+
 @dataclass(frozen=True, slots=True)
 class Shared:
     """What every task of one tier needs to keep the shared ledger."""
@@ -89,6 +115,7 @@ class BlockIO:
     row: memoryview | None = None  # the primary-tier row to read or fill
     direct: bool = False
     stamp: int = 0  # a store's place in the LRU order (ns)
+    ticket: Ticket | None = None  # a load the scheduler may give up on while queued
 
     @property
     def path(self) -> Path:  # for messages
@@ -182,8 +209,12 @@ def _ledger_failure(exc: sqlite3.Error) -> StoreFailure:
     return StoreFailure.LEDGER
 
 
-def load_task(io: BlockIO) -> Outcome:
+def load_task(io: BlockIO) -> Outcome | None:
+    """None if the load was given up while it waited (no outcome: the
+    scheduler thread already counted it as a miss)."""
     assert io.row is not None
+    if io.ticket is not None and not io.ticket.start():
+        return None
     start = time.perf_counter()
     try:
         with io.shared.layout.block_dir(io.ref, create=False) as dir_fd:
@@ -245,7 +276,9 @@ class IOPool:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, priority: Priority, task: Callable[[BlockIO], Outcome], io: BlockIO) -> None:
+    def submit(
+        self, priority: Priority, task: Callable[[BlockIO], Outcome | None], io: BlockIO
+    ) -> None:
         self._tasks.put((priority, next(self._seq), task, io))
 
     def _run(self) -> None:
@@ -258,7 +291,8 @@ class IOPool:
                     outcome = task(io)
                 except Exception as exc:  # a bug must still end its job
                     outcome = _failed(io, StoreFailure.IO_ERROR, repr(exc))
-                self._outcomes.put(outcome)
+                if outcome is not None:
+                    self._outcomes.put(outcome)
             finally:
                 self._tasks.task_done()
 

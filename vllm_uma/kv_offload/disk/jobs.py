@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.kv_offload.tiering.base import JobResult
 
-from vllm_uma.kv_offload.disk.io_threads import Outcome
+from vllm_uma.kv_offload.disk.io_threads import Outcome, Ticket
 
 
 @dataclass
@@ -26,18 +26,31 @@ class PendingJob:
     failed: list[OffloadKey] = field(default_factory=list)
     written: list[OffloadKey] = field(default_factory=list)  # stores, for the event
     serials: dict[OffloadKey, int] = field(default_factory=dict)  # load pins
+    # Loads still without an outcome, and when the job gives up on those
+    # that have not started (monotonic seconds; inf for stores).
+    tickets: dict[OffloadKey, Ticket] = field(default_factory=dict)
+    deadline: float = float("inf")
     nbytes: int = 0
     start: float = float("inf")
     end: float = 0.0
 
     def note(self, outcome: Outcome) -> bool:
         """Count one block's outcome in; True when it was the last."""
+        self.tickets.pop(outcome.ref.key, None)
         if outcome.ok:
             self.nbytes += outcome.nbytes
             self.start = min(self.start, outcome.start)
             self.end = max(self.end, outcome.end)
         self.pending -= 1
         return self.pending == 0
+
+    def give_up(self) -> list[OffloadKey]:
+        """Past the deadline: the loads no I/O thread has started become
+        misses; returns their keys (the caller counts them in)."""
+        given_up = [key for key, ticket in self.tickets.items() if ticket.cancel()]
+        for key in given_up:
+            del self.tickets[key]
+        return given_up
 
     def result(self) -> JobResult:
         # I/O time from the first block's start to the last block's end,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vllm_uma.kv_offload.disk.block_file import BadReason
 from vllm_uma.kv_offload.disk.config import DiskTierConfig, GiB
-from vllm_uma.kv_offload.disk.metrics import BAD_BLOCKS, STORE_FAILED
+from vllm_uma.kv_offload.disk.metrics import BAD_BLOCKS, LOADS_GIVEN_UP, STORE_FAILED
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
@@ -78,6 +78,18 @@ class DiskWarnings:
             "Disk KV tier: a restore failed in vllm-uma itself (%s), not in the file; "
             "the block is recomputed and its file kept. Please report this.",
             detail,
+        )
+
+    def late_loads(self, count: int, deadline_s: float) -> None:
+        self._once(
+            "late_loads",
+            "Disk KV tier: %d block restore(s) had not started after %.0f s and were "
+            "given up (the blocks are recomputed). Every I/O thread busy or stuck on "
+            "%s? Later ones count in %s and are not logged.",
+            count,
+            deadline_s,
+            self._root_dir,
+            LOADS_GIVEN_UP,
         )
 
     def ledger(self, detail: str) -> None:

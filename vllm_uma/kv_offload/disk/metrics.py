@@ -30,6 +30,7 @@ BAD_BLOCKS = PREFIX + "bad_blocks"
 STORE_SKIPPED = PREFIX + "store_skipped_blocks"
 STORE_FAILED = PREFIX + "store_failed_blocks"
 PEER_CHANGES = PREFIX + "peer_changes"
+LOADS_GIVEN_UP = PREFIX + "loads_given_up"
 USED_BYTES = PREFIX + "used_bytes"
 CAP_BYTES = PREFIX + "cap_bytes"
 
@@ -58,6 +59,10 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
             "(everything else pinned), disk_full, io_error, ledger (the shared "
             "ledger was busy or unwritable).",
             labelnames=("reason",),
+        ),
+        LOADS_GIVEN_UP: counter(
+            "Block restores still queued past their deadline, given up and "
+            "recomputed (I/O threads stuck on a hung file system?)."
         ),
         PEER_CHANGES: counter(
             "Blocks of this server's namespace that other servers on the same "

@@ -29,6 +29,7 @@ there is room again (full_disk.py); serving goes on from RAM.
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import secrets
@@ -67,6 +68,7 @@ from vllm_uma.kv_offload.disk.io_threads import (
     Priority,
     Shared,
     StoreFailure,
+    Ticket,
     delete_task,
     load_task,
     store_task,
@@ -77,6 +79,11 @@ from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger_feed import FeedBatch, LedgerFeed
 from vllm_uma.kv_offload.disk.ledger_startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
+
+# A restore that has not even started after this long is given up (a miss,
+# recomputed): recomputing a 4,000-token prompt takes about 3 s here, and a
+# healthy queue drains thousands of blocks in that time.
+LOAD_DEADLINE_S = 5.0
 
 
 class DiskTier(SecondaryTierManager):
@@ -100,6 +107,7 @@ class DiskTier(SecondaryTierManager):
         backpressure_detector=None,
         io_threads: int = DEFAULT_IO_THREADS,
         full_disk: FullDisk | None = None,
+        load_deadline_s: float = LOAD_DEADLINE_S,
     ):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.LOCAL
@@ -127,6 +135,8 @@ class DiskTier(SecondaryTierManager):
         )
         self._last_stamp = 0
         self._used_bytes = 0
+        self._load_deadline_s = load_deadline_s
+        self._loads_by_deadline: collections.deque[PendingJob] = collections.deque()
         self._stats = m.DiskStats()
         self._stats.gauge(m.CAP_BYTES, config.cap_bytes or 0)
         self._events: list[OffloadingEvent] | None = [] if config.enable_kv_events else None
@@ -263,13 +273,20 @@ class DiskTier(SecondaryTierManager):
                 continue
             job.serials[key] = serial
             job.pending += 1
-            self._pool.submit(Priority.LOAD, load_task, self._block_io(job, ref, chunk))
+            job.tickets[key] = ticket = Ticket()
+            io = self._block_io(job, ref, chunk, ticket=ticket)
+            self._pool.submit(Priority.LOAD, load_task, io)
+        if job.pending:
+            job.deadline = time.monotonic() + self._load_deadline_s
+            self._loads_by_deadline.append(job)
         self._track(job)
 
-    def _block_io(self, job: PendingJob, ref: BlockRef, chunk: Any, stamp: int = 0) -> BlockIO:
+    def _block_io(
+        self, job: PendingJob, ref: BlockRef, chunk: Any, stamp: int = 0, ticket=None
+    ) -> BlockIO:
         start = int(chunk) * self.block_size_bytes
         row = self._rows[start : start + self.block_size_bytes]
-        return BlockIO(job.job_id, ref, self._shared, row, self._direct, stamp)
+        return BlockIO(job.job_id, ref, self._shared, row, self._direct, stamp, ticket)
 
     # -- completion (scheduler thread) --------------------------------------
 
@@ -285,8 +302,30 @@ class DiskTier(SecondaryTierManager):
             except queue.Empty:
                 break
             self._apply(outcome)
+        self._give_up_late_loads()
         results, self._results = self._results, []
         return results
+
+    def _give_up_late_loads(self) -> None:
+        """A load still queued past its deadline is a miss (recomputed), so
+        that I/O threads stuck on a hung file system hold up only the
+        requests whose reads they are inside, never the queue behind them.
+        Jobs are checked oldest first, and only while one is late."""
+        now = time.monotonic()
+        while self._loads_by_deadline and self._loads_by_deadline[0].deadline <= now:
+            job = self._loads_by_deadline.popleft()
+            if job.job_id not in self._jobs:
+                continue  # finished in time
+            late = job.give_up()
+            for key in late:
+                self._index.unpin(BlockRef(self._ns, key), job.serials[key])
+                job.failed.append(key)
+                job.pending -= 1
+            if late:
+                self._stats.count(m.LOADS_GIVEN_UP, len(late))
+                self._warnings.late_loads(len(late), self._load_deadline_s)
+            if job.pending == 0:
+                self._finish(job)
 
     def _apply(self, outcome: Outcome | FeedBatch) -> None:
         if isinstance(outcome, FeedBatch):
