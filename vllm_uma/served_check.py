@@ -30,7 +30,7 @@ class ServedCheckError(RuntimeError):
 
 def served_answer(model_dir: Path, served_name: str, question: str) -> tuple[str, str]:
     """The server's greedy answer to ``question`` and its finish reason."""
-    from vllm_uma.procs import Server
+    from vllm_uma.server_process import Server
 
     command = [sys.executable, "-m", "vllm_uma.cli"]
     with tempfile.TemporaryDirectory(prefix="vllm-uma-check-") as tmp:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.e2e.traffic import EAGER
 from vllm_uma.kv_offload.disk import block_file
-from vllm_uma.procs import Server
+from vllm_uma.server_process import Server
 
 # 18 float32 blocks (17 usable): room for one 2,048-token request, not for
 # two prompts of 10 blocks (9 full and the tail).

@@ -51,7 +51,7 @@ from tests.e2e.disk_store import (
 )
 from tests.e2e.traffic import complete, metrics
 from vllm_uma.kv_offload.disk import block_file
-from vllm_uma.procs import free_port, metric
+from vllm_uma.server_process import free_port, metric
 
 pytestmark = pytest.mark.slow
 

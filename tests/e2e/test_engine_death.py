@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.e2e.traffic import EAGER, MODEL
-from vllm_uma.procs import Server
+from vllm_uma.server_process import Server
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ import pytest
 
 from tests.e2e.traffic import EAGER, complete, metrics
 from vllm_uma.memory import parse_breakdown
-from vllm_uma.procs import Server, metric
+from vllm_uma.server_process import Server, metric
 
 pytestmark = pytest.mark.slow
 

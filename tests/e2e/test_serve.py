@@ -27,7 +27,7 @@ from tests.e2e.traffic import EAGER
 from vllm_uma import default_model
 from vllm_uma.memory import parse_breakdown
 from vllm_uma.oracles import TransformersReference
-from vllm_uma.procs import Server, proc_status
+from vllm_uma.server_process import Server, proc_status
 
 pytestmark = pytest.mark.slow
 

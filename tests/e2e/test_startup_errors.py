@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.e2e.traffic import EAGER
-from vllm_uma.procs import Server
+from vllm_uma.server_process import Server
 
 pytestmark = pytest.mark.slow
 

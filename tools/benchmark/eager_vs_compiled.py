@@ -32,7 +32,7 @@ from kv_offload_env import environment
 
 from vllm_uma import default_model
 from vllm_uma.oracles import TransformersReference
-from vllm_uma.procs import Server
+from vllm_uma.server_process import Server
 
 CHAT_PROMPTS = [
     "Write a haiku about the sea.",

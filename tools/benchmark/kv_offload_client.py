@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import requests
 from bench_common import MODEL
 
-from vllm_uma.procs import metric
+from vllm_uma.server_process import metric
 
 REQUEST_TIMEOUT_S = 900
 HIT_SOURCES = ("device", "host", "disk")

@@ -20,7 +20,7 @@ from kv_offload_report import summarize
 
 from vllm_uma.kv_offload.disk.layout import tree_bytes
 from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
-from vllm_uma.procs import Server
+from vllm_uma.server_process import Server
 
 GiB = 1 << 30
 WORKLOADS = ("no_reuse", "reuse_fits", "spill_revisit", "restart")

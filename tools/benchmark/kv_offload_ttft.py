@@ -38,7 +38,7 @@ from bench_common import (
     text,
 )
 
-from vllm_uma.procs import Server
+from vllm_uma.server_process import Server
 
 COMMON = ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(220 * 10**6)]
 

@@ -37,7 +37,7 @@ import psutil
 
 from vllm_uma import default_model
 from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
-from vllm_uma.procs import free_port, model_process
+from vllm_uma.server_process import free_port, model_process
 
 GiB = 1 << 30
 VENV_BIN = Path(sys.executable).parent

@@ -1,4 +1,9 @@
-"""Start, stop and inspect a `vllm-uma serve` process (for tests and tools).
+"""A `vllm-uma serve` child process: start it, wait until it serves, ask it,
+read its /metrics and its model process, stop it with everything it started.
+
+The runtime uses it where vllm-uma supervises servers of its own (the
+prepare-model served check, served_check.py); tests and tools use the same
+class, so they drive servers exactly as users' commands do.
 
 The server runs in its own session so that stopping it also stops vLLM's
 engine-core and worker processes; its log goes to a file. The process that
