@@ -310,3 +310,27 @@ def test_two_servers_on_one_root_find_each_others_blocks_under_one_cap(tmp_path)
     assert got[(m.PEER_CHANGES, ("added",))] == 1 and got[(m.PEER_CHANGES, ("removed",))] == 1
     a.shutdown()
     b.shutdown()
+
+
+def test_reading_a_large_store_reports_progress(tmp_path, primary, monkeypatch):
+    import logging
+
+    from vllm_uma.kv_offload.disk import progress
+
+    tier = make_tier(tmp_path, primary)
+    Jobs(tier).stored([key(0)], [0])
+    Jobs(tier).stored([key(1)], [1])  # both in subdirectory "00": one step of 2
+    tier.shutdown()
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    progress.logger.addHandler(handler)
+    saved = progress.logger.level
+    progress.logger.setLevel(logging.INFO)
+    try:
+        make_tier(tmp_path, primary).shutdown()
+    finally:
+        progress.logger.removeHandler(handler)
+        progress.logger.setLevel(saved)
+    assert any(line.startswith("Disk KV tier: reading the store: 2 block files") for line in lines)

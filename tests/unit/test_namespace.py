@@ -129,3 +129,33 @@ def test_each_kv_property_makes_a_different_namespace(change):
     assert ns.namespace_for(offloading_config(**change), "fp").id != base.id
     assert ns.namespace_for(offloading_config(), "other-weights").id != base.id
     assert len(base.id) == 16 and base.info["weights_blake3"] == "fp"
+
+
+def test_fingerprinting_a_large_checkpoint_reports_progress(tmp_path, monkeypatch):
+    import logging
+
+    from vllm_uma.kv_offload.disk import namespace, progress
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"w" * (3 << 20))
+    monkeypatch.setattr(namespace, "_SLICE", 1 << 20)  # three slices
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    progress.logger.addHandler(handler)
+    saved = progress.logger.level
+    progress.logger.setLevel(logging.INFO)
+    try:
+        sliced = namespace.weights_fingerprint(str(model), tmp_path / "fp.json")
+    finally:
+        progress.logger.removeHandler(handler)
+        progress.logger.setLevel(saved)
+    # One line per slice of the weights (and one for the config file).
+    assert sum("Disk KV tier: fingerprinting:" in line for line in lines) == 4, lines
+    # Sliced or whole, the same digest (a cache written before stays valid).
+    (tmp_path / "fp.json").unlink()
+    monkeypatch.setattr(namespace, "_SLICE", 1 << 30)
+    assert namespace.weights_fingerprint(str(model), tmp_path / "fp.json") == sliced

@@ -42,6 +42,7 @@ from vllm_uma.kv_offload.disk.block_file import (
     temp_name,
     writer_pid,
 )
+from vllm_uma.kv_offload.disk.progress import Progress
 
 NOINDEX = ".noindex"
 NAMESPACE_FILE = "namespace.json"
@@ -162,6 +163,7 @@ class Layout:
         of leftover temp files deleted on the way."""
         found: list[FoundBlock] = []
         removed = 0
+        progress = Progress("reading the store", "block files")
         for ns_entry in _entries(self.noindex):
             if is_temp_name(ns_entry.name):
                 removed += _remove_stale_temp(ns_entry)
@@ -173,7 +175,9 @@ class Layout:
                 if is_temp_name(sub.name):
                     removed += _remove_stale_temp(sub)
                 elif sub.is_dir(follow_symlinks=False) and len(sub.name) == 2:
+                    before = len(found)
                     removed += self._scan_subdir(namespace, sub, found)
+                    progress.advance(len(found) - before)
         found.sort(key=lambda block: block.mtime_ns)
         return found, removed
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import stat
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from pathlib import Path
 from blake3 import blake3
 
 from vllm_uma.kv_offload.disk.layout import write_private_json
+from vllm_uma.kv_offload.disk.progress import Progress
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
@@ -135,11 +137,12 @@ def weights_fingerprint(
             model_dir,
             cache_path,
         )
+    progress = Progress("fingerprinting", "GiB", sum(st.st_size for _, st in todo), 2**30)
     for path, st in files:
         if _cached(cache, path, st):
             digest = cache[str(path)][1]
         else:
-            digest = blake3(max_threads=blake3.AUTO).update_mmap(path).hexdigest()
+            digest = _hash_file(path, progress)
             # One entry per path: a rewritten file replaces its stale hash.
             cache[str(path)] = [_identity(st), digest]
             changed = True
@@ -147,6 +150,29 @@ def weights_fingerprint(
     if changed:
         _save_cache(cache_path, cache)
     return overall.hexdigest()
+
+
+# Hashed in slices so that a checkpoint of one large file reports progress.
+_SLICE = 256 << 20
+
+
+def _hash_file(path: Path, progress: Progress) -> str:
+    hasher = blake3(max_threads=blake3.AUTO)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return hasher.hexdigest()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                for offset in range(0, size, _SLICE):
+                    piece = view[offset : offset + _SLICE]
+                    hasher.update(piece)
+                    progress.advance(len(piece))
+                    piece.release()
+            finally:
+                view.release()
+    return hasher.hexdigest()
 
 
 def _identity(st) -> str:
