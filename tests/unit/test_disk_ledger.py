@@ -250,3 +250,22 @@ def test_a_deletion_left_by_a_dead_process_is_finished_or_undone_at_start(tmp_pa
     assert done.reclaimed == 1
     present, _ = ledger.snapshot(NS)
     assert [k for k, _ in present] == [ref(0).key] and ledger.used_bytes() == 10
+
+
+def test_concurrent_stores_do_not_evict_the_same_room_twice(tmp_path, ledger):
+    other = Ledger(tmp_path)  # another I/O thread or server
+    stored(ledger, 0, 100)
+    stored(ledger, 1, 200)
+    seen = {}
+
+    def unlink(victim: BlockRef) -> None:  # block 0's file is still being deleted
+        unlinks = Unlinks()
+        seen["other"] = other.reserve(ref(3), 10, 350, 20, "w2", never, unlinks)
+        seen["unlinked"] = list(unlinks)
+
+    assert stored(ledger, 2, 300, cap=20, unlink=unlink) == [(ref(0), 10)]
+    # Block 0's room is already being freed: the other store evicts block 1
+    # alone (counting block 0 again, it would need two victims and find one).
+    assert seen["other"] == [(ref(1), 10)] and seen["unlinked"] == [ref(1)]
+    assert ledger.used_bytes() == 20
+    other.close()

@@ -23,7 +23,8 @@ a transaction leaves nothing half-done. WAL shares memory between the
 processes, so the store must be on a local filesystem (the docs say why).
 
 Invariants, at every commit:
-- ``meta.used`` is the sum of ``blocks.size``, rows being written included;
+- ``meta.used`` is the sum of ``blocks.size``, rows being written and
+  deleted included; ``meta.deleting`` the sum over rows being deleted;
 - after a reservation ``used`` <= the reserving server's cap (servers on one
   store should give the same cap; if not, each store obeys its own);
 - a row being written (state 0) is never a victim; one whose writer's
@@ -71,6 +72,7 @@ CREATE TABLE IF NOT EXISTS changes (
     added INTEGER NOT NULL, writer TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('used', 0);
+INSERT OR IGNORE INTO meta VALUES ('deleting', 0);
 """
 
 
@@ -79,13 +81,13 @@ class LedgerError(RuntimeError):
 
 
 # blocks.state
-_WRITING, PRESENT, _DELETING = 0, 1, 2
+WRITING, PRESENT, DELETING = 0, 1, 2
 
 
 class _Victim(NamedTuple):
     ref: BlockRef
     size: int
-    state: int  # PRESENT, or an abandoned _WRITING / _DELETING row
+    state: int  # PRESENT, or an abandoned WRITING / DELETING row
 
 
 class Change(NamedTuple):
@@ -191,7 +193,7 @@ class Ledger:
             doomed = self._condemn(db, victims, writer)
             db.execute(
                 "INSERT INTO blocks VALUES (?,?,?,?,?,?,?,?)",
-                (ref.namespace, ref.key, size, _WRITING, stamp, writer, os.getpid(), time.time()),
+                (ref.namespace, ref.key, size, WRITING, stamp, writer, os.getpid(), time.time()),
             )
             add_used(db, size)
         self._delete_files(doomed, writer, unlink)
@@ -202,7 +204,7 @@ class Ledger:
         with self.transaction() as db:
             done = db.execute(
                 "UPDATE blocks SET state=? WHERE ns=? AND key=? AND writer=? AND state=?",
-                (PRESENT, ref.namespace, ref.key, writer, _WRITING),
+                (PRESENT, ref.namespace, ref.key, writer, WRITING),
             ).rowcount
             if not done:
                 taken = db.execute(
@@ -236,7 +238,7 @@ class Ledger:
             with self.transaction() as db:
                 size = db.execute(
                     "SELECT size FROM blocks WHERE ns=? AND key=? AND writer=? AND state=?",
-                    (ref.namespace, ref.key, writer, _WRITING),
+                    (ref.namespace, ref.key, writer, WRITING),
                 ).fetchone()
                 if size is not None:
                     db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
@@ -291,7 +293,10 @@ class Ledger:
     ) -> list[_Victim] | None:
         if cap is None:
             return []
-        excess = _used(db) + size - cap
+        # Bytes already being deleted are freed by whoever deletes them: not
+        # counting them here keeps concurrent stores from evicting the same
+        # room twice (and from running out of victims).
+        excess = _used(db) - _meta(db, "deleting") + size - cap
         chosen: list[_Victim] = []
         if excess <= 0:
             return chosen
@@ -338,16 +343,17 @@ class Ledger:
         doomed = []
         for victim in victims:
             ref = victim.ref
-            if victim.state == _WRITING:
+            if victim.state == WRITING:
                 db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
                 add_used(db, -victim.size)
                 continue
             db.execute(
                 "UPDATE blocks SET state=?, writer=?, writer_pid=?, since=? WHERE ns=? AND key=?",
-                (_DELETING, writer, os.getpid(), time.time(), ref.namespace, ref.key),
+                (DELETING, writer, os.getpid(), time.time(), ref.namespace, ref.key),
             )
             if victim.state == PRESENT:
                 log_change(db, ref, victim.size, added=False, writer=writer)
+                add_used(db, victim.size, "deleting")
             doomed.append(victim)
         return doomed
 
@@ -366,10 +372,11 @@ class Ledger:
                 ref = victim.ref
                 gone = db.execute(
                     "DELETE FROM blocks WHERE ns=? AND key=? AND state=? AND writer=?",
-                    (ref.namespace, ref.key, _DELETING, writer),
+                    (ref.namespace, ref.key, DELETING, writer),
                 ).rowcount
                 if gone:
                     add_used(db, -victim.size)
+                    add_used(db, -victim.size, "deleting")
 
     # -- feed (the feed thread) ------------------------------------------------
 
@@ -418,11 +425,15 @@ class Ledger:
 
 
 def _used(db: sqlite3.Connection) -> int:
-    return db.execute("SELECT value FROM meta WHERE name='used'").fetchone()[0]
+    return _meta(db, "used")
 
 
-def add_used(db: sqlite3.Connection, delta: int) -> None:
-    db.execute("UPDATE meta SET value=value+? WHERE name='used'", (delta,))
+def _meta(db: sqlite3.Connection, name: str) -> int:
+    return db.execute("SELECT value FROM meta WHERE name=?", (name,)).fetchone()[0]
+
+
+def add_used(db: sqlite3.Connection, delta: int, name: str = "used") -> None:
+    db.execute("UPDATE meta SET value=value+? WHERE name=?", (delta, name))
 
 
 def log_change(db: sqlite3.Connection, ref: BlockRef, size: int, *, added: bool, writer: str):

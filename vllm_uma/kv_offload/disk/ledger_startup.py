@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout, pid_is_alive
 from vllm_uma.kv_offload.disk.ledger import (
+    DELETING,
     LEDGER_FILE,
     PRESENT,
     STALE_WRITE_S,
@@ -104,5 +105,10 @@ def reconcile(
                 added += 1
         db.execute(
             "UPDATE meta SET value=(SELECT coalesce(sum(size), 0) FROM blocks) WHERE name='used'"
+        )
+        db.execute(
+            "UPDATE meta SET value=(SELECT coalesce(sum(size), 0) FROM blocks WHERE state=?) "
+            "WHERE name='deleting'",
+            (DELETING,),
         )
     return Reconciled(added, forgotten, reclaimed)
