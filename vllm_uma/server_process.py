@@ -53,11 +53,16 @@ def free_port() -> int:
 
 class Server:
     def __init__(
-        self, exe: str | list[str], args: list[str], log_path: Path, env: dict | None = None
+        self,
+        exe: str | list[str],
+        args: list[str],
+        log_path: Path,
+        env: dict | None = None,
+        port: int | None = None,
     ):
         """``exe``: the ``vllm-uma`` command, a path or an argv prefix
-        (``[python, "-m", "vllm_uma.cli"]``)."""
-        self.port = free_port()
+        (``[python, "-m", "vllm_uma.cli"]``); ``port``: a free one if None."""
+        self.port = free_port() if port is None else port
         self.log_path = log_path
         self.url = f"http://127.0.0.1:{self.port}"
         prefix = [exe] if isinstance(exe, str) else list(exe)

@@ -183,7 +183,9 @@ class UmaWorker(CPUWorker):
             fmt_gib(kv_bytes),
             fmt_gib(max(0, _rss() - rss_before)),
         )
-        logger.info("%s", self.breakdown(kv_cache_config).log_line())
+        config = self.uma_config
+        fleet = (config.fleet_member, config.fleet_size) if config.fleet_size else None
+        logger.info("%s", self.breakdown(kv_cache_config).log_line(fleet))
 
     def breakdown(self, kv_cache_config: KVCacheConfig) -> MemoryBreakdown:
         budget = self.budget

@@ -23,7 +23,9 @@ def test_no_command_is_a_usage_error(capsys):
 def test_unknown_command_names_the_known_ones(capsys):
     assert cli.main(["srve"]) == 2
     err = capsys.readouterr().err
-    assert "unknown command 'srve'" in err and "`serve`, `prepare-model` or `kv-store`" in err
+    assert (
+        "unknown command 'srve'" in err and "`serve`, `fleet`, `prepare-model` or `kv-store`" in err
+    )
 
 
 def test_prepare_model_prints_the_directory(monkeypatch, capsys, tmp_path):

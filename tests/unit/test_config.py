@@ -19,7 +19,7 @@ def test_unknown_key_is_named_with_the_known_ones():
     with pytest.raises(UmaConfigError) as err:
         UmaConfig.from_additional_config({"vllm_uma": {"wire_weight": False}})
     assert "['wire_weight']" in str(err.value)
-    assert "['wire_weights']" in str(err.value)
+    assert "'wire_weights'" in str(err.value)
 
 
 def test_non_boolean_value_is_refused():
@@ -30,3 +30,29 @@ def test_non_boolean_value_is_refused():
 def test_namespace_must_be_an_object():
     with pytest.raises(UmaConfigError, match="must be a JSON object"):
         UmaConfig.from_additional_config({"vllm_uma": True})
+
+
+def test_fleet_membership_is_two_whole_numbers_given_together():
+    from vllm_uma.config import UmaConfig, UmaConfigError
+
+    config = UmaConfig.from_additional_config({"vllm_uma": {"fleet_member": 2, "fleet_size": 3}})
+    assert (config.fleet_member, config.fleet_size) == (2, 3)
+    for bad in (
+        {"fleet_member": 1},
+        {"fleet_member": 4, "fleet_size": 3},
+        {"fleet_member": "1", "fleet_size": 2},
+        {"fleet_member": True, "fleet_size": 2},
+        {"fleet_member": -1, "fleet_size": 2},
+    ):
+        with pytest.raises(UmaConfigError, match="fleet_member|whole number"):
+            UmaConfig.from_additional_config({"vllm_uma": bad})
+
+
+def test_the_breakdown_line_says_a_server_is_a_fleet_member():
+    from vllm_uma.memory import MemoryBreakdown, parse_breakdown
+
+    breakdown = MemoryBreakdown(100, 50, 10, 5, 20, 5, 10, 2, 10, 1280)
+    line = breakdown.log_line((1, 2))
+    assert parse_breakdown(line)["fleet_member"] == 1 and parse_breakdown(line)["fleet_size"] == 2
+    assert "fleet member 1 of 2" in line
+    assert "fleet" not in breakdown.log_line()

@@ -164,6 +164,7 @@ def test_worker_zeroes_only_when_vllm_asks(monkeypatch):
     # gets the lazy context, a mixed-precision one vLLM's context untouched.
     from vllm.v1.worker.gpu_worker import Worker
 
+    from vllm_uma.config import UmaConfig
     from vllm_uma.worker import UmaWorker, WiringResult
 
     base = contextlib.nullcontext()
@@ -171,6 +172,7 @@ def test_worker_zeroes_only_when_vllm_asks(monkeypatch):
     monkeypatch.setattr(Worker, "_maybe_get_memory_pool_context", lambda self, tag: base)
     worker = object.__new__(UmaWorker)
     worker.budget, worker.weights_bytes, worker.wiring = None, 0, WiringResult(0, None)
+    worker.uma_config = UmaConfig()
     worker.initialize_from_config(
         _config(
             {"a": _spec(16, 2, 64, torch.bfloat16), "b": _spec(16, 2, 32, torch.float32)},

@@ -1,0 +1,103 @@
+"""`vllm-uma fleet`'s plan (vllm_uma/fleet/plan.py): shares, flags, router."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, cores_for, plan_fleet
+
+
+def ask(**kw) -> FleetRequest:
+    base = dict(
+        servers=2, model="/models/m", serve_flags=(), host="127.0.0.1", port=8000,
+        policy="kv_aware", kv_store=Path("/var/kv"), runtime_dir=Path("/run/f"),
+    )  # fmt: skip
+    return FleetRequest(**{**base, **kw})
+
+
+def ports():
+    counter = itertools.count(9001)
+    return lambda: next(counter)
+
+
+def flag(argv, name):
+    argv = list(argv)
+    return argv[argv.index(name) + 1]
+
+
+def test_cores_are_split_into_disjoint_ranges_the_first_taking_the_rest():
+    assert cores_for(2, [0, 1]) == [(0,), (1,)]
+    assert cores_for(3, list(range(8))) == [(0, 1, 2), (3, 4, 5), (6, 7)]
+    with pytest.raises(FleetPlanError, match="--servers 3 needs at least 3 CPU cores.*0-1"):
+        cores_for(3, [0, 1])
+
+
+def test_each_server_gets_its_share_and_its_own_port_socket_and_membership():
+    plan = plan_fleet(ask(serve_flags=("--dtype", "float32")), [0, 1, 2, 3], ports())
+    assert [m.port for m in plan.members] == [9001, 9002]
+    assert [m.env["VLLM_CPU_OMP_THREADS_BIND"] for m in plan.members] == ["0-1", "2-3"]
+    for i, member in enumerate(plan.members, start=1):
+        argv = member.argv
+        assert flag(argv, "--dtype") == "float32"  # the user's flags reach every server
+        assert flag(argv, "--gpu-memory-utilization") == "0.4500"  # 0.9 / 2
+        uma = json.loads(flag(argv, "--additional-config"))["vllm_uma"]
+        assert uma == {"fleet_member": i, "fleet_size": 2}
+        events = json.loads(flag(argv, "--kv-events-config"))
+        assert events["endpoint"] == f"ipc:///run/f/kv-events-{i}.sock"
+        assert flag(argv, "--kv-offloading-size") == "1.0"
+        tiers = json.loads(flag(argv, "--kv-transfer-config"))["kv_connector_extra_config"]
+        assert tiers["secondary_tiers"] == [{"type": "fs", "root_dir": "/var/kv"}]
+
+
+def test_the_router_subscribes_to_every_server_with_the_cpu_block_size():
+    plan = plan_fleet(ask(), [0, 1], ports())
+    argv = list(plan.router_argv)
+    assert flag(argv, "--policy") == "kv_aware" and flag(argv, "--port") == "8000"
+    sources = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-event-source"]
+    assert sources == [
+        "http://127.0.0.1:9001=ipc:///run/f/kv-events-1.sock",
+        "http://127.0.0.1:9002=ipc:///run/f/kv-events-2.sock",
+    ]
+    assert flag(argv, "--kv-event-block-size") == "128"
+    assert flag(argv, "--kv-event-model") == "/models/m"
+    assert (
+        "--kv-event-source"
+        not in plan_fleet(ask(policy="round_robin"), [0, 1], ports()).router_argv
+    )
+
+
+def test_the_users_utilization_and_additional_config_are_shared_not_lost():
+    flags = ("--gpu-memory-utilization=0.6", "--additional-config",
+             '{"vllm_uma": {"wire_weights": false}, "other": 1}')  # fmt: skip
+    member = plan_fleet(ask(serve_flags=flags), [0, 1], ports()).members[1]
+    assert flag(member.argv, "--gpu-memory-utilization") == "0.3000"
+    config = json.loads(flag(member.argv, "--additional-config"))
+    assert config == {"other": 1, "vllm_uma": {"wire_weights": False, "fleet_member": 2,
+                                               "fleet_size": 2}}  # fmt: skip
+    assert list(member.argv).count("--additional-config") == 1
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--port", "9"), "--port is set by `vllm-uma fleet`"),
+        (("--kv-events-config={}",), "--kv-events-config is set by"),
+        (("--gpu-memory-utilization", "1.5"), "must be in \\(0, 1\\]"),
+        (("--additional-config", "[1]"), "must be a JSON object"),
+        (("--kv-transfer-config", "{}"), "remove one"),
+    ],
+)
+def test_flags_the_fleet_owns_or_cannot_share_are_refused_with_the_fix(flags, message):
+    with pytest.raises(FleetPlanError, match=message):
+        plan_fleet(ask(serve_flags=flags), [0, 1], ports())
+
+
+def test_without_a_store_the_users_offloading_flags_are_kept():
+    member = plan_fleet(ask(kv_store=None, serve_flags=("--kv-offloading-size", "2")), [0, 1],
+                        ports()).members[0]  # fmt: skip
+    assert flag(member.argv, "--kv-offloading-size") == "2"
+    assert "--kv-transfer-config" not in member.argv

@@ -1,0 +1,27 @@
+"""`vllm-uma fleet`: several vllm-uma servers on one host behind vLLM's router.
+
+There is no vLLM extension point for this: a fleet is processes. The
+``vllm-uma fleet`` process is a supervisor; it runs no model itself.
+
+    client --HTTP--> vllm-router (kv_aware) --HTTP--> server 1 .. server N
+                          ^                              |
+                          +---- ZMQ KV events (ipc) -----+
+                                                         |
+                       one shared disk store (L3) <------+  (disk/ledger.py)
+
+- plan.py decides, as a pure function of the flags and the machine: each
+  server's port, its cores (``VLLM_CPU_OMP_THREADS_BIND``, disjoint ranges),
+  its share of ``--gpu-memory-utilization``, its KV events endpoint, the
+  shared disk tier, and the router's command line.
+- supervisor.py runs the plan: starts the servers (server_process.Server),
+  then ``vllm-router`` with ``--policy kv_aware`` subscribed to every
+  server's events; restarts a server that dies (the router's health checks
+  take it out meanwhile and retry its requests on the others); on Ctrl-C or
+  SIGTERM stops the router, then the servers, whose disk tiers drain.
+- cli.py parses ``vllm-uma fleet`` and reports errors the vLLM way.
+
+What crosses process boundaries: command lines and environment (supervisor
+-> servers, router), HTTP (router <-> servers, health checks), ZMQ KV events
+(servers -> router, over ipc sockets in a private directory), and the disk
+store's files and ledger (servers <-> servers).
+"""

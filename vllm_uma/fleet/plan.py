@@ -1,0 +1,222 @@
+"""What each process of a fleet gets: a pure function of the flags and the machine.
+
+Runs in the ``vllm-uma fleet`` process, before anything starts, so that a
+bad flag fails at once, in one line, and the plan can be unit-tested.
+
+A server's share:
+- cores: the supervisor's allowed CPUs, split into disjoint contiguous
+  ranges (the first servers take the remainder), handed to vLLM CPU's own
+  ``VLLM_CPU_OMP_THREADS_BIND``;
+- memory: ``--gpu-memory-utilization`` (the fleet's, default 0.9) divided
+  by the number of servers: together they stay within the one ceiling;
+- KV events on its own ipc socket (a private 0700 directory), which only
+  this host can reach; the router subscribes to each;
+- a host pool (``--kv-offloading-size``, default 1 GiB each) and the shared
+  disk store, one ``root_dir`` for all (its cap shared, disk/ledger.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
+DEFAULT_POOL_GIB = 1.0
+BLOCK_TOKENS = 128  # vLLM CPU's KV block, the router must hash the same
+EVENTS_TOPIC = "kv"
+# Flags the fleet sets per server; given by the user they would be wrong.
+OWNED_FLAGS = ("--port", "--host", "--kv-events-config", "--uds")
+
+
+class FleetPlanError(ValueError):
+    """A fleet that cannot be planned; the message has the value and the fix."""
+
+
+@dataclass(frozen=True)
+class MemberPlan:
+    index: int  # 1-based, as in the breakdown line
+    port: int
+    cores: tuple[int, ...]
+    events_socket: Path  # ipc socket the server binds and the router reads
+    argv: tuple[str, ...]  # everything after `vllm-uma serve`
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def events_endpoint(self) -> str:
+        return f"ipc://{self.events_socket}"
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    members: tuple[MemberPlan, ...]
+    router_argv: tuple[str, ...]  # after the `vllm-router` executable
+    router_url: str
+    kv_store: Path | None
+
+
+@dataclass(frozen=True)
+class FleetRequest:
+    """The user's ask, parsed (cli.py)."""
+
+    servers: int
+    model: str  # the model the servers load, resolved: the router reads its tokenizer
+    serve_flags: tuple[str, ...]  # passed to every server
+    host: str
+    port: int
+    policy: str
+    kv_store: Path | None  # None: no disk tier
+    runtime_dir: Path  # private directory for the event sockets
+
+
+def cores_for(servers: int, allowed: list[int]) -> list[tuple[int, ...]]:
+    """Disjoint contiguous ranges of ``allowed``, one per server."""
+    if servers < 1:
+        raise FleetPlanError(f"--servers {servers} is invalid: a fleet needs at least 1 server.")
+    if len(allowed) < servers:
+        raise FleetPlanError(
+            f"--servers {servers} needs at least {servers} CPU cores, one per server, "
+            f"and this process may use {len(allowed)} ({_ranges(allowed)}). Lower "
+            f"--servers to {len(allowed)} or less."
+        )
+    cpus = sorted(allowed)
+    base, extra = divmod(len(cpus), servers)
+    shares, start = [], 0
+    for i in range(servers):
+        size = base + (1 if i < extra else 0)
+        shares.append(tuple(cpus[start : start + size]))
+        start += size
+    return shares
+
+
+def _ranges(cpus: list[int] | tuple[int, ...]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``, the form VLLM_CPU_OMP_THREADS_BIND takes."""
+    out, cpus = [], sorted(cpus)
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _take(flags: list[str], name: str) -> str | None:
+    """Remove ``name VALUE`` or ``name=VALUE`` from ``flags``; its value."""
+    for i, flag in enumerate(flags):
+        if flag == name:
+            if i + 1 >= len(flags):
+                raise FleetPlanError(f"{name} needs a value.")
+            value = flags[i + 1]
+            del flags[i : i + 2]
+            return value
+        if flag.startswith(name + "="):
+            del flags[i]
+            return flag.split("=", 1)[1]
+    return None
+
+
+def _given(flags: list[str], name: str) -> bool:
+    return any(f == name or f.startswith(name + "=") for f in flags)
+
+
+def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPlan:
+    flags = list(ask.serve_flags)
+    for owned in OWNED_FLAGS:
+        if _given(flags, owned):
+            raise FleetPlanError(
+                f"{owned} is set by `vllm-uma fleet` for each server; remove it "
+                f"(the router's address is --host/--port of the fleet)."
+            )
+    utilization = _utilization(_take(flags, "--gpu-memory-utilization"))
+    additional = _additional_config(_take(flags, "--additional-config"))
+    if not _given(flags, "--kv-offloading-size") and not _given(flags, "--kv-transfer-config"):
+        flags += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]
+    if ask.kv_store is not None:
+        if _given(flags, "--kv-transfer-config"):
+            raise FleetPlanError(
+                "--kv-transfer-config and the fleet's shared disk store (--kv-store) "
+                "both configure offloading: remove one (--kv-store none turns the "
+                "store off)."
+            )
+        tier = {"type": "fs", "root_dir": str(ask.kv_store)}
+        flags += [
+            "--kv-transfer-config",
+            json.dumps({"kv_connector_extra_config": {"secondary_tiers": [tier]}}),
+        ]
+    shares = cores_for(ask.servers, allowed_cpus)
+    members = []
+    for i, cores in enumerate(shares, start=1):
+        socket = ask.runtime_dir / f"kv-events-{i}.sock"
+        uma = {**additional.get("vllm_uma", {}), "fleet_member": i, "fleet_size": ask.servers}
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"ipc://{socket}",
+            "topic": EVENTS_TOPIC,
+        }
+        argv = [
+            *flags,  # the model as the user named it (or none: the default)
+            "--gpu-memory-utilization",
+            f"{utilization / ask.servers:.4f}",
+            "--additional-config",
+            json.dumps({**additional, "vllm_uma": uma}),
+            "--kv-events-config",
+            json.dumps(events),
+        ]
+        env = {"VLLM_CPU_OMP_THREADS_BIND": _ranges(cores)}
+        members.append(MemberPlan(i, free_port(), cores, socket, tuple(argv), env))
+    router = _router_argv(ask, members)
+    return FleetPlan(tuple(members), tuple(router), f"http://{ask.host}:{ask.port}", ask.kv_store)
+
+
+def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:
+    argv = [
+        "--host", ask.host,
+        "--port", str(ask.port),
+        "--policy", ask.policy,
+        "--worker-urls", *[m.url for m in members],
+        # A dead server leaves the rotation within seconds, not a minute.
+        "--health-check-interval-secs", "5",
+        "--health-failure-threshold", "2",
+    ]  # fmt: skip
+    if ask.policy == "kv_aware":
+        for m in members:
+            argv += ["--kv-event-source", f"{m.url}={m.events_endpoint}"]
+        argv += ["--kv-event-block-size", str(BLOCK_TOKENS), "--kv-event-model", ask.model]
+    return argv
+
+
+def _utilization(value: str | None) -> float:
+    if value is None:
+        return DEFAULT_UTILIZATION
+    try:
+        util = float(value)
+    except ValueError:
+        util = -1.0
+    if not 0 < util <= 1:
+        raise FleetPlanError(
+            f"--gpu-memory-utilization {value} is invalid: it must be in (0, 1], the "
+            f"fraction of RAM the whole fleet may use (each server gets its share)."
+        )
+    return util
+
+
+def _additional_config(value: str | None) -> dict:
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise FleetPlanError(f"--additional-config {value!r} is not JSON ({exc}).") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("vllm_uma", {}), dict):
+        raise FleetPlanError(
+            f'--additional-config {value!r} must be a JSON object (with "vllm_uma" an '
+            f"object if present)."
+        )
+    return parsed

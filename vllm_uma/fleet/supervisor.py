@@ -1,0 +1,189 @@
+"""Run a fleet plan: start, watch, restart, stop (the `vllm-uma fleet` process).
+
+Order matters:
+- servers first, all at once (each waits for its own health), then the
+  router, so that its first routing decisions see every server and its KV
+  event subscriptions find the sockets bound;
+- a server that exits while the fleet runs is reported in one line and
+  started again with the same port, cores and flags (the router's health
+  checks take it out of rotation meanwhile, and its retries send its
+  requests to the others); one that keeps dying (RESTART_LIMIT exits within
+  RESTART_WINDOW_S) stops the fleet rather than loop;
+- the router exiting stops the fleet: clients have no address any more;
+- stop (Ctrl-C, SIGTERM, or one of the above): the router first (no new
+  requests), then the servers in parallel, each given the time its disk
+  tier needs to drain (server_process.Server.stop: SIGTERM, 30 s, SIGKILL).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from vllm_uma.fleet.plan import FleetPlan, MemberPlan
+from vllm_uma.log import get_logger
+from vllm_uma.server_process import Server
+
+logger = get_logger(__name__)
+
+RESTART_LIMIT = 3
+RESTART_WINDOW_S = 300.0
+POLL_S = 1.0
+ROUTER_READY_S = 120.0
+
+
+class FleetError(RuntimeError):
+    """The fleet cannot run on; the message says which process and why."""
+
+
+def router_command() -> list[str]:
+    """vllm-router as installed beside this Python (a dependency)."""
+    exe = Path(sys.executable).parent / "vllm-router"
+    if not exe.exists():
+        raise FleetError(
+            f"vllm-router is not installed in this environment ({exe} is missing): "
+            f"run `make install` (it installs vllm-router with vllm-uma)."
+        )
+    return [str(exe)]
+
+
+class Fleet:
+    def __init__(self, plan: FleetPlan, serve_exe: list[str], log_dir: Path):
+        self.plan = plan
+        self._serve_exe = serve_exe
+        self._log_dir = log_dir
+        self.servers: dict[int, Server] = {}
+        self.router: subprocess.Popen | None = None
+        self._router_log = None
+        self._exits: deque[float] = deque()
+        self._stop = threading.Event()
+
+    def _start_member(self, member: MemberPlan) -> Server:
+        log = self._log_dir / f"server-{member.index}.log"
+        server = Server(self._serve_exe, list(member.argv), log, env=member.env, port=member.port)
+        logger.info(
+            "fleet: server %d of %d starting on %s, cores %s (log %s)",
+            member.index, len(self.plan.members), member.url, member.env.get(
+                "VLLM_CPU_OMP_THREADS_BIND"), log,
+        )  # fmt: skip
+        return server.wait_ready()
+
+    def start(self) -> None:
+        with ThreadPoolExecutor(max_workers=len(self.plan.members)) as pool:
+            futures = {m.index: pool.submit(self._start_member, m) for m in self.plan.members}
+            failed = []
+            for index, future in futures.items():
+                try:
+                    self.servers[index] = future.result()
+                except Exception as exc:  # noqa: BLE001 - reported with the server's log
+                    failed.append(f"server {index}: {exc}")
+        if failed:
+            self.stop()
+            raise FleetError("a server did not start:\n" + "\n".join(failed))
+        self._start_router()
+
+    def _start_router(self) -> None:
+        log = self._log_dir / "router.log"
+        self._router_log = open(log, "w")
+        self.router = subprocess.Popen(
+            [*router_command(), *self.plan.router_argv],
+            stdout=self._router_log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + ROUTER_READY_S
+        while time.monotonic() < deadline:
+            if self.router.poll() is not None:
+                raise FleetError(
+                    f"vllm-router exited with {self.router.returncode} at start-up: {_tail(log)}"
+                )
+            try:
+                if requests.get(f"{self.plan.router_url}/health", timeout=2).ok:
+                    logger.info(
+                        "fleet: %d servers behind vllm-router (%s) at %s (log %s)",
+                        len(self.servers), _policy(self.plan), self.plan.router_url, log,
+                    )  # fmt: skip
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise FleetError(f"vllm-router did not answer /health in {ROUTER_READY_S:.0f} s")
+
+    def watch(self) -> int:
+        """Until stopped: restart servers that exit. Returns the exit status."""
+        while not self._stop.wait(POLL_S):
+            if self.router is not None and self.router.poll() is not None:
+                logger.error(
+                    "fleet: vllm-router exited with %d; stopping the fleet.",
+                    self.router.returncode,
+                )
+                return 1
+            for member in self.plan.members:
+                server = self.servers.get(member.index)
+                if server is not None and server.proc.poll() is not None:
+                    if not self._restart(member, server.proc.returncode):
+                        return 1
+        return 0
+
+    def _restart(self, member: MemberPlan, status: int) -> bool:
+        now = time.monotonic()
+        self._exits.append(now)
+        while self._exits and now - self._exits[0] > RESTART_WINDOW_S:
+            self._exits.popleft()
+        if len(self._exits) > RESTART_LIMIT:
+            logger.error(
+                "fleet: servers exited %d times in %.0f s (server %d last, status %d); "
+                "stopping the fleet. See %s.",
+                len(self._exits), RESTART_WINDOW_S, member.index, status, self._log_dir,
+            )  # fmt: skip
+            return False
+        logger.warning(
+            "fleet: server %d exited with %d; the router serves from the others while "
+            "it restarts (log %s).",
+            member.index, status, self.servers[member.index].log_path,
+        )  # fmt: skip
+        self.servers[member.index].stop()  # its children, and the log file
+        try:
+            self.servers[member.index] = self._start_member(member)
+        except Exception as exc:  # noqa: BLE001 - the next poll tries again
+            logger.error("fleet: server %d did not come back: %s", member.index, exc)
+        return True
+
+    def request_stop(self, *_) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        if self.router is not None and self.router.poll() is None:
+            os.killpg(self.router.pid, signal.SIGTERM)
+            try:
+                self.router.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.router.pid, signal.SIGKILL)
+                self.router.wait(timeout=5)
+        if self._router_log is not None:
+            self._router_log.close()
+        with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
+            list(pool.map(lambda s: s.stop(), self.servers.values()))
+        logger.info("fleet: stopped.")
+
+
+def _policy(plan: FleetPlan) -> str:
+    argv = list(plan.router_argv)
+    return argv[argv.index("--policy") + 1]
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
