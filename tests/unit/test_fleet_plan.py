@@ -14,7 +14,7 @@ from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, cores_for, plan_fl
 def ask(**kw) -> FleetRequest:
     base = dict(
         servers=2, model="/models/m", serve_flags=(), host="127.0.0.1", port=8000,
-        policy="kv_aware", kv_store=Path("/var/kv"), runtime_dir=Path("/run/f"),
+        policy="kv_aware", kv_store=Path("/var/kv"),
     )  # fmt: skip
     return FleetRequest(**{**base, **kw})
 
@@ -38,7 +38,8 @@ def test_cores_are_split_into_disjoint_ranges_the_first_taking_the_rest():
 
 def test_each_server_gets_its_share_and_its_own_port_socket_and_membership():
     plan = plan_fleet(ask(serve_flags=("--dtype", "float32")), [0, 1, 2, 3], ports())
-    assert [m.port for m in plan.members] == [9001, 9002]
+    assert [(m.port, m.events_in_port, m.events_out_port) for m in plan.members] == [
+        (9001, 9002, 9003), (9004, 9005, 9006)]  # fmt: skip
     assert [m.env["VLLM_CPU_OMP_THREADS_BIND"] for m in plan.members] == ["0-1", "2-3"]
     for i, member in enumerate(plan.members, start=1):
         argv = member.argv
@@ -47,7 +48,7 @@ def test_each_server_gets_its_share_and_its_own_port_socket_and_membership():
         uma = json.loads(flag(argv, "--additional-config"))["vllm_uma"]
         assert uma == {"fleet_member": i, "fleet_size": 2}
         events = json.loads(flag(argv, "--kv-events-config"))
-        assert events["endpoint"] == f"ipc:///run/f/kv-events-{i}.sock"
+        assert events["endpoint"] == f"tcp://127.0.0.1:{member.events_in_port}"  # connects
         assert flag(argv, "--kv-offloading-size") == "1.0"
         tiers = json.loads(flag(argv, "--kv-transfer-config"))["kv_connector_extra_config"]
         assert tiers["secondary_tiers"] == [{"type": "fs", "root_dir": "/var/kv"}]
@@ -59,8 +60,8 @@ def test_the_router_subscribes_to_every_server_with_the_cpu_block_size():
     assert flag(argv, "--policy") == "kv_aware" and flag(argv, "--port") == "8000"
     sources = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-event-source"]
     assert sources == [
-        "http://127.0.0.1:9001=ipc:///run/f/kv-events-1.sock",
-        "http://127.0.0.1:9002=ipc:///run/f/kv-events-2.sock",
+        "http://127.0.0.1:9001=tcp://127.0.0.1:9003",
+        "http://127.0.0.1:9004=tcp://127.0.0.1:9006",
     ]
     assert flag(argv, "--kv-event-block-size") == "128"
     assert flag(argv, "--kv-event-model") == "/models/m"
@@ -101,3 +102,33 @@ def test_without_a_store_the_users_offloading_flags_are_kept():
                         ports()).members[0]  # fmt: skip
     assert flag(member.argv, "--kv-offloading-size") == "2"
     assert "--kv-transfer-config" not in member.argv
+
+
+def test_the_relay_carries_events_from_a_connecting_publisher_to_a_connecting_subscriber():
+    import time
+
+    import zmq
+
+    from vllm_uma.fleet.relay import EventRelay
+    from vllm_uma.server_process import free_port
+
+    ctx = zmq.Context()
+    relay = EventRelay(ctx, free_port(), free_port())
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    pub.connect(relay.inbound)  # as vLLM does with a tcp://127.0.0.1 endpoint
+    sub.connect(relay.outbound)  # as vllm-router does
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.setsockopt(zmq.RCVTIMEO, 200)
+    got = None
+    for _ in range(50):  # PUB/SUB drops what is sent before the subscription arrives
+        pub.send_multipart([b"kv", b"event"])
+        try:
+            got = sub.recv_multipart()
+            break
+        except zmq.Again:
+            time.sleep(0.05)
+    assert got == [b"kv", b"event"]
+    relay.stop()
+    for sock in (pub, sub):
+        sock.close(linger=0)
+    ctx.term()

@@ -5,7 +5,7 @@ There is no vLLM extension point for this: a fleet is processes. The
 
     client --HTTP--> vllm-router (kv_aware) --HTTP--> server 1 .. server N
                           ^                              |
-                          +---- ZMQ KV events (ipc) -----+
+                          +-- ZMQ KV events (relay.py) --+
                                                          |
                        one shared disk store (L3) <------+  (disk/ledger.py)
 
@@ -18,10 +18,12 @@ There is no vLLM extension point for this: a fleet is processes. The
   server's events; restarts a server that dies (the router's health checks
   take it out meanwhile and retry its requests on the others); on Ctrl-C or
   SIGTERM stops the router, then the servers, whose disk tiers drain.
+- relay.py carries each server's KV events to the router on 127.0.0.1
+  (the router only connects, and vLLM only listens on every interface);
 - cli.py parses ``vllm-uma fleet`` and reports errors the vLLM way.
 
 What crosses process boundaries: command lines and environment (supervisor
 -> servers, router), HTTP (router <-> servers, health checks), ZMQ KV events
-(servers -> router, over ipc sockets in a private directory), and the disk
+(servers -> relay threads in the supervisor -> router, loopback only), and the disk
 store's files and ledger (servers <-> servers).
 """

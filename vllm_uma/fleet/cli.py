@@ -19,7 +19,11 @@ import tempfile
 from pathlib import Path
 
 PROG = "vllm-uma fleet"
-POLICIES = ("kv_aware", "cache_aware", "round_robin", "power_of_two", "consistent_hash")
+POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consistent_hash")
+# Measured here with vllm-router 0.1.17 (docs/fleet.md): cache_aware keeps a
+# conversation on the server holding its prefix; kv_aware subscribes to the
+# servers' KV events but credited no prefix to them, so it routed by load.
+DEFAULT_POLICY = "cache_aware"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,15 +34,20 @@ def build_parser() -> argparse.ArgumentParser:
             "Several vllm-uma servers on this host behind vLLM's router (vllm-router), "
             "one URL for clients. Cores and --gpu-memory-utilization are divided "
             "between the servers; each has a host pool, all share one disk store, "
-            "and the router routes each request to the server holding its prefix's "
-            "KV (kv_aware, from the servers' KV events). Other flags go to every "
-            "server. Ctrl-C stops everything (disk tiers drain)."
+            "and the router sends each request to the server that served its "
+            "prefix. Other flags go to every server. Ctrl-C stops everything "
+            "(disk tiers drain)."
         ),
     )
     parser.add_argument("--servers", type=int, default=2, help="servers (default 2)")
     parser.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
-    parser.add_argument("--policy", choices=POLICIES, default="kv_aware", help="router policy")
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=DEFAULT_POLICY,
+        help=f"router policy (default {DEFAULT_POLICY}; see docs/fleet.md for why not kv_aware)",
+    )
     parser.add_argument(
         "--kv-store",
         default=None,
@@ -58,17 +67,21 @@ def main(argv: list[str]) -> int:
     from vllm_uma.server_process import free_port
 
     try:
-        model = parse_serve_args(list(serve_flags)).model  # vLLM's own checks
+        serve_args = parse_serve_args(list(serve_flags))  # vLLM's own checks
     except default_model.PrepareError as exc:
         return _fail(str(exc), 1)
     except SystemExit as exc:  # argparse already printed why
         return int(exc.code or 2)
-    runtime_dir = Path(tempfile.mkdtemp(prefix="vllm-uma-fleet-"))  # 0700
+    from vllm.logger import configure_logging_from_args
+
+    configure_logging_from_args(serve_args)  # our log lines in vLLM's format
+    model = serve_args.model
     if fleet_args.kv_store is None:
         kv_store = default_model.default_cache_root() / "kv-store"
     else:
         kv_store = None if fleet_args.kv_store == "none" else Path(fleet_args.kv_store)
     ask = FleetRequest(
+        metrics_port=free_port(),
         servers=fleet_args.servers,
         model=str(model),
         serve_flags=tuple(serve_flags),
@@ -76,13 +89,12 @@ def main(argv: list[str]) -> int:
         port=fleet_args.port,
         policy=fleet_args.policy,
         kv_store=None if kv_store is None else kv_store.expanduser().resolve(),
-        runtime_dir=runtime_dir,
     )
     try:
         plan = plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)
     except FleetPlanError as exc:
         return _fail(str(exc), 2)
-    log_dir = fleet_args.log_dir or runtime_dir
+    log_dir = fleet_args.log_dir or Path(tempfile.mkdtemp(prefix="vllm-uma-fleet-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(plan, [str(Path(sys.executable).parent / "vllm-uma")], log_dir)
     signal.signal(signal.SIGTERM, fleet.request_stop)

@@ -9,8 +9,8 @@ A server's share:
   ``VLLM_CPU_OMP_THREADS_BIND``;
 - memory: ``--gpu-memory-utilization`` (the fleet's, default 0.9) divided
   by the number of servers: together they stay within the one ceiling;
-- KV events on its own ipc socket (a private 0700 directory), which only
-  this host can reach; the router subscribes to each;
+- KV events through its own loopback relay (relay.py): the server
+  publishes to 127.0.0.1:in, the router subscribes at 127.0.0.1:out;
 - a host pool (``--kv-offloading-size``, default 1 GiB each) and the shared
   disk store, one ``root_dir`` for all (its cap shared, disk/ledger.py).
 """
@@ -25,6 +25,8 @@ DEFAULT_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 DEFAULT_POOL_GIB = 1.0
 BLOCK_TOKENS = 128  # vLLM CPU's KV block, the router must hash the same
 EVENTS_TOPIC = "kv"
+# Router policies that need each request's tokens (from the servers).
+TOKEN_POLICIES = ("kv_aware",)
 # Flags the fleet sets per server; given by the user they would be wrong.
 OWNED_FLAGS = ("--port", "--host", "--kv-events-config", "--uds")
 
@@ -38,7 +40,8 @@ class MemberPlan:
     index: int  # 1-based, as in the breakdown line
     port: int
     cores: tuple[int, ...]
-    events_socket: Path  # ipc socket the server binds and the router reads
+    events_in_port: int  # the relay's: the server publishes (connects) here
+    events_out_port: int  # the relay's: the router subscribes (connects) here
     argv: tuple[str, ...]  # everything after `vllm-uma serve`
     env: dict[str, str] = field(default_factory=dict)
 
@@ -48,7 +51,8 @@ class MemberPlan:
 
     @property
     def events_endpoint(self) -> str:
-        return f"ipc://{self.events_socket}"
+        """Where the router reads this server's events."""
+        return f"tcp://127.0.0.1:{self.events_out_port}"
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class FleetRequest:
     port: int
     policy: str
     kv_store: Path | None  # None: no disk tier
-    runtime_dir: Path  # private directory for the event sockets
+    metrics_port: int = 29000  # the router's Prometheus /metrics
 
 
 def cores_for(servers: int, allowed: list[int]) -> list[tuple[int, ...]]:
@@ -135,6 +139,11 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
             )
     utilization = _utilization(_take(flags, "--gpu-memory-utilization"))
     additional = _additional_config(_take(flags, "--additional-config"))
+    if ask.policy in TOKEN_POLICIES and not _given(flags, "--enable-scale-out"):
+        # The router tokenizes each request through the server's
+        # /v1/completions/render (and the chat one); vLLM answers 403
+        # there unless scale-out endpoints are on.
+        flags.append("--enable-scale-out")
     if not _given(flags, "--kv-offloading-size") and not _given(flags, "--kv-transfer-config"):
         flags += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]
     if ask.kv_store is not None:
@@ -152,12 +161,13 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
     shares = cores_for(ask.servers, allowed_cpus)
     members = []
     for i, cores in enumerate(shares, start=1):
-        socket = ask.runtime_dir / f"kv-events-{i}.sock"
+        port, events_in, events_out = free_port(), free_port(), free_port()
         uma = {**additional.get("vllm_uma", {}), "fleet_member": i, "fleet_size": ask.servers}
         events = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
-            "endpoint": f"ipc://{socket}",
+            # Not a wildcard: vLLM then connects, to the relay (relay.py).
+            "endpoint": f"tcp://127.0.0.1:{events_in}",
             "topic": EVENTS_TOPIC,
         }
         argv = [
@@ -170,7 +180,7 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
             json.dumps(events),
         ]
         env = {"VLLM_CPU_OMP_THREADS_BIND": _ranges(cores)}
-        members.append(MemberPlan(i, free_port(), cores, socket, tuple(argv), env))
+        members.append(MemberPlan(i, port, cores, events_in, events_out, tuple(argv), env))
     router = _router_argv(ask, members)
     return FleetPlan(tuple(members), tuple(router), f"http://{ask.host}:{ask.port}", ask.kv_store)
 
@@ -181,6 +191,8 @@ def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:
         "--port", str(ask.port),
         "--policy", ask.policy,
         "--worker-urls", *[m.url for m in members],
+        "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(ask.metrics_port),
         # A dead server leaves the rotation within seconds, not a minute.
         "--health-check-interval-secs", "5",
         "--health-failure-threshold", "2",

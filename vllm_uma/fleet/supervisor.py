@@ -28,8 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
+import zmq
 
 from vllm_uma.fleet.plan import FleetPlan, MemberPlan
+from vllm_uma.fleet.relay import EventRelay
 from vllm_uma.log import get_logger
 from vllm_uma.server_process import Server
 
@@ -66,6 +68,8 @@ class Fleet:
         self._router_log = None
         self._exits: deque[float] = deque()
         self._stop = threading.Event()
+        self._zmq = zmq.Context()
+        self._relays: list[EventRelay] = []
 
     def _start_member(self, member: MemberPlan) -> Server:
         log = self._log_dir / f"server-{member.index}.log"
@@ -78,6 +82,11 @@ class Fleet:
         return server.wait_ready()
 
     def start(self) -> None:
+        # Relays first: a server's publisher connects to its relay at start-up.
+        for member in self.plan.members:
+            self._relays.append(
+                EventRelay(self._zmq, member.events_in_port, member.events_out_port)
+            )
         with ThreadPoolExecutor(max_workers=len(self.plan.members)) as pool:
             futures = {m.index: pool.submit(self._start_member, m) for m in self.plan.members}
             failed = []
@@ -174,6 +183,9 @@ class Fleet:
             self._router_log.close()
         with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
             list(pool.map(lambda s: s.stop(), self.servers.values()))
+        for relay in self._relays:
+            relay.stop()
+        self._zmq.term()
         logger.info("fleet: stopped.")
 
 
