@@ -43,6 +43,9 @@ def model_process(server_pid: int) -> psutil.Process:
 
 
 READY_TIMEOUT_S = 300
+# What a stop waits before SIGKILL: vllm-uma gives the engine 20 s to write
+# pending KV blocks to the disk tier (kv_offload/config.py), plus a margin.
+STOP_TIMEOUT_S = 30
 
 
 def free_port() -> int:
@@ -111,20 +114,38 @@ class Server:
         payload = {"model": model, "messages": [message], "temperature": 0}
         return self.post("/v1/chat/completions", {**payload, "max_tokens": max_tokens, **fields})
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to the server, then up to ``timeout`` seconds for every
+        process of its session to exit by itself (the engine core drains its
+        disk tier after the API server has gone), then SIGKILL."""
+        deadline = time.monotonic() + timeout
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            # The API server alone: it stops its engine core itself. A second
+            # SIGTERM reaching the engine core while it tears down kills it
+            # mid-teardown (vLLM 0.32 restores SIG_DFL before its teardown),
+            # before the disk tier has written its pending blocks.
+            self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        # Children that outlived the parent (the group is the session).
+                pass
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.proc.pid, signal.SIGKILL)  # what did not stop in time
         except ProcessLookupError:
             pass
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=10)
         self._log.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def metric(text: str, name: str, label: str = "") -> float:

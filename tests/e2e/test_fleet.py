@@ -1,11 +1,11 @@
 """`vllm-uma fleet` with two real servers behind the real vllm-router.
 
 - A chat through the router's one URL answers the README question.
-- Two conversations, their turns interleaved through the router: each
-  conversation stays on one server from its second turn on (that server's
-  prefix cache serves the turns' shared prefix), and the two are spread
-  over the two servers. A policy without affinity (round_robin) moves turns
-  between servers and fails this.
+- Two conversations: their first turns, sent at once, are spread over the
+  two servers; every later turn goes to the server holding its
+  conversation (whose prefix cache then serves the shared prefix). A policy
+  without affinity (round_robin) moves turns, one without spreading puts
+  both on one server: either fails this.
 - A server killed with SIGKILL is reported and restarted by the fleet, and
   the router answers every request meanwhile from the other one.
 - SIGTERM stops the fleet with status 0, every server first draining its
@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -44,16 +45,24 @@ def prefix_hits(url: str) -> float:
     return metric(requests.get(f"{url}/metrics", timeout=10).text, "vllm:prefix_cache_hits_total")
 
 
-def complete(url: str, text: str) -> str:
-    payload = {"model": MODEL, "prompt": text, "max_tokens": 8, "temperature": 0}
+def generated(servers: list[str]) -> list[float]:
+    return [
+        metric(requests.get(f"{url}/metrics", timeout=10).text, "vllm:generation_tokens_total")
+        for url in servers
+    ]
+
+
+def complete(url: str, text: str, tokens: int = 8) -> str:
+    """Exactly ``tokens`` new tokens (min_tokens): a server's generation
+    counter then says which request it served."""
+    payload = {"model": MODEL, "prompt": text, "max_tokens": tokens, "min_tokens": tokens}
+    payload["temperature"] = 0
     reply = requests.post(f"{url}/v1/completions", json=payload, timeout=120)
     reply.raise_for_status()
     return reply.json()["choices"][0]["text"]
 
 
-def conversation_start(name: str) -> str:
-    words = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
-    return f"Conversation {name}. " + " ".join(words[k % 8] + str(k % 10) for k in range(500))
+Q = "\nUser: question {0} about the list above?\nAssistant:"
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +80,10 @@ def fleet(vllm_uma_exe, default_model_dir, tmp_path_factory):
             assert proc.poll() is None, (logs / "fleet.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the fleet did not start"
             time.sleep(1)
-        servers = re.findall(
-            r"starting on (http://127\.0\.0\.1:\d+)", (logs / "fleet.log").read_text()
-        )
-        yield dict(proc=proc, router=router, servers=servers[:2], logs=logs)
+        text = (logs / "fleet.log").read_text()
+        started = re.findall(r"server (\d) of 2 starting on (http://127\.0\.0\.1:\d+)", text)
+        servers = [url for _, url in sorted(started)]  # server 1, server 2
+        yield dict(proc=proc, router=router, servers=servers, logs=logs)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
@@ -103,22 +112,34 @@ def test_a_chat_through_the_router_answers(fleet):
 
 def test_each_conversation_stays_on_the_server_that_holds_it(fleet):
     servers, router = fleet["servers"], fleet["router"]
-    texts = {name: conversation_start(name) for name in ("A", "B")}
-    served: dict[str, list[int]] = {name: [] for name in texts}
-    hits_before = {i: prefix_hits(url) for i, url in enumerate(servers)}
-    for turn in range(3):
-        for name in texts:  # A1, B1, A2, B2, A3, B3: one at a time, to attribute
-            texts[name] += f"\nUser: question {turn} about item {turn * 7}?\nAssistant:"
+    words = {"A": ["apple", "river", "stone", "cloud"], "B": ["green", "light", "table", "music"]}
+    texts = {
+        name: f"Conversation {name}. " + " ".join(w[k % 4] + str(k % 10) for k in range(500))
+        for name, w in words.items()
+    }
+    tokens = {"A": 8, "B": 9}  # told apart by the servers' generation counters
+    hits_before = [prefix_hits(url) for url in servers]
+    # Turn 1 of both at once: a fleet spreads them over its two servers.
+    before = generated(servers)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        replies = {
+            n: pool.submit(complete, router, texts[n] + Q.format(0), tokens[n]) for n in texts
+        }
+        for name in texts:
+            texts[name] += Q.format(0) + replies[name].result()
+    delta = [round(a - b) for a, b in zip(generated(servers), before, strict=True)]
+    assert sorted(delta) == [8, 9], f"turn 1 of A and B not spread over the servers: {delta}"
+    holder = {"A": delta.index(8), "B": delta.index(9)}
+    # Later turns, one at a time: each goes where its conversation's KV is.
+    for turn in (1, 2):
+        for name in texts:
+            texts[name] += Q.format(turn)
             before = served_counts(servers)
             texts[name] += complete(router, texts[name])
             after = served_counts(servers)
             moved = [i for i in range(len(servers)) if after[i] > before[i]]
-            assert len(moved) == 1, (before, after)
-            served[name].append(moved[0])
-    for name, path in served.items():
-        assert len(set(path)) == 1, f"conversation {name} moved between servers: {path}"
-    assert served["A"][0] != served["B"][0], f"both conversations on one server: {served}"
-    for i, url in enumerate(servers):  # later turns reused their prefix's KV
+            assert moved == [holder[name]], f"turn {turn + 1} of {name}: {moved}, holder {holder}"
+    for i, url in enumerate(servers):  # the later turns reused their prefix's KV
         assert prefix_hits(url) - hits_before[i] >= 2 * 500, url
 
 
@@ -128,13 +149,17 @@ def test_a_killed_server_is_restarted_and_the_router_serves_meanwhile(fleet):
     pids = [c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.pid]
     assert pids, f"nothing listens on {victim}"
     os.killpg(os.getpgid(pids[0]), signal.SIGKILL)
-    for i in range(4):  # served by the other server while this one is down
-        assert complete(fleet["router"], f"While one server is down, request {i}.")
     log = fleet["logs"] / "fleet.log"
+    deadline = time.monotonic() + 30
+    while "server 2 exited" not in log.read_text():  # the fleet polls every second
+        assert time.monotonic() < deadline, "the fleet did not notice the dead server"
+        time.sleep(0.2)
+    for i in range(4):  # served by the other server while this one restarts
+        assert complete(fleet["router"], f"While one server is down, request {i}.")
     deadline = time.monotonic() + READY_S
     while True:
         text = log.read_text()
-        if "server 2 exited" in text and text.count("server 2 of 2 starting") >= 2:
+        if "server 2 is back in the router's rotation" in text:
             break
         assert fleet["proc"].poll() is None, text[-3000:]
         assert time.monotonic() < deadline, "server 2 was not restarted"

@@ -50,6 +50,7 @@ def test_each_server_gets_its_share_and_its_own_port_socket_and_membership():
         events = json.loads(flag(argv, "--kv-events-config"))
         assert events["endpoint"] == f"tcp://127.0.0.1:{member.events_in_port}"  # connects
         assert flag(argv, "--kv-offloading-size") == "1.0"
+        assert "--enable-scale-out" in argv  # the router renders requests into tokens
         tiers = json.loads(flag(argv, "--kv-transfer-config"))["kv_connector_extra_config"]
         assert tiers["secondary_tiers"] == [{"type": "fs", "root_dir": "/var/kv"}]
 

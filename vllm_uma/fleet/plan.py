@@ -26,7 +26,7 @@ DEFAULT_POOL_GIB = 1.0
 BLOCK_TOKENS = 128  # vLLM CPU's KV block, the router must hash the same
 EVENTS_TOPIC = "kv"
 # Router policies that need each request's tokens (from the servers).
-TOKEN_POLICIES = ("kv_aware",)
+TOKEN_POLICIES = ("kv_aware", "cache_aware")
 # Flags the fleet sets per server; given by the user they would be wrong.
 OWNED_FLAGS = ("--port", "--host", "--kv-events-config", "--uds")
 
@@ -142,7 +142,8 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
     if ask.policy in TOKEN_POLICIES and not _given(flags, "--enable-scale-out"):
         # The router tokenizes each request through the server's
         # /v1/completions/render (and the chat one); vLLM answers 403
-        # there unless scale-out endpoints are on.
+        # there unless scale-out endpoints are on, and both prefix policies
+        # then route by load alone ("missing_tokens" in the router's metrics).
         flags.append("--enable-scale-out")
     if not _given(flags, "--kv-offloading-size") and not _given(flags, "--kv-transfer-config"):
         flags += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]

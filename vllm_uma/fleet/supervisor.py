@@ -161,12 +161,29 @@ class Fleet:
             "it restarts (log %s).",
             member.index, status, self.servers[member.index].log_path,
         )  # fmt: skip
+        # Out of the router's rotation at once: its health checks would take
+        # seconds, and its retries go back to the worker the policy chose.
+        self._router_admin("remove_worker", member.url)
         self.servers[member.index].stop()  # its children, and the log file
         try:
             self.servers[member.index] = self._start_member(member)
         except Exception as exc:  # noqa: BLE001 - the next poll tries again
             logger.error("fleet: server %d did not come back: %s", member.index, exc)
+            return True
+        self._router_admin("add_worker", member.url)
+        logger.info("fleet: server %d is back in the router's rotation.", member.index)
         return True
+
+    def _router_admin(self, action: str, url: str) -> None:
+        """vllm-router's own worker management (POST /remove_worker, /add_worker)."""
+        port = list(self.plan.router_argv)[list(self.plan.router_argv).index("--port") + 1]
+        try:
+            reply = requests.post(
+                f"http://127.0.0.1:{port}/{action}", params={"url": url}, timeout=10
+            )
+            reply.raise_for_status()
+        except requests.RequestException as exc:
+            logger.warning("fleet: vllm-router %s %s failed: %s", action, url, exc)
 
     def request_stop(self, *_) -> None:
         self._stop.set()
