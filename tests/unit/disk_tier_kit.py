@@ -135,27 +135,29 @@ def counters(stats) -> dict:
 
 
 class WarningLog(logging.Handler):
-    """Warnings of the disk tier (vLLM's loggers do not reach caplog)."""
+    """Warnings of the disk tier, or of ``logger`` (vLLM's loggers do not
+    reach caplog)."""
 
     LEVEL = logging.WARNING
 
-    def __init__(self):
+    def __init__(self, logger: logging.Logger | None = None):
         super().__init__(self.LEVEL)
         self.messages: list[str] = []
+        self._logger = messages.logger if logger is None else logger
         self._saved_level = logging.NOTSET
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
 
     def __enter__(self) -> WarningLog:
-        self._saved_level = messages.logger.level
-        messages.logger.setLevel(min(self.LEVEL, messages.logger.getEffectiveLevel()))
-        messages.logger.addHandler(self)
+        self._saved_level = self._logger.level
+        self._logger.setLevel(min(self.LEVEL, self._logger.getEffectiveLevel()))
+        self._logger.addHandler(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        messages.logger.removeHandler(self)
-        messages.logger.setLevel(self._saved_level)
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._saved_level)
 
 
 class InfoLog(WarningLog):

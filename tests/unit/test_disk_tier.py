@@ -313,7 +313,7 @@ def test_two_servers_on_one_root_find_each_others_blocks_under_one_cap(tmp_path)
 
 
 def test_reading_a_large_store_reports_progress(tmp_path, primary, monkeypatch):
-    import logging
+    from disk_tier_kit import InfoLog
 
     from vllm_uma.kv_offload.disk import progress
 
@@ -322,15 +322,7 @@ def test_reading_a_large_store_reports_progress(tmp_path, primary, monkeypatch):
     Jobs(tier).stored([key(1)], [1])  # both in subdirectory "00": one step of 2
     tier.shutdown()
     monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    progress.logger.addHandler(handler)
-    saved = progress.logger.level
-    progress.logger.setLevel(logging.INFO)
-    try:
+    with InfoLog(progress.logger) as log:
         make_tier(tmp_path, primary).shutdown()
-    finally:
-        progress.logger.removeHandler(handler)
-        progress.logger.setLevel(saved)
+    lines = log.messages
     assert any(line.startswith("Disk KV tier: reading the store: 2 block files") for line in lines)

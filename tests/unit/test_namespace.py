@@ -132,7 +132,7 @@ def test_each_kv_property_makes_a_different_namespace(change):
 
 
 def test_fingerprinting_a_large_checkpoint_reports_progress(tmp_path, monkeypatch):
-    import logging
+    from disk_tier_kit import InfoLog
 
     from vllm_uma.kv_offload.disk import namespace, progress
 
@@ -142,17 +142,9 @@ def test_fingerprinting_a_large_checkpoint_reports_progress(tmp_path, monkeypatc
     (model / "model.safetensors").write_bytes(b"w" * (3 << 20))
     monkeypatch.setattr(namespace, "_SLICE", 1 << 20)  # three slices
     monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    progress.logger.addHandler(handler)
-    saved = progress.logger.level
-    progress.logger.setLevel(logging.INFO)
-    try:
+    with InfoLog(progress.logger) as log:
         sliced = namespace.weights_fingerprint(str(model), tmp_path / "fp.json")
-    finally:
-        progress.logger.removeHandler(handler)
-        progress.logger.setLevel(saved)
+    lines = log.messages
     # One line per slice of the weights (and one for the config file).
     assert sum("Disk KV tier: fingerprinting:" in line for line in lines) == 4, lines
     # Sliced or whole, the same digest (a cache written before stays valid).
