@@ -269,3 +269,19 @@ def test_concurrent_stores_do_not_evict_the_same_room_twice(tmp_path, ledger):
     assert seen["other"] == [(ref(1), 10)] and seen["unlinked"] == [ref(1)]
     assert ledger.used_bytes() == 20
     other.close()
+
+
+def test_a_failed_commit_leaves_the_connection_usable(ledger):
+    db = ledger._conn()
+    # A deferred foreign key fails at COMMIT, as a busy or full disk would.
+    db.execute("PRAGMA foreign_keys=ON")
+    db.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+    db.execute(
+        "CREATE TABLE child (pid INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)"
+    )
+    with pytest.raises(sqlite3.IntegrityError):
+        with ledger.transaction() as tx:
+            tx.execute("INSERT INTO child VALUES (42)")
+    assert not db.in_transaction
+    stored(ledger, 0, 100)  # the next transaction starts cleanly
+    assert ledger.used_bytes() == 10

@@ -151,10 +151,13 @@ class Ledger:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
+                db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # Also when COMMIT itself failed (busy, a full disk): the
+                # connection must not stay inside the transaction.
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
