@@ -3,9 +3,12 @@
 - A chat through the router's one URL answers the README question.
 - Two conversations: their first turns, sent at once, are spread over the
   two servers; every later turn goes to the server holding its
-  conversation (whose prefix cache then serves the shared prefix). A policy
-  without affinity (round_robin) moves turns, one without spreading puts
-  both on one server: either fails this.
+  conversation (whose prefix cache then serves the shared prefix), and the
+  router says it found that prefix in the server's reported KV (kv_aware,
+  the default, fed by the servers' KV events through the fleet's relays).
+  A policy without affinity (round_robin) moves turns, one without
+  spreading puts both on one server, a router blind to the events counts no
+  hit: each fails this.
 - A server killed with SIGKILL is reported and restarted by the fleet, and
   the router answers every request meanwhile from the other one.
 - SIGTERM stops the fleet with status 0, every server first draining its
@@ -52,6 +55,12 @@ def generated(servers: list[str]) -> list[float]:
     ]
 
 
+def router_found(metrics_url: str) -> float:
+    """Requests for which the router's KV index held part of the prompt."""
+    text = requests.get(metrics_url, timeout=10).text
+    return metric(text, "vllm_router_kv_placement_lookups_total", label='result="hit"')
+
+
 def complete(url: str, text: str, tokens: int = 8) -> str:
     """Exactly ``tokens`` new tokens (min_tokens): a server's generation
     counter then says which request it served."""
@@ -83,7 +92,8 @@ def fleet(vllm_uma_exe, default_model_dir, tmp_path_factory):
         text = (logs / "fleet.log").read_text()
         started = re.findall(r"server (\d) of 2 starting on (http://127\.0\.0\.1:\d+)", text)
         servers = [url for _, url in sorted(started)]  # server 1, server 2
-        yield dict(proc=proc, router=router, servers=servers, logs=logs)
+        metrics = re.search(r"its metrics at (http://\S+/metrics)", text).group(1)
+        yield dict(proc=proc, router=router, servers=servers, logs=logs, metrics=metrics)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
@@ -119,6 +129,7 @@ def test_each_conversation_stays_on_the_server_that_holds_it(fleet):
     }
     tokens = {"A": 8, "B": 9}  # told apart by the servers' generation counters
     hits_before = [prefix_hits(url) for url in servers]
+    found_before = router_found(fleet["metrics"])
     # Turn 1 of both at once: a fleet spreads them over its two servers.
     before = generated(servers)
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -141,6 +152,8 @@ def test_each_conversation_stays_on_the_server_that_holds_it(fleet):
             assert moved == [holder[name]], f"turn {turn + 1} of {name}: {moved}, holder {holder}"
     for i, url in enumerate(servers):  # the later turns reused their prefix's KV
         assert prefix_hits(url) - hits_before[i] >= 2 * 500, url
+    # ... and the router chose the holder because it knew where that KV was.
+    assert router_found(fleet["metrics"]) - found_before >= 4
 
 
 def test_a_killed_server_is_restarted_and_the_router_serves_meanwhile(fleet):

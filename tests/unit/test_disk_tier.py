@@ -212,7 +212,7 @@ def test_events_announce_our_stores_and_removals(tmp_path, primary):
         ([key(1)], True),
         ([key(2)], False),
     ]
-    assert {(e.medium, e.ownership) for e in events} == {(Medium.STORAGE, "fs")}
+    assert {(e.medium, e.ownership) for e in events} == {(Medium.STORAGE, None)}
     assert list(tier.take_events()) == []
     tier.shutdown()
 

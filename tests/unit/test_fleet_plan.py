@@ -49,10 +49,12 @@ def test_each_server_gets_its_share_and_its_own_port_socket_and_membership():
         assert uma == {"fleet_member": i, "fleet_size": 2}
         events = json.loads(flag(argv, "--kv-events-config"))
         assert events["endpoint"] == f"tcp://127.0.0.1:{member.events_in_port}"  # connects
+        assert events["topic"] == ""  # the only topic vllm-router 0.1.17 reads
         assert flag(argv, "--kv-offloading-size") == "1.0"
         assert "--enable-scale-out" in argv  # the router renders requests into tokens
         tiers = json.loads(flag(argv, "--kv-transfer-config"))["kv_connector_extra_config"]
         assert tiers["secondary_tiers"] == [{"type": "fs", "root_dir": "/var/kv"}]
+        assert tiers["self_describing_kv_events"] is True  # pool/disk events placeable
 
 
 def test_the_router_subscribes_to_every_server_with_the_cpu_block_size():
@@ -102,33 +104,52 @@ def test_without_a_store_the_users_offloading_flags_are_kept():
     member = plan_fleet(ask(kv_store=None, serve_flags=("--kv-offloading-size", "2")), [0, 1],
                         ports()).members[0]  # fmt: skip
     assert flag(member.argv, "--kv-offloading-size") == "2"
-    assert "--kv-transfer-config" not in member.argv
+    extra = json.loads(flag(member.argv, "--kv-transfer-config"))["kv_connector_extra_config"]
+    assert extra == {"self_describing_kv_events": True}  # no disk tier
 
 
-def test_the_relay_carries_events_from_a_connecting_publisher_to_a_connecting_subscriber():
+def test_the_users_own_transfer_config_is_kept_as_given_without_a_store():
+    mine = '{"kv_connector_extra_config": {"store_threshold": 2}}'
+    flags = ("--kv-offloading-size", "2", "--kv-transfer-config", mine)
+    member = plan_fleet(ask(kv_store=None, serve_flags=flags), [0, 1], ports()).members[0]
+    assert [a for a in member.argv if a.startswith("{")].count(mine) == 1
+    assert member.argv.count("--kv-transfer-config") == 1
+
+
+def test_the_relay_passes_placeable_events_and_drops_the_rest_keeping_the_sequence():
     import time
 
+    import msgspec
     import zmq
 
     from vllm_uma.fleet.relay import EventRelay
     from vllm_uma.server_process import free_port
 
+    stored = {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None,
+              "token_ids": list(range(4)), "block_size": 4, "medium": "GPU"}  # fmt: skip
+    placeholder = {**stored, "token_ids": [], "block_size": 0, "medium": "STORAGE"}
+    batch = msgspec.msgpack.encode([1.0, [stored, placeholder], None])
     ctx = zmq.Context()
-    relay = EventRelay(ctx, free_port(), free_port())
+    relay = EventRelay(ctx, free_port(), free_port(), block_tokens=4, name="server 1")
     pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
     pub.connect(relay.inbound)  # as vLLM does with a tcp://127.0.0.1 endpoint
     sub.connect(relay.outbound)  # as vllm-router does
-    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, 200)
+    seq = (5).to_bytes(8, "big")
     got = None
     for _ in range(50):  # PUB/SUB drops what is sent before the subscription arrives
-        pub.send_multipart([b"kv", b"event"])
+        pub.send_multipart([b"", seq, batch])
         try:
             got = sub.recv_multipart()
             break
         except zmq.Again:
             time.sleep(0.05)
-    assert got == [b"kv", b"event"]
+    assert got is not None and got[:2] == [b"", seq]
+    assert msgspec.msgpack.decode(got[2]) == [1.0, [stored], None]
+    assert sum(relay.dropped.values()) >= 1 and all("token ids" in r for r in relay.dropped)
+    pub.send_multipart([b"", b"other"])  # not vLLM's shape: the router's to judge
+    assert sub.recv_multipart() == [b"", b"other"]
     relay.stop()
     for sock in (pub, sub):
         sock.close(linger=0)

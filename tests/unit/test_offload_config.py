@@ -170,6 +170,10 @@ def test_explicit_cpu_bytes_in_the_json_is_kept():
             "unknown key(s) ['cpu_byte_to_use']",
         ),
         (
+            dict(size=1, ktc=connector(None, self_describing_kv_events="false")),
+            "self_describing_kv_events='false' is invalid",
+        ),
+        (
             dict(ktc=connector(None, secondary_tiers=[{"type": "fs", "root_dir": "/x"}])),
             "'secondary_tiers' (the disk tier) needs the host pool",
         ),

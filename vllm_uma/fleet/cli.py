@@ -20,10 +20,10 @@ from pathlib import Path
 
 PROG = "vllm-uma fleet"
 POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consistent_hash")
-# Measured here with vllm-router 0.1.17 (docs/fleet.md): cache_aware keeps a
-# conversation on the server holding its prefix; kv_aware subscribes to the
-# servers' KV events but credited no prefix to them, so it routed by load.
-DEFAULT_POLICY = "cache_aware"
+# kv_aware routes by the blocks each server reports holding (L1, pool,
+# disk), not by what the router once sent where (cache_aware); measured in
+# docs/fleet.md.
+DEFAULT_POLICY = "kv_aware"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         choices=POLICIES,
         default=DEFAULT_POLICY,
-        help=f"router policy (default {DEFAULT_POLICY}; see docs/fleet.md for why not kv_aware)",
+        help=f"router policy (default {DEFAULT_POLICY}; docs/fleet.md compares them)",
     )
     parser.add_argument(
         "--kv-store",

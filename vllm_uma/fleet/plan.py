@@ -24,7 +24,9 @@ from pathlib import Path
 DEFAULT_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 DEFAULT_POOL_GIB = 1.0
 BLOCK_TOKENS = 128  # vLLM CPU's KV block, the router must hash the same
-EVENTS_TOPIC = "kv"
+# vllm-router 0.1.17 subscribes to a static source's events under the
+# empty topic and drops, frame by frame, any other (src/kv_index/subscriber.rs).
+EVENTS_TOPIC = ""
 # Router policies that need each request's tokens (from the servers).
 TOKEN_POLICIES = ("kv_aware", "cache_aware")
 # Flags the fleet sets per server; given by the user they would be wrong.
@@ -147,18 +149,19 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
         flags.append("--enable-scale-out")
     if not _given(flags, "--kv-offloading-size") and not _given(flags, "--kv-transfer-config"):
         flags += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]
-    if ask.kv_store is not None:
-        if _given(flags, "--kv-transfer-config"):
-            raise FleetPlanError(
-                "--kv-transfer-config and the fleet's shared disk store (--kv-store) "
-                "both configure offloading: remove one (--kv-store none turns the "
-                "store off)."
-            )
-        tier = {"type": "fs", "root_dir": str(ask.kv_store)}
-        flags += [
-            "--kv-transfer-config",
-            json.dumps({"kv_connector_extra_config": {"secondary_tiers": [tier]}}),
-        ]
+    if ask.kv_store is not None and _given(flags, "--kv-transfer-config"):
+        raise FleetPlanError(
+            "--kv-transfer-config and the fleet's shared disk store (--kv-store) "
+            "both configure offloading: remove one (--kv-store none turns the "
+            "store off)."
+        )
+    if not _given(flags, "--kv-transfer-config"):
+        # Pool and disk events with their tokens and parent: without them
+        # the router can place L1 blocks only (router_admission.py).
+        extra: dict = {"self_describing_kv_events": True}
+        if ask.kv_store is not None:
+            extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(ask.kv_store)}]
+        flags += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": extra})]
     shares = cores_for(ask.servers, allowed_cpus)
     members = []
     for i, cores in enumerate(shares, start=1):

@@ -10,20 +10,34 @@ connects. So the supervisor listens for both, on 127.0.0.1:
     server PUB --connect--> [XSUB 127.0.0.1:in | relay | XPUB 127.0.0.1:out] <--connect-- router SUB
 
 One relay per server (the router tells workers apart by endpoint), each a
-thread of the ``vllm-uma fleet`` process running ``zmq.proxy_steerable``:
-subscriptions flow up, events flow down, nothing is parsed or kept. A
-server that restarts connects to the same port again.
+thread of the ``vllm-uma fleet`` process: subscriptions flow up unchanged;
+each event batch flows down through router_admission.admit_batch, which
+drops the events the router would refuse (one of them makes it forget the
+whole server) and keeps the batch's sequence number. Each kind of drop is
+logged once per relay, and counted (``dropped``). Nothing is kept between
+batches. A server that restarts connects to the same port again.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import zmq
 
+from vllm_uma.fleet.router_admission import admit_batch
+from vllm_uma.log import get_logger
+
+logger = get_logger(__name__)
+
 
 class EventRelay:
-    def __init__(self, ctx: zmq.Context, inbound_port: int, outbound_port: int):
+    def __init__(
+        self, ctx: zmq.Context, inbound_port: int, outbound_port: int, block_tokens: int, name: str
+    ):
+        self.name = name  # for the log: which server's events
+        self.block_tokens = block_tokens  # the router's --kv-event-block-size
+        self.dropped: collections.Counter[str] = collections.Counter()  # reason -> events
         self.inbound = f"tcp://127.0.0.1:{inbound_port}"  # the server publishes here
         self.outbound = f"tcp://127.0.0.1:{outbound_port}"  # the router reads here
         self._ctx = ctx
@@ -53,12 +67,41 @@ class EventRelay:
             return
         self._ready.set()
         try:
-            zmq.proxy_steerable(frontend, backend, None, control)
+            self._relay(frontend, backend, control)
         except zmq.ContextTerminated:
             pass
         finally:
             for sock in (frontend, backend, control):
                 sock.close(linger=0)
+
+    def _relay(self, frontend: zmq.Socket, backend: zmq.Socket, control: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        for sock in (frontend, backend, control):
+            poller.register(sock, zmq.POLLIN)
+        while True:
+            for sock, _ in poller.poll():
+                if sock is control:
+                    if control.recv() == b"TERMINATE":
+                        return
+                elif sock is backend:  # a (un)subscription from the router
+                    frontend.send_multipart(backend.recv_multipart())
+                else:
+                    backend.send_multipart(self._admit(frontend.recv_multipart()))
+
+    def _admit(self, frames: list[bytes]) -> list[bytes]:
+        if len(frames) != 3:  # not vLLM's [topic, seq, batch]: the router judges it
+            return frames
+        payload, reasons = admit_batch(frames[2], self.block_tokens)
+        for reason in reasons:
+            if reason not in self.dropped:
+                logger.info(
+                    "fleet: %s: KV events the router cannot place are not passed on "
+                    "(%s; it would forget every block of this server); counted from now",
+                    self.name,
+                    reason,
+                )
+            self.dropped[reason] += 1
+        return [frames[0], frames[1], payload]
 
     def stop(self) -> None:
         stopper = self._ctx.socket(zmq.PAIR)

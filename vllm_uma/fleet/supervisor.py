@@ -30,7 +30,7 @@ from pathlib import Path
 import requests
 import zmq
 
-from vllm_uma.fleet.plan import FleetPlan, MemberPlan
+from vllm_uma.fleet.plan import BLOCK_TOKENS, FleetPlan, MemberPlan
 from vllm_uma.fleet.relay import EventRelay
 from vllm_uma.log import get_logger
 from vllm_uma.server_process import Server
@@ -85,7 +85,13 @@ class Fleet:
         # Relays first: a server's publisher connects to its relay at start-up.
         for member in self.plan.members:
             self._relays.append(
-                EventRelay(self._zmq, member.events_in_port, member.events_out_port)
+                EventRelay(
+                    self._zmq,
+                    member.events_in_port,
+                    member.events_out_port,
+                    BLOCK_TOKENS,
+                    f"server {member.index}",
+                )
             )
         with ThreadPoolExecutor(max_workers=len(self.plan.members)) as pool:
             futures = {m.index: pool.submit(self._start_member, m) for m in self.plan.members}

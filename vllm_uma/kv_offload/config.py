@@ -35,6 +35,9 @@ KNOWN_EXTRA_KEYS = frozenset(
         "store_threshold",
         "max_tracker_size",
         "offload_prompt_only",
+        # vLLM's: host-pool and disk KV events carry their tokens, block
+        # size and parent, so a router can place them (docs/fleet.md).
+        "self_describing_kv_events",
         "secondary_tiers",  # the disk tier, checked by disk/config.py
         NAMESPACE_INPUTS_KEY,  # ours: set below for the disk tier
         DISK_TIER_KEY,  # ours: the disk tier's resolved settings
@@ -119,6 +122,13 @@ def refuse_unknown_keys(ktc) -> None:
         raise OffloadingConfigError(
             f"unknown key(s) {unknown} in kv_connector_extra_config; the known "
             f"keys are {sorted(KNOWN_EXTRA_KEYS)}. Remove or correct them."
+        )
+    described = extra.get("self_describing_kv_events", False)
+    if not isinstance(described, bool):
+        # vLLM would read bool("false") as true.
+        raise OffloadingConfigError(
+            f"kv_connector_extra_config self_describing_kv_events={described!r} is "
+            f"invalid: use true or false (JSON booleans, not strings)."
         )
 
 

@@ -447,7 +447,10 @@ class DiskTier(SecondaryTierManager):
                     medium=self.medium,
                     removed=removed,
                     locality=self.locality,
-                    ownership=self.tier_type,
+                    # None, as vLLM's own fs tier: "ownership" marks a pool
+                    # shared by many engines (kvcr), which a router credits
+                    # as remote and refuses with LOCAL locality.
+                    ownership=None,
                 )
             )
 
