@@ -2,23 +2,32 @@
 
     .venv/bin/python tools/benchmark/fleet_benchmark.py --out bench-out/fleet.json
         [--policies round_robin,cache_aware,kv_aware] [--conversations 4]
-        [--turns 3] [--no-disk] [--no-restart]
+        [--turns 3] [--disk both|on|off] [--no-restart]
 
-For each policy, a fresh fleet of two servers (vllm-uma fleet's own plan and
-supervisor: cores and memory split, a host pool each, one shared disk store
-in a new directory) behind vllm-router with that policy, then the same
+For each policy, and for each disk setting (--disk both: with the shared
+disk store, then without any disk tier), a fresh fleet of two servers
+(vllm-uma fleet's own plan and supervisor: cores and memory split, a host
+pool each, one shared disk store in a new directory) behind vllm-router
+with that policy, then the same
 traffic: --conversations conversations at once, each on its own ~1,000-token
 system prompt, --turns turns each (a turn's prompt is the whole conversation
-so far), and between two turns of a conversation one unrelated ~1,000-token
-prompt (other traffic that pushes KV out of the small L1). Unless
+so far), and after each turn one or two unrelated ~1,000-token prompts
+(other traffic that pushes KV out of the small L1; the count varies so
+that round_robin's rotation does not keep a conversation on one server). Unless
 --no-restart, server 2 is killed after the second turns and the fleet
 restarts it (its L1 and pool are lost; its disk blocks are not).
 
 Per policy, printed and written to --out (a PNG beside it): TTFT p50 and p99
 (streamed, time to the first token), p50 of later turns only, prompt tokens
 served from each tier (device = L1, host = pool, disk) and recomputed, from
-the servers' own /metrics, and requests per server (the load spread). One
-run, same traffic: compare the policies' ratios, not absolute times.
+the servers' own /metrics, requests per server (the load spread), the
+later turns whose server found at least half of their prompt cached, and
+the mean share found (from each reply's usage: cached_tokens), and the
+router's own view: requests for which its KV index held part of the prompt
+(``vllm_router_kv_placement_lookups_total``, kv_aware only). Without a disk
+tier a turn that lands away from its conversation's server must be
+recomputed: that is where routing by KV shows. One run, same traffic:
+compare the policies' ratios, not absolute times.
 """
 
 from __future__ import annotations
@@ -49,7 +58,13 @@ WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music",
 # A small L1 (about 2,600 bf16 tokens each) so that other traffic evicts a
 # conversation between its turns: what then comes back from the pool or the
 # disk is visible. Eager: a fleet starts in about 40 s instead of 2 minutes.
-SERVE_FLAGS = ("--enforce-eager", "--kv-cache-memory-bytes", "60000000", "--max-model-len", "2048")
+# --enable-prompt-tokens-details: each reply says how many of its prompt
+# tokens its server found cached (any tier), which tells whether a later
+# turn reached its conversation's KV.
+SERVE_FLAGS = (
+    "--enforce-eager", "--kv-cache-memory-bytes", "60000000", "--max-model-len", "2048",
+    "--enable-prompt-tokens-details",
+)  # fmt: skip
 
 
 def text(seed: int, tokens: int) -> str:
@@ -58,10 +73,12 @@ def text(seed: int, tokens: int) -> str:
     )
 
 
-def stream_ttft(router: str, prompt: str, max_tokens: int = 8) -> tuple[float, str]:
+def stream_ttft(router: str, prompt: str, max_tokens: int = 8) -> tuple[float, str, dict]:
+    """TTFT, the text, and the usage (prompt_tokens, cached_tokens)."""
     payload = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    payload["stream_options"] = {"include_usage": True}
     start = time.perf_counter()
-    first, out = None, []
+    first, out, usage = None, [], {}
     with requests.post(
         f"{router}/v1/completions", json={**payload, "stream": True}, stream=True, timeout=300
     ) as reply:
@@ -69,10 +86,19 @@ def stream_ttft(router: str, prompt: str, max_tokens: int = 8) -> tuple[float, s
         for line in reply.iter_lines():
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                details = chunk["usage"].get("prompt_tokens_details") or {}
+                usage = {
+                    "prompt_tokens": chunk["usage"]["prompt_tokens"],
+                    "cached_tokens": details.get("cached_tokens") or 0,
+                }
+            if not chunk.get("choices"):
+                continue
             if first is None:
                 first = time.perf_counter() - start
-            out.append(json.loads(line[6:])["choices"][0].get("text", ""))
-    return (first if first is not None else time.perf_counter() - start), "".join(out)
+            out.append(chunk["choices"][0].get("text", ""))
+    return (first if first is not None else time.perf_counter() - start), "".join(out), usage
 
 
 def server_totals(url: str) -> dict[str, float]:
@@ -95,14 +121,20 @@ def kill_server(url: str) -> None:
             return
 
 
-def run_policy(policy: str, args, work: Path) -> dict:
-    store = None if args.no_disk else work / f"kv-{policy}"
+def router_lookups(metrics_url: str) -> dict[str, float]:
+    body = requests.get(metrics_url, timeout=10).text
+    name = "vllm_router_kv_placement_lookups_total"
+    return {r: metric(body, name, f'result="{r}"') for r in ("hit", "miss")}
+
+
+def run_policy(policy: str, args, work: Path, disk: bool) -> dict:
+    store = work / f"kv-{policy}" if disk else None
     ask = FleetRequest(
         servers=2, model=str(args.model), serve_flags=SERVE_FLAGS, host="127.0.0.1",
         port=free_port(), policy=policy, kv_store=store, metrics_port=free_port(),
     )  # fmt: skip
     plan = plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)
-    logs = work / f"logs-{policy}"
+    logs = work / f"logs-{policy}-{'disk' if disk else 'nodisk'}"
     logs.mkdir()
     fleet = Fleet(plan, [str(Path(sys.executable).parent / "vllm-uma")], logs)
     fleet.start()
@@ -110,6 +142,7 @@ def run_policy(policy: str, args, work: Path) -> dict:
     watcher.start()
     servers = [m.url for m in plan.members]
     ttfts: dict[int, list[float]] = {t: [] for t in range(args.turns)}
+    later: list[dict] = []  # usage of each later turn
     totals: list[dict[str, float]] = []
     carried = {key: 0.0 for key in ("device", "host", "disk", "prompt", "requests")}
     try:
@@ -124,14 +157,20 @@ def run_policy(policy: str, args, work: Path) -> dict:
                 conversations[c] += (
                     f"\nUser: question {turn} about document {1000 + c}?\nAssistant:"
                 )
-                ttft, reply = stream_ttft(plan.router_url, conversations[c])
+                ttft, reply, usage = stream_ttft(plan.router_url, conversations[c])
                 ttfts[turn].append(ttft)
+                if turn > 0:
+                    later.append(usage)
                 conversations[c] += reply
-                stream_ttft(plan.router_url, text(5000 + 100 * turn + c, 1000), 2)  # other
+                # Other traffic: one or two unrelated prompts, varying so that
+                # round_robin's rotation does not line turns up with servers.
+                for k in range(1 + (c + turn) % 2):
+                    stream_ttft(plan.router_url, text(5000 + 100 * turn + 10 * c + k, 1000), 2)
 
             with ThreadPoolExecutor(max_workers=args.conversations) as pool:
                 list(pool.map(one, range(args.conversations)))
         time.sleep(2)  # the last steps' metrics
+        lookups = router_lookups(f"http://127.0.0.1:{ask.metrics_port}/metrics")
         totals = [server_totals(url) for url in servers]
         totals[1] = {key: value + carried[key] for key, value in totals[1].items()}
     finally:
@@ -139,15 +178,22 @@ def run_policy(policy: str, args, work: Path) -> dict:
         fleet.stop()
     hits = {tier: sum(t[tier] for t in totals) for tier in ("device", "host", "disk")}
     all_ttft = sorted(x for v in ttfts.values() for x in v)
-    later = sorted(x for t, v in ttfts.items() if t > 0 for x in v)
+    later_ttft = sorted(x for t, v in ttfts.items() if t > 0 for x in v)
+    found = [u["cached_tokens"] / u["prompt_tokens"] for u in later if u]
     return {
         "ttft_p50_s": statistics.median(all_ttft),
         "ttft_p99_s": all_ttft[int(0.99 * (len(all_ttft) - 1))],
-        "ttft_p50_later_turns_s": statistics.median(later) if later else None,
+        "ttft_p50_later_turns_s": statistics.median(later_ttft) if later_ttft else None,
+        # Share of each later turn's prompt its server found cached, in any
+        # tier: without a disk tier only the conversation's server has it.
+        "later_turns_cached_share": round(statistics.mean(found), 3) if found else None,
+        "later_turns_mostly_cached": sum(f >= 0.5 for f in found),
+        "later_turns": len(found),
         "ttft_p50_by_turn_s": [statistics.median(ttfts[t]) for t in range(args.turns)],
         "hit_tokens": hits,
         "recomputed_tokens": sum(t["prompt"] for t in totals) - sum(hits.values()),
         "requests_per_server": [t["requests"] for t in totals],
+        "router_kv_lookups": lookups,
     }
 
 
@@ -171,34 +217,48 @@ def chart(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    policies = list(result["policies"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    bottom = [0.0] * len(policies)
+    runs = [(p, r) for p, r in result.get("policies", {}).items()]
+    runs += [(f"{p}\nno disk", r) for p, r in result.get("policies_without_disk", {}).items()]
+    labels = [label for label, _ in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    bottom = [0.0] * len(runs)
     for tier in ("device", "host", "disk"):
-        values = [result["policies"][p]["hit_tokens"][tier] for p in policies]
-        left.bar(policies, values, bottom=bottom, label=f"from {tier}")
+        values = [r["hit_tokens"][tier] for _, r in runs]
+        left.bar(labels, values, bottom=bottom, label=f"from {tier}")
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    left.bar(policies, [result["policies"][p]["recomputed_tokens"] for p in policies],
-             bottom=bottom, label="recomputed", color="lightgrey")  # fmt: skip
+    left.bar(labels, [r["recomputed_tokens"] for _, r in runs], bottom=bottom,
+             label="recomputed", color="lightgrey")  # fmt: skip
     left.set_ylabel("prompt tokens")
+    left.tick_params(axis="x", labelsize=8)
     left.legend()
     width = 0.38
-    xs = range(len(policies))
-    right.bar(
-        [x - width / 2 for x in xs],
-        [result["policies"][p]["ttft_p50_s"] for p in policies],
-        width,
-        label="all turns",
-    )
-    right.bar([x + width / 2 for x in xs],
-              [result["policies"][p]["ttft_p50_later_turns_s"] for p in policies], width,
-              label="later turns")  # fmt: skip
-    right.set_xticks(list(xs), policies)
+    xs = range(len(runs))
+    right.bar([x - width / 2 for x in xs], [r["ttft_p50_s"] for _, r in runs], width,
+              label="all turns")  # fmt: skip
+    right.bar([x + width / 2 for x in xs], [r["ttft_p50_later_turns_s"] for _, r in runs],
+              width, label="later turns")  # fmt: skip
+    right.set_xticks(list(xs), labels, fontsize=8)
     right.set_ylabel("TTFT p50 (s)")
     right.legend()
     fig.suptitle(result["traffic"])
     fig.tight_layout()
     fig.savefig(path)
+
+
+def print_table(key: str, policies: dict, settings: tuple) -> None:
+    disk = key == "policies" and True in settings
+    print(f"\n{'with the shared disk store' if disk else 'without a disk tier'}")
+    print(f"{'policy':12} {'TTFT p50':>9} {'p99':>7} {'later p50':>9} {'device':>7} {'host':>6} "
+          f"{'disk':>6} {'recomp':>7} {'later cached':>12} {'router hit/miss':>15}  "
+          f"requests/server")  # fmt: skip
+    for name, r in policies.items():
+        h, look = r["hit_tokens"], r["router_kv_lookups"]
+        print(f"{name:12} {r['ttft_p50_s']:>8.3f}s {r['ttft_p99_s']:>6.3f}s "
+              f"{r['ttft_p50_later_turns_s']:>8.3f}s {h['device']:>7.0f} {h['host']:>6.0f} "
+              f"{h['disk']:>6.0f} {r['recomputed_tokens']:>7.0f} "
+              f"{r['later_turns_mostly_cached']:>5}/{r['later_turns']:<2} "
+              f"{r['later_turns_cached_share']:>4.0%} "
+              f"{look['hit']:>7.0f}/{look['miss']:<7.0f}  {r['requests_per_server']}")  # fmt: skip
 
 
 def main() -> None:
@@ -207,7 +267,7 @@ def main() -> None:
     parser.add_argument("--policies", default="round_robin,cache_aware,kv_aware")
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--no-disk", action="store_true")
+    parser.add_argument("--disk", choices=("both", "on", "off"), default="both")
     parser.add_argument("--no-restart", action="store_true")
     parser.add_argument(
         "--model", default=None, help="model directory (default: the default model)"
@@ -220,24 +280,22 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="uma-fleet-bench-", dir=REPO))
     traffic = (
         f"{args.conversations} conversations x {args.turns} turns, 2 servers, "
-        f"{'no disk' if args.no_disk else 'shared disk store'}, "
         f"{'no restart' if args.no_restart else 'server 2 restarted before turn 3'}"
     )
-    result = {"traffic": traffic, "policies": {}}
+    settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.disk]
+    result: dict = {"traffic": traffic}
     try:
-        for policy in args.policies.split(","):
-            result["policies"][policy] = run_policy(policy, args, work)
+        for disk in settings:  # "policies": with the disk store (or the only setting)
+            key = "policies" if disk or len(settings) == 1 else "policies_without_disk"
+            result[key] = {}
+            for policy in args.policies.split(","):
+                result[key][policy] = run_policy(policy, args, work, disk)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(traffic)
-    print(f"{'policy':12} {'TTFT p50':>9} {'p99':>7} {'later p50':>9} {'device':>7} {'host':>6} "
-          f"{'disk':>6} {'recomp':>7}  requests/server")  # fmt: skip
-    for name, r in result["policies"].items():
-        h = r["hit_tokens"]
-        spread = r["requests_per_server"]
-        print(f"{name:12} {r['ttft_p50_s']:>8.3f}s {r['ttft_p99_s']:>6.3f}s "
-              f"{r['ttft_p50_later_turns_s']:>8.3f}s {h['device']:>7.0f} {h['host']:>6.0f} "
-              f"{h['disk']:>6.0f} {r['recomputed_tokens']:>7.0f}  {spread}")  # fmt: skip
+    for key in ("policies", "policies_without_disk"):
+        if key in result:
+            print_table(key, result[key], settings)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     chart(result, args.out.with_suffix(".png"))

@@ -28,6 +28,7 @@ from bench_common import disk_read_gbps, memcpy_gbps
 from kv_offload_client import progress
 from kv_offload_env import environment
 from kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
+from kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
 from kv_offload_runner import WORKLOADS, Runner, Settings
 
 GiB = 1 << 30
@@ -47,6 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds per workload; each runs every variant once, in a rotated order",
+    )
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     ap.add_argument("--prompt-tokens", type=int, default=4000, help="tokens per prompt")
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
@@ -80,6 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if bad or not chosen:
             ap.error(f"--{key} {getattr(args, key)!r}: choose from {', '.join(known)}")
         setattr(args, key, [x for x in known if x in chosen])
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1 (3 or more give a range)")
     if args.prompt_tokens + args.max_tokens > args.max_model_len:
         ap.error("--prompt-tokens + --max-tokens must fit in --max-model-len")
     args.disk_dir = (args.disk_dir or args.out.parent).absolute()
@@ -139,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = args.out.with_name(args.out.stem + "-logs")
     log_dir.mkdir(exist_ok=True)
     runner = Runner(Settings.from_args(args), bandwidth, log_dir)
-    workloads = {w: {} for w in args.workloads}
-    for name in args.workloads:
-        for variant in args.variants:
-            workloads[name][variant] = runner.run(name, variant)
+    workloads = {name: run_rounds(runner, name, args) for name in args.workloads}
     reasons = compare(workloads, args.equal_memory)
     warnings = expectations(workloads) + runner.warnings
     warnings += busy(workloads, env["loadavg_before"][0], os.cpu_count() or 1)
@@ -173,10 +179,31 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def run_rounds(runner: Runner, workload: str, args: argparse.Namespace) -> dict[str, dict]:
+    """Every variant once per round, in rotated order, a machine probe around
+    each run (kv_offload_rounds.py); the rounds merged per variant."""
+    runs: dict[str, list[dict]] = {v: [] for v in args.variants}
+    for r in range(args.repeats):
+        order = rotate(list(args.variants), r)
+        for position, variant in enumerate(order):
+            progress(f"{workload}: round {r + 1} of {args.repeats}, {variant}")
+            before = machine_probe()
+            fig = runner.run(workload, variant)
+            after = machine_probe()
+            fig["probe"] = {"before": before, "after": after}
+            fig["order"] = position
+            if noisy := probe_change(before, after):
+                fig["noisy"] = noisy
+                progress(f"{workload}/{variant} round {r + 1}: noisy ({noisy})")
+            runs[variant].append(fig)
+    return {v: merge_rounds(runs[v]) for v in args.variants}
+
+
 def _title(env: dict, args: argparse.Namespace) -> str:
     return (
         f"vllm-uma {env['versions']['vllm-uma']}, vllm {env['versions']['vllm']}, "
-        f"{env['cpu_count']} cores; {args.prompt_tokens}-token prompts, concurrency "
+        f"{env['cpu_count']} cores; {args.repeats} rounds; {args.prompt_tokens}-token prompts, "
+        f"concurrency "
         f"{args.concurrency}, L1 {args.l1_bytes / 1e6:.0f} MB, pool {args.pool_gib} GiB"
         + (", equal memory" if args.equal_memory else "")
     )

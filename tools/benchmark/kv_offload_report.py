@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kv_offload_client import HIT_SOURCES, PassResult, percentile
+from kv_offload_rounds import paired_ratios
 
 VARIANTS = ("off", "pool", "pool_disk")
 CONTROLS = ("no_reuse", "reuse_fits")
@@ -67,9 +68,17 @@ def compare(workloads: dict[str, dict[str, dict]], equal_memory: bool) -> list[s
         for variant, fig in variants.items():
             if variant == "off" or not _ok(fig):
                 continue
-            ttft_x = off["ttft_p50_s"] / fig["ttft_p50_s"]
-            tput_x = fig["throughput_tok_s"] / off["throughput_tok_s"]
-            fig["vs_off"] = {"ttft_p50_x": round(ttft_x, 2), "throughput_x": round(tput_x, 2)}
+            if "rounds" in off and "rounds" in fig:  # repeated: paired within rounds
+                paired = paired_ratios(off, fig)
+                if paired is None:
+                    reasons.append(f"{name}/{variant}: every round failed or was noisy")
+                    continue
+                fig["vs_off"] = paired
+                ttft_x, tput_x = paired["ttft_p50_x"], paired["throughput_x"]
+            else:
+                ttft_x = off["ttft_p50_s"] / fig["ttft_p50_s"]
+                tput_x = fig["throughput_tok_s"] / off["throughput_tok_s"]
+                fig["vs_off"] = {"ttft_p50_x": round(ttft_x, 2), "throughput_x": round(tput_x, 2)}
             if name in CONTROLS and max(ttft_x, tput_x) > SUSPECT_RATIO:
                 reasons.append(
                     f"control {name}: {variant} is {ttft_x:.2f}x ahead of off in TTFT p50 "
@@ -128,7 +137,7 @@ def table(workloads: dict[str, dict[str, dict]]) -> str:
     head = (
         f"{'workload':14} {'variant':9} {'TTFT p50':>9} {'p99':>8} {'tok/s':>7} "
         f"{'hit L1':>7} {'hit pool':>8} {'hit disk':>8} {'floor/req':>9} "
-        f"{'p50/floor':>9} {'vs off':>7}"
+        f"{'p50/floor':>9} {'vs off':>7} {'range':>11} {'tok/s vs off':>12} {'range':>11}"
     )
     lines = [head, "-" * len(head)]
     for name, variants in workloads.items():
@@ -141,14 +150,21 @@ def table(workloads: dict[str, dict[str, dict]]) -> str:
                 continue
             hits = fig["hit_tokens"]
             ratio = fig["ttft_p50_over_floor"]
-            vs = fig.get("vs_off", {}).get("ttft_p50_x")
+            vs = fig.get("vs_off", {})
             lines.append(
                 f"{name:14} {variant:9} {fig['ttft_p50_s']:8.3f}s {fig['ttft_p99_s']:7.3f}s "
                 f"{fig['throughput_tok_s']:7.0f} {hits['device']:7d} {hits['host']:8d} "
                 f"{hits['disk']:8d} {fig['floor_restore_s_per_request']:8.4f}s "
-                f"{_fmt(ratio, '{:8.0f}x')} {_fmt(vs, '{:6.2f}x')}"
+                f"{_fmt(ratio, '{:8.0f}x')} {_fmt(vs.get('ttft_p50_x'), '{:6.2f}x')} "
+                f"{_range(vs.get('ttft_p50_x_range'))} "
+                f"{_fmt(vs.get('throughput_x'), '{:11.2f}x')} "
+                f"{_range(vs.get('throughput_x_range'))}"
             )
     return "\n".join(lines)
+
+
+def _range(pair: list[float] | None) -> str:
+    return "-".rjust(11) if pair is None else f"{pair[0]:.2f}-{pair[1]:.2f}x".rjust(11)
 
 
 def _fmt(value, pattern: str) -> str:
