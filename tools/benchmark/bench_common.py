@@ -1,5 +1,8 @@
-"""Helpers the KV benchmarks share: prompt text, best-of-N timing, and the
-two floors a restore is compared with (memory copy and disk read bandwidth).
+"""Helpers the KV benchmarks share: prompt text, best-of-N timing, a model's
+KV bytes (from its config, never a constant), and the two references a
+restore is compared with: memory copy bandwidth, and the disk read
+bandwidth measured the way the disk tier reads (block-sized O_DIRECT reads
+of separate files on as many threads, page cache dropped).
 
 The scripts beside this file import it by name: run them as
 ``.venv/bin/python tools/benchmark/<script>.py`` (the script's directory is
@@ -9,16 +12,19 @@ then on ``sys.path``).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 EXE = str(Path(sys.executable).parent / "vllm-uma")
 MODEL = "SmolLM2-135M-Instruct"
-KV_PER_TOKEN = 23_040  # SmolLM2-135M, bf16: 2 x 30 layers x 3 heads x 64 x 2 B
+BLOCK_TOKENS = 128  # vLLM CPU's KV block
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
 
 
@@ -27,6 +33,20 @@ def text(seed: int, tokens: int) -> str:
     tokenizer), led by the seed so that two seeds differ from the first
     block on (prefix caching hashes chain from the first block)."""
     return f"{seed} " + " ".join(WORDS[(seed * 7 + k) % 8] for k in range(tokens - 2))
+
+
+def kv_bytes_per_token(model_dir: Path | None = None, dtype: str = "bfloat16") -> int:
+    """K and V of every layer for one token, from the model's config.json
+    (the default model when ``model_dir`` is None): what a running server
+    prints as per_block_bytes / block size in its breakdown line."""
+    if model_dir is None:
+        from vllm_uma import default_model
+
+        model_dir = default_model.prepare()
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
 def best_of(repeats: int, fn) -> float:
@@ -66,33 +86,54 @@ def drop_page_cache(path: Path) -> int:
     return dropped
 
 
-def disk_read_gbps(directory: Path, nbytes: int, repeats: int = 2) -> float:
-    """Sequential read of a fresh ``nbytes`` file in ``directory`` with its
-    pages dropped from the page cache before each read: the floor for
-    restoring bytes from a disk tier on that volume."""
-    chunk = 8 << 20
-    path = directory / f".disk-read-probe-{os.getpid()}"
-    block = np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8).tobytes()
+def disk_tier_read_gbps(directory: Path, row_bytes: int, nbytes: int, threads: int) -> float:
+    """A reference for the disk tier's restores: the disk read the way the
+    tier reads. ``nbytes`` in separate files of one page plus ``row_bytes``
+    (a block file: header page, one KV block), page cache dropped, each read
+    whole with one O_DIRECT pread into a page-aligned buffer, ``threads`` at
+    a time. No checksum, no copy into the pool: what the tier could reach if
+    the disk were its only cost. Buffered reads where the volume refuses
+    O_DIRECT (tmpfs), as the tier does."""
+    page = mmap.PAGESIZE
+    size = page + -(-row_bytes // page) * page
+    count = max(threads, nbytes // size)
+    work = directory / f".disk-tier-probe-{os.getpid()}"
+    work.mkdir()
+    direct = getattr(os, "O_DIRECT", 0)
     try:
-        with open(path, "wb") as f:
-            for _ in range(0, nbytes, chunk):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-        buf = memoryview(bytearray(chunk))
+        block = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).tobytes()
+        for i in range(count):
+            (work / f"{i}.kvb").write_bytes(block)
+        drop_page_cache(work)
+        buffers = [mmap.mmap(-1, size) for _ in range(threads)]
 
-        def read() -> None:
-            with open(path, "rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
+        def read(i: int) -> int:
+            buf = buffers[i % threads]
+            path = work / f"{i}.kvb"
+            try:
+                fd = os.open(path, os.O_RDONLY | direct)
+            except OSError:
+                fd = os.open(path, os.O_RDONLY)  # no O_DIRECT here: buffered
+            try:
+                return os.preadv(fd, [buf], 0)
+            finally:
+                os.close(fd)
 
-        times = []
-        for _ in range(repeats):
-            drop_page_cache(path)
-            times.append(best_of(1, read))
-        return path.stat().st_size / min(times) / 1e9
+        # Thread i reads files i, i + threads, ...: one buffer per thread.
+        def worker(t: int) -> int:
+            return sum(read(i) for i in range(t, count, threads))
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            done = sum(pool.map(worker, range(threads)))
+        took = time.perf_counter() - start
+        for buf in buffers:
+            buf.close()
+        return done / took / 1e9
     finally:
-        path.unlink(missing_ok=True)
+        for path in work.glob("*"):
+            path.unlink()
+        work.rmdir()
 
 
 def disk_tier_args(root_dir: Path, cap_gib: float) -> list[str]:

@@ -6,8 +6,8 @@
 For each count of servers in --servers, that many processes each build the
 real DiskTier on one root_dir (under --dir: by default beside the project,
 on its disk, never tmpfs) with a cap of a quarter of their traffic, and
-store --jobs jobs of 9 blocks of the default model's row (128 tokens x
-23,040 B) through it: the real I/O threads, the real ledger, evictions in
+store --jobs jobs of 9 blocks of the default model's row (128 tokens of
+KV, sized from its config) through it: the real I/O threads, the real ledger, evictions in
 every job once the cap is reached. The ledger's own calls (reserve, commit)
 and the block file writes are timed where the tier makes them, so the
 figures are the code's, at its parallelism. Then each process times its
@@ -39,9 +39,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from bench_common import BLOCK_TOKENS, kv_bytes_per_token
 
 REPO = Path(__file__).resolve().parents[2]
-ROW = 128 * 23_040  # one KV block of the default model in bf16
+ROW = BLOCK_TOKENS * kv_bytes_per_token()  # one KV block of the default model in bf16
 JOB_BLOCKS = 9
 ROWS = 36
 

@@ -7,7 +7,7 @@
    1 MiB requests, one at a time (no page cache, no read-ahead help): the
    disk's sequential read bandwidth, the floor for restoring bytes from it.
 2. The tier: --blocks blocks of the default model's row (vLLM CPU's block of
-   128 tokens x 23,040 B = 2,949,120 B) stored by the real DiskTier from an mmap'd primary
+   128 tokens, from the model's config) stored by the real DiskTier from an mmap'd primary
    tier in jobs of 9 blocks, then the page cache is dropped for every block
    file (sync + posix_fadvise DONTNEED on each), and a new DiskTier on the
    same root (a restart) restores them all, checksums verified.
@@ -32,7 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from bench_common import drop_page_cache
+from bench_common import BLOCK_TOKENS, drop_page_cache, kv_bytes_per_token
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
@@ -42,9 +42,9 @@ from vllm_uma.kv_offload.disk.tier import DiskTier
 
 REPO = Path(__file__).resolve().parents[2]
 MiB, GiB = 1 << 20, 1 << 30
-# One KV block of the default model as vLLM CPU lays it out: 128 tokens of
-# SmolLM2-135M in bf16 (23,040 B a token), i.e. one primary-tier row.
-ROW = 128 * 23_040
+# One KV block of the default model as vLLM CPU lays it out (128 tokens in
+# bf16), i.e. one primary-tier row: from the model's config, not a constant.
+ROW = BLOCK_TOKENS * kv_bytes_per_token()
 JOB_BLOCKS = 9  # a 1,200-token prompt's full blocks
 PRIMARY_ROWS = 64  # 180 MiB of primary tier; jobs reuse its rows
 NS = bytes.fromhex("be" * 16)

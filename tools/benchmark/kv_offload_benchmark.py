@@ -24,12 +24,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench_common import disk_read_gbps, memcpy_gbps
+from bench_common import BLOCK_TOKENS, disk_tier_read_gbps, kv_bytes_per_token, memcpy_gbps
 from kv_offload_client import progress
 from kv_offload_env import environment
 from kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
 from kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
 from kv_offload_runner import WORKLOADS, Runner, Settings
+
+from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
 
 GiB = 1 << 30
 
@@ -119,9 +121,17 @@ def check_disk_space(args: argparse.Namespace) -> str | None:
 def measure_bandwidth(args: argparse.Namespace) -> dict:
     progress(f"measuring memory copy and disk read bandwidth ({args.probe_mib} MiB each)")
     nbytes = args.probe_mib * 2**20
+    # The disk reference reads as the tier does: one KV block per file
+    # (the row from the model's config; the runner checks it against the
+    # servers' breakdown line), O_DIRECT, on the tier's I/O threads.
+    row = BLOCK_TOKENS * kv_bytes_per_token()
     bw = {
         "memcpy_gbps": round(memcpy_gbps(nbytes, repeats=3), 2),
-        "disk_read_gbps": round(disk_read_gbps(args.disk_dir, nbytes), 2),
+        "disk_read_gbps": round(
+            disk_tier_read_gbps(args.disk_dir, row, nbytes, DEFAULT_IO_THREADS), 2
+        ),
+        "disk_read": f"block files of {row} B, O_DIRECT, {DEFAULT_IO_THREADS} threads",
+        "row_bytes": row,
         "probe_bytes": nbytes,
         "disk_dir": str(args.disk_dir),
     }

@@ -233,6 +233,12 @@ class Runner:
                 pool_blocks=self.s.pool_bytes // per,
             )
             self._check_concurrency()
+        row = self.bandwidth.get("row_bytes")
+        if row is not None and row != b["per_block_bytes"]:
+            self.warnings.append(
+                f"the disk reference read blocks of {row} B, the server's are "
+                f"{b['per_block_bytes']} B (its breakdown line): the disk floor is off"
+            )
         given = int(args[args.index("--kv-cache-memory-bytes") + 1])
         if b["num_blocks"] != given // self.sizing.per_block_bytes:
             self.warnings.append(
