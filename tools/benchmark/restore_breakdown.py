@@ -1,0 +1,168 @@
+"""Where a restore's time goes: one prefix as an L1 hit, a pool restore and a
+disk restore, each split into its parts.
+
+    .venv/bin/python tools/benchmark/restore_breakdown.py [--prompt-tokens 4000]
+        [--rounds 3] [--out bench-out/restore_breakdown.json]
+
+One server (eager, an L1 of about two prompts, a 2 GiB pool, a disk tier in
+a temporary directory on the project's disk). Each round: prompt P cold
+(recompute), P again (L1 hit), three other prompts (P leaves L1), P again
+(restored from the pool). Then the server stops, the block files are
+dropped from the page cache and a new server on the same disk tier serves
+every round's P (restored from the disk). One request at a time,
+max_tokens 1, streamed.
+
+Per request, from the client and from the server's own /metrics (the
+difference across the request, one request in flight so nothing else is
+counted):
+  tokenize    POST /tokenize of the same prompt (the API server's share)
+  queue       vllm:request_queue_time_seconds: waiting to be scheduled,
+              which includes waiting for a restore's KV to arrive
+  copy        vLLM's vllm:kv_offload_load_time by transfer (pool -> L1
+              copies on the mover thread; disk -> pool reads on the I/O
+              threads, checksums included)
+  prefill     vllm:request_prefill_time_seconds: the forward of the
+              uncached tail (and of everything, cold)
+  server      vllm:time_to_first_token_seconds, arrival to first token
+  client      streamed TTFT; client - server = HTTP, detokenize, the
+              first token out
+Medians over the rounds, printed as a table and written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+from bench_common import EXE, MODEL, disk_tier_args, drop_page_cache, text
+
+from vllm_uma.server_process import Server, metric
+
+REPO = Path(__file__).resolve().parents[2]
+COMMON = ["--enforce-eager", "--max-model-len", "8192"]
+COMMON += ["--kv-cache-memory-bytes", str(220 * 10**6), "--kv-offloading-size", "2"]
+HISTOGRAMS = {
+    "queue": "vllm:request_queue_time_seconds_sum",
+    "prefill": "vllm:request_prefill_time_seconds_sum",
+    "server": "vllm:time_to_first_token_seconds_sum",
+}
+
+
+def transfers(body: str) -> dict[str, float]:
+    """vLLM's offload transfer counters (time, bytes), keyed by their labels."""
+    out = {}
+    pattern = r"^(vllm:kv_offload_load_(?:time|bytes))(?:_total)?(\{[^}]*\})? (\S+)$"
+    for name, labels, value in re.findall(pattern, body, re.M):
+        out[f"{name.rsplit('_', 1)[-1]}{labels or ''}"] = float(value)
+    return out
+
+
+def measure(server: Server, prompt: str) -> dict[str, float]:
+    url = server.url
+    start = time.perf_counter()
+    requests.post(f"{url}/tokenize", json={"model": MODEL, "prompt": prompt}, timeout=60)
+    tokenize = time.perf_counter() - start
+    before = requests.get(f"{url}/metrics", timeout=10).text
+    payload = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "stream": True}
+    start = time.perf_counter()
+    first = None
+    with requests.post(f"{url}/v1/completions", json=payload, stream=True, timeout=300) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if first is None and line.startswith(b"data: {"):
+                first = time.perf_counter() - start
+    time.sleep(0.5)  # the step's metrics reach the API server
+    after = requests.get(f"{url}/metrics", timeout=10).text
+    parts = {"tokenize": tokenize, "client": first}
+    for key, name in HISTOGRAMS.items():
+        parts[key] = metric(after, name) - metric(before, name)
+    moved_before, moved_after = transfers(before), transfers(after)
+    for key, value in moved_after.items():
+        delta = value - moved_before.get(key, 0.0)
+        if delta:
+            parts[key] = delta
+    hits = "vllm:prompt_tokens_cached_by_source_total"
+    for source in ("device", "host", "disk"):
+        label = f'source="{source}"'
+        parts[f"hit_{source}"] = metric(after, hits, label) - metric(before, hits, label)
+    return parts
+
+
+def start(args: list[str], log_dir: Path, name: str) -> Server:
+    print(f"starting {name} ...", file=sys.stderr, flush=True)
+    return Server(EXE, COMMON + args, log_dir / f"{name}.log").wait_ready()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompt-tokens", type=int, default=4000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "restore_breakdown.json")
+    args = ap.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    cases: dict[str, list[dict]] = {"recompute": [], "l1_hit": [], "pool": [], "disk": []}
+    with (
+        tempfile.TemporaryDirectory(prefix="restore-breakdown-") as logs,
+        tempfile.TemporaryDirectory(prefix="restore-breakdown-disk-", dir=REPO) as disk,
+    ):
+        tier = disk_tier_args(Path(disk) / "kv", cap_gib=0)
+        prompts = [text(700 + r, args.prompt_tokens) for r in range(args.rounds)]
+        server = start(tier, Path(logs), "first")
+        try:
+            measure(server, "Hello")  # first-request set-up, unmeasured
+            for r, prompt in enumerate(prompts):
+                cases["recompute"].append(measure(server, prompt))
+                cases["l1_hit"].append(measure(server, prompt))
+                for k in range(3):  # P leaves L1 (about two prompts fit)
+                    measure(server, text(900 + 10 * r + k, args.prompt_tokens))
+                cases["pool"].append(measure(server, prompt))
+        finally:
+            server.stop()  # a clean stop: every block file is written
+        drop_page_cache(Path(disk))
+        server = start(tier, Path(logs), "restarted")
+        try:
+            measure(server, "Hello")
+            cases["disk"] = [measure(server, prompt) for prompt in prompts]
+        finally:
+            server.stop()
+    result = {case: _medians(runs) for case, runs in cases.items()}
+    result["prompt_tokens"] = args.prompt_tokens
+    result["rounds"] = args.rounds
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(_table(result))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _medians(runs: list[dict]) -> dict[str, float]:
+    keys = sorted({k for run in runs for k in run})
+    return {k: statistics.median(run.get(k, 0.0) for run in runs) for k in keys}
+
+
+def _table(result: dict) -> str:
+    cases = ("recompute", "l1_hit", "pool", "disk")
+    keys = ["tokenize", "queue", "prefill", "server", "client"]
+    keys += sorted({k for c in cases for k in result[c] if k.startswith(("time", "bytes"))})
+    keys += ["hit_device", "hit_host", "hit_disk"]
+    lines = [f"{'part':44}" + "".join(f"{c:>11}" for c in cases)]
+    for key in keys:
+        cells = []
+        for case in cases:
+            value = result[case].get(key, 0.0)
+            if key.startswith(("hit_", "bytes")):
+                cells.append(f"{value:>11.0f}")
+            else:
+                cells.append(f"{value * 1000:>9.1f}ms")
+        lines.append(f"{key[:44]:44}" + "".join(cells))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
