@@ -73,6 +73,13 @@ def test_events_the_router_would_refuse_are_named(event, reason):
     assert reason in refusal(event, BLOCK)
 
 
+def test_a_malformed_event_is_dropped_not_the_relay():
+    payload = msgspec.msgpack.encode([1.5, [stored(extra_keys=7), stored()], None])
+    kept, reasons = admit_batch(payload, BLOCK)
+    assert msgspec.msgpack.decode(kept) == [1.5, [stored()], None]
+    assert reasons == ["malformed event"]
+
+
 def test_a_clean_batch_is_passed_as_the_same_bytes():
     payload = msgspec.msgpack.encode([1.5, [stored(), REMOVED], None])
     assert admit_batch(payload, BLOCK) == (payload, [])

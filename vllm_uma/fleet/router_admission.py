@@ -49,7 +49,10 @@ def admit_batch(payload: bytes, block_tokens: int) -> tuple[bytes, list[str]]:
         return _empty_batch(), ["batch is not [ts, events, rank]"]
     kept, reasons = [], []
     for event in batch[1]:
-        reason = refusal(event, block_tokens)
+        try:
+            reason = refusal(event, block_tokens)
+        except (TypeError, ValueError, AttributeError):  # a field of an unexpected type
+            reason = "malformed event"
         if reason is None:
             kept.append(event)
         else:
