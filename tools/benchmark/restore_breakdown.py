@@ -18,9 +18,8 @@ counted):
   tokenize    POST /tokenize of the same prompt (the API server's share)
   queue       vllm:request_queue_time_seconds: waiting to be scheduled,
               which includes waiting for a restore's KV to arrive
-  copy        vLLM's vllm:kv_offload_load_time by transfer (pool -> L1
-              copies on the mover thread; disk -> pool reads on the I/O
-              threads, checksums included)
+  load_time   vLLM's vllm:kv_offload_load_time (and load_bytes): the loads
+              into L1 the request waited for, as vLLM counts them
   prefill     vllm:request_prefill_time_seconds: the forward of the
               uncached tail (and of everything, cold)
   server      vllm:time_to_first_token_seconds, arrival to first token
@@ -56,11 +55,15 @@ HISTOGRAMS = {
 
 
 def transfers(body: str) -> dict[str, float]:
-    """vLLM's offload transfer counters (time, bytes), keyed by their labels."""
-    out = {}
-    pattern = r"^(vllm:kv_offload_load_(?:time|bytes))(?:_total)?(\{[^}]*\})? (\S+)$"
+    """vLLM's offload load counters (time, bytes) as ``load_time``/``load_bytes``,
+    with any label other than the engine's and the model's (vLLM 0.32 has none:
+    one series for every load into L1)."""
+    out: dict[str, float] = {}
+    pattern = r"^vllm:kv_offload_(load_(?:time|bytes))(?:_total)?(?:\{([^}]*)\})? (\S+)$"
     for name, labels, value in re.findall(pattern, body, re.M):
-        out[f"{name.rsplit('_', 1)[-1]}{labels or ''}"] = float(value)
+        kept = [x for x in labels.split(",") if x and not x.startswith(("engine=", "model_name="))]
+        key = name + (f"{{{','.join(kept)}}}" if kept else "")
+        out[key] = out.get(key, 0.0) + float(value)
     return out
 
 
@@ -149,14 +152,14 @@ def _medians(runs: list[dict]) -> dict[str, float]:
 def _table(result: dict) -> str:
     cases = ("recompute", "l1_hit", "pool", "disk")
     keys = ["tokenize", "queue", "prefill", "server", "client"]
-    keys += sorted({k for c in cases for k in result[c] if k.startswith(("time", "bytes"))})
+    keys += sorted({k for c in cases for k in result[c] if k.startswith("load_")})
     keys += ["hit_device", "hit_host", "hit_disk"]
     lines = [f"{'part':44}" + "".join(f"{c:>11}" for c in cases)]
     for key in keys:
         cells = []
         for case in cases:
             value = result[case].get(key, 0.0)
-            if key.startswith(("hit_", "bytes")):
+            if key.startswith(("hit_", "load_bytes")):
                 cells.append(f"{value:>11.0f}")
             else:
                 cells.append(f"{value * 1000:>9.1f}ms")
