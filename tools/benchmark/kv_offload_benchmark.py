@@ -199,11 +199,13 @@ def run_rounds(runner: Runner, workload: str, args: argparse.Namespace) -> dict[
         order = rotate(list(args.variants), r)
         for position, variant in enumerate(order):
             progress(f"{workload}: round {r + 1} of {args.repeats}, {variant}")
-            # The previous server's exit frees gigabytes for a second or two;
-            # a probe taken then reads 30-50% low (seen: 9.7 -> 14.7 GB/s).
+            # A server's exit frees gigabytes for a few seconds; a probe taken
+            # then reads 30-80% slow (seen: memcpy 9.7 vs 14.7 GB/s; the loop
+            # 0.09 s right after every run vs 0.05 s before it).
             time.sleep(PROBE_SETTLE_S)
             before = machine_probe()
             fig = runner.run(workload, variant)
+            time.sleep(PROBE_SETTLE_S)  # the run's own server has just exited too
             after = machine_probe()
             fig["probe"] = {"before": before, "after": after}
             fig["order"] = position
