@@ -20,9 +20,8 @@ that changed by more than that, and the rounds' range shows the rest.
 from __future__ import annotations
 
 import statistics
-import time
 
-import numpy as np
+from bench_common import best_of, memcpy_gbps
 
 PROBE_TOLERANCE = 0.5  # a probe moving more than this: the machine changed
 PROBE_BYTES = 256 << 20
@@ -38,21 +37,15 @@ def machine_probe() -> dict[str, float]:
     """Memory copy bandwidth (GB/s, best of five) and a fixed single-core
     Python loop's time (s, best of three; the engine's scheduler is Python
     too): what a variant's run depends on, measured in about a second."""
-    src, dst = np.ones(PROBE_BYTES, np.uint8), np.zeros(PROBE_BYTES, np.uint8)
-    copies, loops = [], []
-    for _ in range(5):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        copies.append(time.perf_counter() - start)
-    for _ in range(3):
-        start = time.perf_counter()
+
+    def loop() -> None:
         total = 0
         for i in range(1_500_000):
             total += i * i
-        loops.append(time.perf_counter() - start)
+
     return {
-        "memcpy_gbps": round(PROBE_BYTES / min(copies) / 1e9, 2),
-        "compute_s": round(min(loops), 4),
+        "memcpy_gbps": round(memcpy_gbps(PROBE_BYTES, repeats=5), 2),
+        "compute_s": round(best_of(3, loop), 4),
     }
 
 
