@@ -9,7 +9,7 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, G
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from vllm_uma.kv_offload.host_pool import HostPool, SharedPools
-from vllm_uma.kv_offload.mover import HostPoolMover, LayoutError
+from vllm_uma.kv_offload.mover import HostPoolMover, LayoutError, consecutive_spans
 
 NUM_BLOCKS, PAGE, LAYERS = 8, 64, 3
 
@@ -66,6 +66,34 @@ def test_store_then_load_restores_exact_bytes_into_other_blocks():
     assert all(r.success for r in results.values())
     assert results[1].transfer_size == 3 * LAYERS * PAGE
     assert mover.get_finished() == []  # reported once
+    mover.shutdown()
+
+
+def test_runs_of_adjacent_blocks_and_rows_copy_as_spans():
+    # blocks 2,3,4 -> rows 0,1,2 is one span; 5 -> 4 breaks on the row,
+    # 7 -> 5 on the block; 0 -> 6 runs on from there.
+    assert consecutive_spans(np.array([2, 3, 4, 5, 7, 0]), np.array([0, 1, 2, 4, 5, 6])) == [
+        (2, 0, 3),
+        (5, 4, 1),
+        (7, 5, 1),
+        (0, 6, 1),
+    ]
+    assert consecutive_spans(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == []
+    caches, layers = kv_caches(fill=True)
+    original = [t.clone() for t in layers]
+    pool = HostPool(8, LAYERS * PAGE)
+    mover = HostPoolMover(caches, pool)
+    mover.submit_store(1, l1([2, 3, 4, 5, 7, 0]), CPULoadStoreSpec([0, 1, 2, 4, 5, 6]))
+    mover.wait({1})
+    for t in layers:
+        t.zero_()
+    # Back in one span of rows 0..6 (row 3 was never written) to blocks 1..7.
+    mover.submit_load(2, CPULoadStoreSpec(range(7)), l1(range(1, 8)))
+    mover.wait({2})
+    for before, after in zip(original, layers, strict=True):
+        for row, block in zip([0, 1, 2, 4, 5, 6], [2, 3, 4, 5, 7, 0], strict=True):
+            assert torch.equal(after[row + 1], before[block]), (row, block)
+        assert not after[4].any() and not after[0].any()
     mover.shutdown()
 
 

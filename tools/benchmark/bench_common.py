@@ -35,15 +35,24 @@ def text(seed: int, tokens: int) -> str:
     return f"{seed} " + " ".join(WORDS[(seed * 7 + k) % 8] for k in range(tokens - 2))
 
 
-def kv_bytes_per_token(model_dir: Path | None = None, dtype: str = "bfloat16") -> int:
-    """K and V of every layer for one token, from the model's config.json
-    (the default model when ``model_dir`` is None): what a running server
-    prints as per_block_bytes / block size in its breakdown line."""
+def model_config(model_dir: Path | None = None) -> dict:
+    """The model's config.json (the default model's when ``model_dir`` is None)."""
     if model_dir is None:
         from vllm_uma import default_model
 
         model_dir = default_model.prepare()
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def model_layers(model_dir: Path | None = None) -> int:
+    return model_config(model_dir)["num_hidden_layers"]
+
+
+def kv_bytes_per_token(model_dir: Path | None = None, dtype: str = "bfloat16") -> int:
+    """K and V of every layer for one token, from the model's config.json
+    (the default model when ``model_dir`` is None): what a running server
+    prints as per_block_bytes / block size in its breakdown line."""
+    config = model_config(model_dir)
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]

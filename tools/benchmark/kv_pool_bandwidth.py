@@ -3,10 +3,11 @@
     .venv/bin/python tools/benchmark/kv_pool_bandwidth.py [--blocks 64] [--repeats 10]
 
 Uses the real HostPool and HostPoolMover on a KV cache shaped like the
-default model's (30 layers, 128-token blocks of 96 KiB per layer, bf16), and
-compares with numpy's copy of one contiguous buffer of the same size: the
-floor for moving those bytes. The issue's target is at least half of it.
-One run, ratios measured in the same process (the machine is shared).
+default model's (layers and bytes per token read from its config.json;
+128-token blocks, bf16), and compares with numpy's copy of one contiguous
+buffer of the same size: the floor for moving those bytes. The target is
+80% of it. One run, ratios measured in the same process (the machine is
+shared); memcpy is taken before and after the mover and the faster kept.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ import os
 
 import numpy as np
 import torch
-from bench_common import best_of
+from bench_common import BLOCK_TOKENS, best_of, kv_bytes_per_token, model_layers
 from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover
 
-LAYERS, PAGE = 30, 128 * 3 * 64 * 2 * 2  # SmolLM2-135M, bf16: 98,304 B
+TARGET = 0.8  # of memcpy, for both directions
 
 
 def main() -> int:
@@ -33,18 +34,22 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     n = args.blocks
+    num_layers = model_layers()
+    page = kv_bytes_per_token() // num_layers * BLOCK_TOKENS  # one layer's share of a block
     num_blocks = 4 * n
-    layers = [torch.randint(-128, 127, (num_blocks, PAGE), dtype=torch.int8) for _ in range(LAYERS)]
+    layers = [
+        torch.randint(-128, 127, (num_blocks, page), dtype=torch.int8) for _ in range(num_layers)
+    ]
     caches = CanonicalKVCaches(
-        tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=PAGE) for t in layers],
+        tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=page) for t in layers],
         group_data_refs=[[]],
     )
-    pool = HostPool(num_blocks, LAYERS * PAGE)
+    pool = HostPool(num_blocks, num_layers * page)
     pool.array.fill(1)  # resident, like a pool in steady state
     mover = HostPoolMover(caches, pool)
     blocks = list(range(0, 2 * n, 2))  # scattered, as L1 blocks are
     rows = list(range(n, 2 * n))
-    nbytes = n * LAYERS * PAGE
+    nbytes = n * num_layers * page
 
     def store():
         mover.submit_store(1, GPULoadStoreSpec(blocks, [n], [0]), CPULoadStoreSpec(rows))
@@ -61,17 +66,18 @@ def main() -> int:
     memcpy_s = best_of(args.repeats, lambda: np.copyto(dst, src))
     store_s = best_of(args.repeats, store)
     load_s = best_of(args.repeats, load)
+    memcpy_s = min(memcpy_s, best_of(args.repeats, lambda: np.copyto(dst, src)))
     mover.shutdown()
 
     gbps = {
         k: nbytes / v / 1e9 for k, v in (("memcpy", memcpy_s), ("store", store_s), ("load", load_s))
     }
-    print(f"transfer: {n} blocks x {LAYERS} layers x {PAGE} B = {nbytes / 2**20:.1f} MiB")
+    print(f"transfer: {n} blocks x {num_layers} layers x {page} B = {nbytes / 2**20:.1f} MiB")
     print(f"{'copy':8} {'GB/s':>7} {'vs memcpy':>10}")
     for name in ("memcpy", "store", "load"):
         print(f"{name:8} {gbps[name]:7.2f} {gbps[name] / gbps['memcpy']:9.0%}")
-    target = all(gbps[k] >= 0.5 * gbps["memcpy"] for k in ("store", "load"))
-    print(f"target (store and load >= 50% of memcpy): {'HELD' if target else 'MISSED'}")
+    target = all(gbps[k] >= TARGET * gbps["memcpy"] for k in ("store", "load"))
+    print(f"target (store and load >= {TARGET:.0%} of memcpy): {'HELD' if target else 'MISSED'}")
     print(
         json.dumps(
             {"bytes": nbytes, "gbps": gbps, "cores": os.cpu_count(), "load": os.getloadavg()}
