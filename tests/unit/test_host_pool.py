@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +12,12 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, G
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from vllm_uma.kv_offload.host_pool import HostPool, SharedPools
-from vllm_uma.kv_offload.mover import HostPoolMover, LayoutError, consecutive_spans
+from vllm_uma.kv_offload.mover import (
+    STORE_NICE,
+    HostPoolMover,
+    LayoutError,
+    consecutive_spans,
+)
 
 NUM_BLOCKS, PAGE, LAYERS = 8, 64, 3
 
@@ -94,6 +102,29 @@ def test_runs_of_adjacent_blocks_and_rows_copy_as_spans():
         for row, block in zip([0, 1, 2, 4, 5, 6], [2, 3, 4, 5, 7, 0], strict=True):
             assert torch.equal(after[row + 1], before[block]), (row, block)
         assert not after[4].any() and not after[0].any()
+    mover.shutdown()
+
+
+def thread_nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_stores_run_at_background_priority_and_loads_do_not_wait_behind_them():
+    caches, layers = kv_caches(fill=True)
+    mover = HostPoolMover(caches, HostPool(4, LAYERS * PAGE))
+    own = thread_nice()
+    assert mover._stores.submit(thread_nice).result() == max(own, STORE_NICE)
+    assert mover._loads.submit(thread_nice).result() == own
+    # A store that cannot finish (the thread is held) does not hold up a load.
+    release = threading.Event()
+    mover._stores.submit(release.wait, 30)
+    mover.submit_store(1, l1([0]), CPULoadStoreSpec([0]))
+    mover.submit_load(2, CPULoadStoreSpec([3]), l1([5]))
+    mover.wait({2})
+    assert [r.job_id for r in mover.get_finished()] == [2]
+    release.set()
+    mover.wait({1})
+    assert [r.job_id for r in mover.get_finished()] == [1]
     mover.shutdown()
 
 

@@ -1,12 +1,25 @@
 """Worker side: copy KV blocks between vLLM's KV cache (L1) and the host pool (L2).
 
-Runs in the worker, on one background thread, so a store or a load does not
-hold up the engine step that submitted it (torch releases the GIL while it
-copies). vLLM's offloading connector drives it through the OffloadingWorker
-contract: ``submit_store``/``submit_load`` return at once, ``get_finished``
-reports completed jobs (every job succeeds or the process is broken: the
-connector treats a failure as fatal), ``wait`` blocks until given jobs end.
-Jobs run in submission order.
+Runs in the worker, on two background threads, so a store or a load does
+not hold up the engine step that submitted it (numpy releases the GIL while
+it copies). vLLM's offloading connector drives it through the
+OffloadingWorker contract: ``submit_store``/``submit_load`` return at once,
+``get_finished`` reports completed jobs (every job succeeds or the process is
+broken: the connector treats a failure as fatal), ``wait`` blocks until given
+jobs end.
+
+One thread per direction, each running its jobs in submission order, as
+vLLM's GPU worker keeps one stream per direction: the connector already
+orders what crosses (a load only reads pool rows whose store completed; a
+block a pending store still reads is fenced with ``wait`` before reuse).
+The store thread runs at the lowest CPU priority (nice 19). A store is never
+on a request's critical path, but on a machine with few cores it competes
+with the forward's compute threads, and with OpenMP one slowed thread stalls
+the whole team at the next barrier; at nice 19 the store copies mostly run
+when a core is idle (the engine's Python scheduling between forwards, waits
+on the network). Loads keep normal priority: a restoring request waits for
+them. When the engine waits for a store (``wait`` before reusing a block) its
+own core is idle, so a background store cannot starve it.
 
 One L1 block maps to one pool row (blocks_per_chunk == 1, checked by the
 spec). A job's (block, row) pairs are first cut into spans where both run
@@ -22,6 +35,8 @@ few percent. numpy, not torch: torch's int8 copies here moved 0.8-11 GB/s.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -69,7 +84,10 @@ class HostPoolMover(OffloadingWorker):
                 f"tensors, but a pool row holds {pool.row_bytes}"
             )
         self.block_bytes = offset
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uma-kv-mover")
+        self._stores = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="uma-kv-store", initializer=background_priority
+        )
+        self._loads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uma-kv-load")
         self._jobs: dict[int, Future] = {}
 
     # -- the copies ---------------------------------------------------------
@@ -110,13 +128,13 @@ class HostPoolMover(OffloadingWorker):
     ) -> bool:
         blocks, rows = _ids(src_spec), _ids(dst_spec)
         _check_pairs(job_id, blocks, rows)
-        self._jobs[job_id] = self._executor.submit(self._store, blocks, rows)
+        self._jobs[job_id] = self._stores.submit(self._store, blocks, rows)
         return True
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
         rows, blocks = _ids(src_spec), _ids(dst_spec)
         _check_pairs(job_id, blocks, rows)
-        self._jobs[job_id] = self._executor.submit(self._load, rows, blocks)
+        self._jobs[job_id] = self._loads.submit(self._load, rows, blocks)
         return True
 
     def get_finished(self) -> list[TransferResult]:
@@ -135,11 +153,23 @@ class HostPoolMover(OffloadingWorker):
         return result
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._stores.shutdown(wait=True)
+        self._loads.shutdown(wait=True)
         self._jobs.clear()
         if self._on_shutdown is not None:
             self._on_shutdown()
             self._on_shutdown = None
+
+
+STORE_NICE = 19  # the lowest priority Linux has short of SCHED_IDLE
+
+
+def background_priority() -> None:
+    """Lower the calling thread's CPU priority (Linux nice is per thread)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), STORE_NICE)
+    except OSError:
+        pass  # stores still run, at the process's priority
 
 
 def consecutive_spans(blocks: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, int]]:
