@@ -37,14 +37,25 @@ def test_an_empty_pool_is_refused_with_the_fix():
         HostPool(0, 128)
 
 
-def kv_caches(fill: bool) -> tuple[CanonicalKVCaches, list[torch.Tensor]]:
-    layers = []
-    for layer in range(LAYERS):
-        t = torch.zeros(NUM_BLOCKS, PAGE, dtype=torch.int8)
+def kv_caches(
+    fill: bool, backing: str | None = None
+) -> tuple[CanonicalKVCaches, list[torch.Tensor]]:
+    """Per-layer KV tensors: separate allocations (``backing`` None) or views
+    of one buffer as vLLM allocates it, ``"layer_major"`` (layer l at
+    l * NUM_BLOCKS * PAGE) or ``"block_major"`` (block b's pages of every
+    layer side by side)."""
+    if backing is None:
+        layers = [torch.zeros(NUM_BLOCKS, PAGE, dtype=torch.int8) for _ in range(LAYERS)]
+    else:
+        buf = torch.zeros(NUM_BLOCKS * LAYERS * PAGE, dtype=torch.int8)
+        if backing == "layer_major":
+            layers = [buf.view(LAYERS, NUM_BLOCKS, PAGE)[i] for i in range(LAYERS)]
+        else:
+            layers = [buf.view(NUM_BLOCKS, LAYERS, PAGE)[:, i] for i in range(LAYERS)]
+    for layer, t in enumerate(layers):
         if fill:
             t.copy_(torch.randint(-128, 127, (NUM_BLOCKS, PAGE), dtype=torch.int8))
             t[:, 0] = layer  # tell the layers apart
-        layers.append(t)
     tensors = [CanonicalKVCacheTensor(tensor=t, page_size_bytes=PAGE) for t in layers]
     return CanonicalKVCaches(tensors=tensors, group_data_refs=[[]]), layers
 
@@ -53,10 +64,13 @@ def l1(ids):
     return GPULoadStoreSpec(ids, group_sizes=[len(ids)], block_indices=[0])
 
 
-def test_store_then_load_restores_exact_bytes_into_other_blocks():
-    caches, layers = kv_caches(fill=True)
+@pytest.mark.parametrize("backing", [None, "layer_major", "block_major"])
+def test_store_then_load_restores_exact_bytes_into_other_blocks(backing):
+    caches, layers = kv_caches(fill=True, backing=backing)
     original = [t.clone() for t in layers]
     mover = HostPoolMover(caches, HostPool(6, LAYERS * PAGE + 64))  # padded rows
+    # Layers in one buffer are copied a block (every layer) at a time.
+    assert len(mover.views) == (LAYERS if backing is None else 1)
     mover.submit_store(1, l1([1, 4, 6]), CPULoadStoreSpec([5, 0, 2]))
     mover.wait({1})
     for t in layers:
@@ -77,7 +91,20 @@ def test_store_then_load_restores_exact_bytes_into_other_blocks():
     mover.shutdown()
 
 
-def test_runs_of_adjacent_blocks_and_rows_copy_as_spans():
+def test_layers_not_at_one_stride_are_copied_one_by_one():
+    buf = torch.zeros(4 * NUM_BLOCKS * PAGE, dtype=torch.int8).view(4, NUM_BLOCKS, PAGE)
+    gap = [buf[0], buf[1], buf[3]]  # layer 2 sits two layers after layer 1
+    overlap = [buf[0], buf[0]]  # two groups over the same bytes
+    for layers in (gap, overlap):
+        tensors = [CanonicalKVCacheTensor(tensor=t, page_size_bytes=PAGE) for t in layers]
+        caches = CanonicalKVCaches(tensors=tensors, group_data_refs=[[]])
+        mover = HostPoolMover(caches, HostPool(2, len(layers) * PAGE))
+        assert len(mover.views) == len(layers)
+        mover.shutdown()
+
+
+@pytest.mark.parametrize("backing", [None, "block_major"])
+def test_runs_of_adjacent_blocks_and_rows_copy_as_spans(backing):
     # blocks 2,3,4 -> rows 0,1,2 is one span; 5 -> 4 breaks on the row,
     # 7 -> 5 on the block; 0 -> 6 runs on from there.
     assert consecutive_spans(np.array([2, 3, 4, 5, 7, 0]), np.array([0, 1, 2, 4, 5, 6])) == [
@@ -87,7 +114,7 @@ def test_runs_of_adjacent_blocks_and_rows_copy_as_spans():
         (0, 6, 1),
     ]
     assert consecutive_spans(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == []
-    caches, layers = kv_caches(fill=True)
+    caches, layers = kv_caches(fill=True, backing=backing)
     original = [t.clone() for t in layers]
     pool = HostPool(8, LAYERS * PAGE)
     mover = HostPoolMover(caches, pool)
@@ -128,8 +155,9 @@ def test_stores_run_at_background_priority_and_loads_do_not_wait_behind_them():
     mover.shutdown()
 
 
-def test_pool_rows_hold_layers_side_by_side():
-    caches, layers = kv_caches(fill=True)
+@pytest.mark.parametrize("backing", [None, "layer_major"])
+def test_pool_rows_hold_layers_side_by_side(backing):
+    caches, layers = kv_caches(fill=True, backing=backing)
     pool = HostPool(2, LAYERS * PAGE)
     mover = HostPoolMover(caches, pool)
     mover.submit_store(1, l1([3]), CPULoadStoreSpec([1]))

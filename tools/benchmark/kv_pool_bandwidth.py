@@ -2,12 +2,13 @@
 
     .venv/bin/python tools/benchmark/kv_pool_bandwidth.py [--blocks 64] [--repeats 10]
 
-Uses the real HostPool and HostPoolMover on a KV cache shaped like the
-default model's (layers and bytes per token read from its config.json;
-128-token blocks, bf16), and compares with numpy's copy of one contiguous
-buffer of the same size: the floor for moving those bytes. The target is
-80% of it. One run, ratios measured in the same process (the machine is
-shared); memcpy is taken before and after the mover and the faster kept.
+Uses the real HostPool and HostPoolMover on a KV cache laid out like vLLM's
+(one backing buffer) and shaped like the default model's (layers and bytes
+per token read from its config.json; 128-token blocks, bf16), and compares
+with numpy's copy of one contiguous buffer of the same size: the floor for
+moving those bytes. The target is 80% of it. One run, ratios measured in
+the same process (the machine is shared); memcpy is taken before and
+after the mover and the faster kept.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def main() -> int:
     num_layers = model_layers()
     page = kv_bytes_per_token() // num_layers * BLOCK_TOKENS  # one layer's share of a block
     num_blocks = 4 * n
-    layers = [
-        torch.randint(-128, 127, (num_blocks, page), dtype=torch.int8) for _ in range(num_layers)
-    ]
+    # One backing buffer, each layer a view of it, as vLLM allocates the KV
+    # cache (the mover then copies all layers of a block at once).
+    backing = torch.randint(-128, 127, (num_layers, num_blocks, page), dtype=torch.int8)
+    layers = [backing[i] for i in range(num_layers)]
     caches = CanonicalKVCaches(
         tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=page) for t in layers],
         group_data_refs=[[]],

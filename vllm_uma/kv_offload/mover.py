@@ -15,22 +15,30 @@ block a pending store still reads is fenced with ``wait`` before reuse).
 The store thread runs at the lowest CPU priority (nice 19). A store is never
 on a request's critical path, but on a machine with few cores it competes
 with the forward's compute threads, and with OpenMP one slowed thread stalls
-the whole team at the next barrier; at nice 19 the store copies mostly run
-when a core is idle (the engine's Python scheduling between forwards, waits
-on the network). Loads keep normal priority: a restoring request waits for
+the whole team at the next barrier; at nice 19 the store copies yield to it.
+(On no_reuse traffic here the difference was within the host's noise: pool
+vs off 0.97x, range 0.85-1.17x, with it; 1.01x without.) Loads keep normal
+priority: a restoring request waits for
 them. When the engine waits for a store (``wait`` before reusing a block) its
 own core is idle, so a background store cannot starve it.
 
 One L1 block maps to one pool row (blocks_per_chunk == 1, checked by the
 spec). A job's (block, row) pairs are first cut into spans where both run
-consecutively; each span is then one slice assignment per layer, which numpy
-does as a single strided copy straight from source to destination. A gather
-(``layer[blocks]``) followed by a scatter would copy every byte twice through
-a temporary: that moved 7-12 GB/s here where memcpy moved 15-20, and the
-slices move 95-110% of memcpy (tools/benchmark/kv_pool_bandwidth.py). Even
-when no two blocks are adjacent, a copy per block per layer is 96 KiB for the
-default model, large enough that the Python loop (about 1 us a copy) is a
-few percent. numpy, not torch: torch's int8 copies here moved 0.8-11 GB/s.
+consecutively; each span is then one numpy slice assignment, a single
+strided copy straight from source to destination. vLLM puts every layer's
+KV in one backing buffer at a fixed distance from the next, so one strided
+view covers a block across all layers and a span is one copy for the whole
+model (``cross_layer_views``); otherwise one copy per layer per span.
+
+Why so few, large copies: numpy drops the GIL while it copies, but each copy
+must take it back to start the next, and a thread asking for the GIL waits
+up to the switch interval (5 ms) while the engine's Python holds it. One copy
+per layer per block (930 for a 4k-token prefix of the default model) moved
+0.13 GB/s beside a busy Python thread; one per block, 0.5 GB/s. A gather
+(``layer[blocks]``) then a scatter would copy every byte twice through a
+temporary: 7-12 GB/s here where memcpy moved 15-20; the slices move 80-105%
+of memcpy (tools/benchmark/kv_pool_bandwidth.py). numpy, not torch: torch's
+int8 copies here moved 0.8-11 GB/s.
 """
 
 from __future__ import annotations
@@ -52,6 +60,9 @@ from vllm.v1.kv_offload.base import (
 )
 
 from vllm_uma.kv_offload.host_pool import HostPool
+from vllm_uma.log import get_logger
+
+logger = get_logger(__name__)
 
 
 class LayoutError(ValueError):
@@ -84,6 +95,20 @@ class HostPoolMover(OffloadingWorker):
                 f"tensors, but a pool row holds {pool.row_bytes}"
             )
         self.block_bytes = offset
+        # (L1 view, pool view) pairs indexed by block and by row: one pair
+        # over every layer when the layers sit at one stride in vLLM's
+        # backing buffer, else one pair per layer.
+        self.views = cross_layer_views(self.layers, pool.array) or [
+            (layer, pool.array[:, offset : offset + layer.shape[1]])
+            for layer, offset in zip(self.layers, self.offsets, strict=True)
+        ]
+        logger.info(
+            "KV offload copies: %d KV tensors, %s",
+            len(self.layers),
+            "one strided copy per run of blocks across all of them"
+            if len(self.views) == 1
+            else "one copy per tensor per run of blocks",
+        )
         self._stores = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="uma-kv-store", initializer=background_priority
         )
@@ -94,22 +119,18 @@ class HostPoolMover(OffloadingWorker):
 
     def _store(self, blocks: np.ndarray, rows: np.ndarray) -> TransferResult:
         start = time.perf_counter()
-        pool = self.pool.array
         spans = consecutive_spans(blocks, rows)
-        for layer, offset in zip(self.layers, self.offsets, strict=True):
-            end = offset + layer.shape[1]
+        for l1, pool in self.views:
             for block, row, count in spans:
-                pool[row : row + count, offset:end] = layer[block : block + count]
+                pool[row : row + count] = l1[block : block + count]
         return self._result(len(blocks), start)
 
     def _load(self, rows: np.ndarray, blocks: np.ndarray) -> TransferResult:
         start = time.perf_counter()
-        pool = self.pool.array
         spans = consecutive_spans(blocks, rows)
-        for layer, offset in zip(self.layers, self.offsets, strict=True):
-            end = offset + layer.shape[1]
+        for l1, pool in self.views:
             for block, row, count in spans:
-                layer[block : block + count] = pool[row : row + count, offset:end]
+                l1[block : block + count] = pool[row : row + count]
         return self._result(len(blocks), start)
 
     def _result(self, num_blocks: int, start: float) -> TransferResult:
@@ -170,6 +191,42 @@ def background_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), STORE_NICE)
     except OSError:
         pass  # stores still run, at the process's priority
+
+
+def cross_layer_views(
+    layers: list[np.ndarray], pool: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """One (blocks, layers, page) view of L1 and one (rows, layers, page) of
+    the pool, when every layer has the same shape and block stride and the
+    layers start at one fixed distance from each other (vLLM places them in
+    one backing buffer); None otherwise.
+
+    Each layer's start is checked against the view's, so the strided view
+    addresses exactly the layers' own bytes and nothing between them.
+    """
+    first = layers[0]
+    if len(layers) < 2 or first.strides[1] != 1:
+        return None
+    if any(a.shape != first.shape or a.strides != first.strides for a in layers):
+        return None
+    address = [a.ctypes.data for a in layers]
+    layer_stride = address[1] - address[0]
+    if any(address[i] != address[0] + i * layer_stride for i in range(len(layers))):
+        return None
+    num_blocks, page = first.shape
+    block_stride = first.strides[0]
+    # Layers that overlap (groups overlaid on the same bytes) are copied one
+    # by one, as vLLM laid them out.
+    if abs(layer_stride) < page:
+        return None
+    l1 = np.lib.stride_tricks.as_strided(
+        first, (num_blocks, len(layers), page), (block_stride, layer_stride, 1), writeable=True
+    )
+    rows = pool[:, : len(layers) * page]
+    pool_view = np.lib.stride_tricks.as_strided(
+        rows, (rows.shape[0], len(layers), page), (rows.strides[0], page, 1), writeable=True
+    )
+    return [(l1, pool_view)]
 
 
 def consecutive_spans(blocks: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, int]]:
