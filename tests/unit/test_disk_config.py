@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 
@@ -144,8 +146,22 @@ def test_resolved_settings_not_written_by_the_platform_are_refused():
         dc.from_extra_config({"root_dir": "/x"})
 
 
+def test_a_root_dir_in_ram_is_warned_about(tmp_path):
+    shm = Path("/dev/shm")
+    if dc.filesystem_of(shm) != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm on this machine")
+    root = shm / f"vllm-uma-test-{os.getpid()}"
+    try:
+        config, warnings = parse([{"type": "fs", "root_dir": str(root), "max_size_gib": 0.01}])
+        assert config.root_dir == root
+        assert len(warnings) == 1 and "is on tmpfs, which keeps its files in RAM" in warnings[0]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    _, warnings = parse(tier(tmp_path, max_size_gib=0.01))
+    assert warnings == [] or dc.filesystem_of(tmp_path) in dc.MEMORY_FILESYSTEMS
+
+
 def test_the_filesystem_of_a_path_is_its_longest_mount(tmp_path):
-    from pathlib import Path
 
     from vllm_uma.kv_offload.disk.config import filesystem_of
 

@@ -53,6 +53,7 @@ def vllm_config(
     hash_algo="sha256",
     kv_events=False,
     shutdown_timeout=0,
+    cache_dtype="auto",
 ):
     return SimpleNamespace(
         shutdown_timeout=shutdown_timeout,
@@ -62,7 +63,7 @@ def vllm_config(
             kv_offloading_backend=backend,
             gpu_memory_utilization=0.5,
             prefix_caching_hash_algo=hash_algo,
-            cache_dtype="auto",
+            cache_dtype=cache_dtype,
         ),
         load_config=SimpleNamespace(load_format="auto", download_dir=None),
         lora_config=None,
@@ -132,6 +133,12 @@ def test_connector_without_size_gets_two_requests_of_kv():
     assert pool.bytes == 2 * 8192 * PER_TOKEN
     assert "2 x max_model_len=8192" in pool.reason
     assert oc.configured_pool_bytes(cfg) == pool.bytes
+
+
+@pytest.mark.parametrize("cache_dtype, per_token", [("auto", PER_TOKEN), ("fp8", PER_TOKEN // 2)])
+def test_the_auto_size_counts_the_kv_cache_dtype(cache_dtype, per_token):
+    cfg = vllm_config(ktc=connector("OffloadingConnector"), cache_dtype=cache_dtype)
+    assert oc.translate(cfg, 24 * GiB).pool.bytes == 2 * 8192 * per_token
 
 
 def test_auto_size_is_clamped_to_a_quarter_of_the_kv_budget():

@@ -65,11 +65,16 @@ class OffloadPlan:
     warnings: tuple[str, ...]  # for the log
 
 
-def kv_bytes_per_token(model_config, parallel_config) -> int:
+def kv_bytes_per_token(model_config, parallel_config, cache_dtype: str = "auto") -> int:
+    """K and V of every layer for one token, in the KV cache's own dtype
+    (``--kv-cache-dtype``: an fp8 cache stores one byte per element, not the
+    model's two)."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
     layers = model_config.get_num_layers(parallel_config)
     heads = model_config.get_num_kv_heads(parallel_config)
     head_size = model_config.get_head_size()
-    dtype_bytes = model_config.dtype.itemsize
+    dtype_bytes = kv_cache_dtype_str_to_dtype(cache_dtype, model_config).itemsize
     return 2 * layers * heads * head_size * dtype_bytes
 
 
@@ -270,7 +275,7 @@ def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
     if explicit:
         return PoolSize(int(explicit), "cpu_bytes_to_use in --kv-transfer-config")
     model = vllm_config.model_config
-    per_token = kv_bytes_per_token(model, vllm_config.parallel_config)
+    per_token = kv_bytes_per_token(model, vllm_config.parallel_config, cache.cache_dtype)
     kv_budget = int(total_ram * cache.gpu_memory_utilization)
     size = auto_pool_size(per_token, model.max_model_len, kv_budget)
     ktc.kv_connector_extra_config["cpu_bytes_to_use"] = size.bytes

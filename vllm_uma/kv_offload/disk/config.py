@@ -144,6 +144,12 @@ def parse_disk_tier(
             f"its shared ledger (SQLite WAL) works for the servers of this host only. "
             f"Never give another host the same root_dir; give each host its own store."
         )
+    elif fstype in MEMORY_FILESYSTEMS:
+        warnings.append(
+            f"the fs tier's root_dir {root_dir} is on {fstype}, which keeps its files in "
+            f"RAM: the 'disk' tier then takes memory from the KV cache and the host "
+            f"pool, and does not survive a reboot. Give it a directory on a disk."
+        )
     cap_bytes, reason = resolve_cap(raw.get("max_size_gib"), root_dir)
     return (
         DiskTierConfig(
@@ -177,6 +183,11 @@ NETWORK_FILESYSTEMS = frozenset(
         "gpfs",
     }
 )
+
+
+# Filesystems whose files are RAM (or swap): a disk tier there is a second
+# host pool that the memory budget does not count.
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
 def filesystem_of(path: Path, mounts: str = "/proc/self/mounts") -> str:
