@@ -61,6 +61,29 @@ def _rss() -> int:
     return psutil.Process(os.getpid()).memory_info().rss
 
 
+def reset_peak_rss(clear_refs: str = "/proc/self/clear_refs") -> bool:
+    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets
+    VmHWM to the current RSS). False where the kernel does not offer it."""
+    try:
+        with open(clear_refs, "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss(status: str = "/proc/self/status") -> int | None:
+    """The process's peak RSS (VmHWM) in bytes, or None if /proc does not say."""
+    try:
+        with open(status) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def workers_sharing_ram(parallel_config) -> int:
     """Workers on this machine that each size a KV cache from the same RAM."""
     engines = max(1, parallel_config.data_parallel_size_local or 1)
@@ -116,6 +139,10 @@ class UmaWorker(CPUWorker):
         rss_before = _rss()
         super().load_model(load_dummy_weights=load_dummy_weights)
         self.weights_bytes = max(0, _rss() - rss_before)
+        # The activations are what the profile run reaches beyond this point
+        # at its peak: torch frees its workspace after the run, so the RSS
+        # left afterwards undercounts them (determine_available_memory).
+        self.peak_window = reset_peak_rss()
         if not self.uma_config.wire_weights:
             logger.info("Weights not wired (wire_weights is off).")
             return
@@ -139,7 +166,7 @@ class UmaWorker(CPUWorker):
             total=total_ram_bytes(),
             utilization=self.cache_config.gpu_memory_utilization,
             weights=weights,
-            activations=max(0, _rss() - weights),
+            activations=max(0, self._activation_high_water() - weights),
             kv_offload_pool=configured_pool_bytes(self.vllm_config),
             min_kv_cache=min_kv_cache_bytes(max_model_len, block_size, per_block),
             max_model_len=max_model_len,
@@ -159,6 +186,13 @@ class UmaWorker(CPUWorker):
             raise
         self._warn_if_budget_exceeds_free_ram(kv)
         return kv
+
+    def _activation_high_water(self) -> int:
+        """The RSS the profile run peaked at (VmHWM since the weights were
+        loaded), or the RSS now where the kernel keeps no peak."""
+        now = _rss()
+        peak = peak_rss() if getattr(self, "peak_window", False) else None
+        return max(now, peak or 0)
 
     def _warn_if_budget_exceeds_free_ram(self, kv: int) -> None:
         available = psutil.virtual_memory().available

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
@@ -13,7 +12,6 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from vllm_uma.kv_offload.host_pool import HostPool, SharedPools
 from vllm_uma.kv_offload.mover import (
-    STORE_NICE,
     HostPoolMover,
     LayoutError,
     consecutive_spans,
@@ -132,26 +130,34 @@ def test_runs_of_adjacent_blocks_and_rows_copy_as_spans(backing):
     mover.shutdown()
 
 
-def thread_nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-def test_stores_run_at_background_priority_and_loads_do_not_wait_behind_them():
-    caches, layers = kv_caches(fill=True)
+def test_loads_do_not_wait_behind_stores():
+    caches, _ = kv_caches(fill=True)
     mover = HostPoolMover(caches, HostPool(4, LAYERS * PAGE))
-    own = thread_nice()
-    assert mover._stores.submit(thread_nice).result() == max(own, STORE_NICE)
-    assert mover._loads.submit(thread_nice).result() == own
-    # A store that cannot finish (the thread is held) does not hold up a load.
     release = threading.Event()
-    mover._stores.submit(release.wait, 30)
-    mover.submit_store(1, l1([0]), CPULoadStoreSpec([0]))
-    mover.submit_load(2, CPULoadStoreSpec([3]), l1([5]))
-    mover.wait({2})
-    assert [r.job_id for r in mover.get_finished()] == [2]
-    release.set()
+    try:
+        # A store that cannot finish (its thread is held) does not hold up a load.
+        mover._stores.submit(release.wait, 30)
+        mover.submit_store(1, l1([0]), CPULoadStoreSpec([0]))
+        mover.submit_load(2, CPULoadStoreSpec([3]), l1([5]))
+        mover.wait({2})
+        assert [r.job_id for r in mover.get_finished()] == [2]
+    finally:
+        release.set()
     mover.wait({1})
     assert [r.job_id for r in mover.get_finished()] == [1]
+    mover.shutdown()
+
+
+def test_ids_outside_the_cache_or_the_pool_are_refused():
+    caches, _ = kv_caches(fill=False)
+    mover = HostPoolMover(caches, HostPool(4, LAYERS * PAGE))
+    with pytest.raises(LayoutError, match=r"KV block ids 7..8, outside 0..7"):
+        mover.submit_store(1, l1([7, 8]), CPULoadStoreSpec([0, 1]))
+    with pytest.raises(LayoutError, match=r"pool row ids 3..4, outside 0..3"):
+        mover.submit_load(2, CPULoadStoreSpec([3, 4]), l1([0, 1]))
+    with pytest.raises(LayoutError, match=r"pool row ids -1..0"):
+        mover.submit_load(3, CPULoadStoreSpec([-1, 0]), l1([0, 1]))
+    assert mover.get_finished() == []  # nothing was submitted
     mover.shutdown()
 
 

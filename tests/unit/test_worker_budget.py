@@ -4,7 +4,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_uma.worker import kv_block_geometry, workers_sharing_ram
+from vllm_uma.worker import (
+    _rss,
+    kv_block_geometry,
+    peak_rss,
+    reset_peak_rss,
+    workers_sharing_ram,
+)
+
+MiB = 1 << 20
 
 
 @pytest.mark.parametrize(
@@ -24,3 +32,24 @@ def test_block_geometry_sums_the_layers_pages():
     per_block, block_size = kv_block_geometry({f"layer.{i}": spec for i in range(30)})
     # SmolLM2-135M: 23,040 bytes of KV per token, 128 tokens per block.
     assert (per_block, block_size) == (23_040 * 128, 128)
+
+
+def test_the_peak_rss_window_sees_memory_freed_before_it_is_read():
+    import numpy as np
+
+    if not reset_peak_rss():
+        pytest.skip("this kernel offers no peak-RSS reset (/proc/self/clear_refs)")
+    start = _rss()
+    scratch = np.ones(256 * MiB, dtype=np.uint8)  # touched: resident
+    del scratch  # a large block goes back to the system at once
+    assert _rss() < start + 128 * MiB
+    assert peak_rss() >= start + 240 * MiB  # the window saw it
+    reset_peak_rss()
+    assert peak_rss() < start + 128 * MiB  # a new window starts from now
+
+
+def test_no_proc_means_no_peak(tmp_path):
+    assert peak_rss(str(tmp_path / "missing")) is None
+    assert reset_peak_rss(str(tmp_path / "no-such-dir" / "clear_refs")) is False
+    (tmp_path / "status").write_text("Name:\tx\nVmRSS:\t100 kB\n")
+    assert peak_rss(str(tmp_path / "status")) is None

@@ -12,15 +12,11 @@ One thread per direction, each running its jobs in submission order, as
 vLLM's GPU worker keeps one stream per direction: the connector already
 orders what crosses (a load only reads pool rows whose store completed; a
 block a pending store still reads is fenced with ``wait`` before reuse).
-The store thread runs at the lowest CPU priority (nice 19). A store is never
-on a request's critical path, but on a machine with few cores it competes
-with the forward's compute threads, and with OpenMP one slowed thread stalls
-the whole team at the next barrier; at nice 19 the store copies yield to it.
-(On no_reuse traffic here the difference was within the host's noise: pool
-vs off 0.97x, range 0.85-1.17x, with it; 1.01x without.) Loads keep normal
-priority: a restoring request waits for
-them. When the engine waits for a store (``wait`` before reusing a block) its
-own core is idle, so a background store cannot starve it.
+Loads no longer wait behind stores: a restoring request waits for its load.
+Both threads run at the process's priority. (Stores at nice 19 were tried:
+on no_reuse traffic the difference was within this host's noise, and a
+niced store can stall the engine when it must ``wait`` for that store
+before reusing a block while other threads are runnable.)
 
 One L1 block maps to one pool row (blocks_per_chunk == 1, checked by the
 spec). A job's (block, row) pairs are first cut into spans where both run
@@ -43,8 +39,6 @@ int8 copies here moved 0.8-11 GB/s.
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -109,9 +103,7 @@ class HostPoolMover(OffloadingWorker):
             if len(self.views) == 1
             else "one copy per tensor per run of blocks",
         )
-        self._stores = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="uma-kv-store", initializer=background_priority
-        )
+        self._stores = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uma-kv-store")
         self._loads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uma-kv-load")
         self._jobs: dict[int, Future] = {}
 
@@ -148,15 +140,33 @@ class HostPoolMover(OffloadingWorker):
         self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
     ) -> bool:
         blocks, rows = _ids(src_spec), _ids(dst_spec)
-        _check_pairs(job_id, blocks, rows)
+        self._check_pairs(job_id, blocks, rows)
         self._jobs[job_id] = self._stores.submit(self._store, blocks, rows)
         return True
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
         rows, blocks = _ids(src_spec), _ids(dst_spec)
-        _check_pairs(job_id, blocks, rows)
+        self._check_pairs(job_id, blocks, rows)
         self._jobs[job_id] = self._loads.submit(self._load, rows, blocks)
         return True
+
+    def _check_pairs(self, job_id: int, blocks: np.ndarray, rows: np.ndarray) -> None:
+        """Refuse a job the copies would get wrong: slices clip an id past
+        the end silently (and broadcast what is left), where indexing raised."""
+        if len(blocks) != len(rows):
+            raise LayoutError(
+                f"transfer job {job_id} pairs {len(blocks)} KV blocks with "
+                f"{len(rows)} pool rows; one block per row is required"
+            )
+        for name, ids, count in (
+            ("KV block", blocks, self.layers[0].shape[0]),
+            ("pool row", rows, self.pool.num_rows),
+        ):
+            if len(ids) and (ids.min() < 0 or ids.max() >= count):
+                raise LayoutError(
+                    f"transfer job {job_id} names {name} ids {ids.min()}..{ids.max()}, "
+                    f"outside 0..{count - 1}"
+                )
 
     def get_finished(self) -> list[TransferResult]:
         done = [job_id for job_id, fut in self._jobs.items() if fut.done()]
@@ -182,17 +192,6 @@ class HostPoolMover(OffloadingWorker):
             self._on_shutdown = None
 
 
-STORE_NICE = 19  # the lowest priority Linux has short of SCHED_IDLE
-
-
-def background_priority() -> None:
-    """Lower the calling thread's CPU priority (Linux nice is per thread)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), STORE_NICE)
-    except OSError:
-        pass  # stores still run, at the process's priority
-
-
 def cross_layer_views(
     layers: list[np.ndarray], pool: np.ndarray
 ) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -204,8 +203,10 @@ def cross_layer_views(
     Each layer's start is checked against the view's, so the strided view
     addresses exactly the layers' own bytes and nothing between them.
     """
+    if len(layers) < 2:
+        return None
     first = layers[0]
-    if len(layers) < 2 or first.strides[1] != 1:
+    if first.strides[1] != 1:
         return None
     if any(a.shape != first.shape or a.strides != first.strides for a in layers):
         return None
@@ -245,11 +246,3 @@ def consecutive_spans(blocks: np.ndarray, rows: np.ndarray) -> list[tuple[int, i
 
 def _ids(spec: LoadStoreSpec) -> np.ndarray:
     return np.asarray(spec.block_ids, dtype=np.int64)
-
-
-def _check_pairs(job_id: int, blocks: np.ndarray, rows: np.ndarray) -> None:
-    if len(blocks) != len(rows):
-        raise LayoutError(
-            f"transfer job {job_id} pairs {len(blocks)} KV blocks with "
-            f"{len(rows)} pool rows; one block per row is required"
-        )
