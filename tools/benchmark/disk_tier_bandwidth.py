@@ -3,15 +3,17 @@
     .venv/bin/python tools/benchmark/disk_tier_bandwidth.py [--dir DIR] [--blocks 4000]
         [--threads 4] [--json out.json]
 
-1. The disk: a file of --seq-gib GiB written and read back with O_DIRECT in
-   1 MiB requests, one at a time (no page cache, no read-ahead help): the
-   disk's sequential read bandwidth, the floor for restoring bytes from it.
+1. The disk, two ways: a file of --seq-gib GiB read back with O_DIRECT in
+   1 MiB requests one at a time (the disk's sequential speed, for the
+   record), and block files read the way the tier reads them (O_DIRECT, as
+   many at a time as the restore's threads, page cache dropped:
+   bench_common.disk_tier_read_gbps), the reference a restore is held to.
 2. The tier: --blocks blocks of the default model's row (vLLM CPU's block of
    128 tokens, from the model's config) stored by the real DiskTier from an mmap'd primary
    tier in jobs of 9 blocks, then the page cache is dropped for every block
    file (sync + posix_fadvise DONTNEED on each), and a new DiskTier on the
    same root (a restart) restores them all, checksums verified.
-The ratio restore / disk read is the target (>= 70%); all figures come from
+The ratio restore / read as the tier reads is the target (>= 90%); all figures come from
 one run, since the machine is shared. Files go under --dir (default: a temp
 directory beside the project, on its disk: never tmpfs, whose "disk" is RAM)
 and are deleted at the end.
@@ -32,7 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from bench_common import BLOCK_TOKENS, drop_page_cache, kv_bytes_per_token
+from bench_common import BLOCK_TOKENS, disk_tier_read_gbps, drop_page_cache, kv_bytes_per_token
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
@@ -127,8 +129,14 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+# The restore against a read the way the tier reads: block files, O_DIRECT,
+# as many at a time as the tier's I/O threads, page cache dropped.
+TARGET = 0.9
+
+
 def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path, label=""):
-    disk = read_sequential(sequential)
+    sequential_Bps = read_sequential(sequential)
+    disk = disk_tier_read_gbps(work, ROW, min(blocks * ROW, GiB), threads=n) * 1e9
     # Every block file, so the restore reads the disk, not the page cache.
     dropped = drop_page_cache(work / "tier")
     start = time.perf_counter()
@@ -143,6 +151,7 @@ def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path,
     run = {
         "threads": n,
         "disk_read_Bps": disk,
+        "disk_sequential_qd1_Bps": sequential_Bps,
         "restore_Bps": nbytes / took,
         "restore_s": took,
         "floor_s": floor,
@@ -152,7 +161,8 @@ def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path,
         "cpu_us_per_block": cpu / blocks * 1e6,
     }
     print(
-        f"{label or f'{n:2d} threads'}: disk {disk / 1e9:.2f} GB/s (floor {floor:.2f} s); "
+        f"{label or f'{n:2d} threads'}: disk as the tier reads {disk / 1e9:.2f} GB/s "
+        f"(sequential QD1 {sequential_Bps / 1e9:.2f}; reference {floor:.2f} s); "
         f"restore {nbytes / took / 1e9:.2f} GB/s ({took:.2f} s, "
         f"{dropped / 2**20:.0f} MiB uncached) = "
         f"{floor / took:.0%}; CPU {run['cpu_us_per_block']:.0f} us/block; "
@@ -223,11 +233,11 @@ def measure(work: Path, args, kind: str) -> dict:
         ratio = statistics.median(r["ratio"] for r in runs)
         bps = statistics.median(r["restore_Bps"] for r in runs)
         disk = statistics.median(r["disk_read_Bps"] for r in runs)
-        verdict = "met" if ratio >= 0.7 else "NOT met"
+        verdict = "met" if ratio >= TARGET else "NOT met"
         report.setdefault("median", {})[n] = {"ratio": ratio, "restore_Bps": bps}
         print(
             f"{n:2d} threads: restore {bps / 1e9:.2f} GB/s, disk {disk / 1e9:.2f} GB/s, "
-            f"ratio {ratio:.0%} (target >= 70%: {verdict})"
+            f"ratio {ratio:.0%} (target >= {TARGET:.0%}: {verdict})"
         )
     view.release()
     primary.close()
