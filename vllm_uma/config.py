@@ -18,6 +18,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 NAMESPACE = "vllm_uma"
+# The values a text setting may take.
+CHOICES = {"memory_pressure": ("psi", "off")}
 
 
 class UmaConfigError(ValueError):
@@ -33,6 +35,14 @@ class UmaConfig:
     # are its share of the fleet's; 0 and 0 outside a fleet.
     fleet_member: int = 0
     fleet_size: int = 0
+    # Give the pages of free KV blocks back to the system once the server
+    # has been idle release_idle_seconds (memory_release/): blocks that hold
+    # nothing, and blocks whose prefix the host pool or disk tier also holds.
+    release_free_kv: bool = True
+    release_idle_seconds: int = 60
+    # "psi": watch the kernel's memory-pressure signals and give KV memory
+    # back under pressure (memory_release/pressure.py); "off": do not.
+    memory_pressure: str = "psi"
 
     @classmethod
     def from_additional_config(cls, additional: Any) -> "UmaConfig":
@@ -65,6 +75,11 @@ class UmaConfig:
                 raise UmaConfigError(
                     f"--additional-config {NAMESPACE}.{name}={value!r} is "
                     f"invalid: it must be a whole number >= 0."
+                )
+            if name in CHOICES and value not in CHOICES[name]:
+                raise UmaConfigError(
+                    f"--additional-config {NAMESPACE}.{name}={value!r} is "
+                    f"invalid: it must be one of {list(CHOICES[name])}."
                 )
             values[name] = value
         config = cls(**values)

@@ -22,6 +22,8 @@ What changes from the CPU platform, and why:
   vLLM CPU would reserve a core for the frontend (``keep_single_worker_in_process``).
 - Only vLLM 0.32.0 is accepted: importing this module with another version
   raises one line naming both (vllm_version.py).
+- The scheduler is vLLM's with a thread that gives free KV memory back
+  (memory_release/scheduler.py), unless that is turned off.
 - ``--additional-config '{"vllm_uma": {...}}'`` is validated here, in the
   API-server process, before any weights load (config.py).
 """
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING
 import psutil
 from vllm.platforms.cpu import CpuPlatform
 
-from vllm_uma.config import UmaConfig
+from vllm_uma.config import UmaConfig, UmaConfigError
 from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.log import get_logger
 from vllm_uma.memory import fmt_gib
@@ -80,6 +82,30 @@ def keep_single_worker_in_process(parallel_config, requested_executor: str | Non
         )
 
 
+RELEASING_SCHEDULERS = "vllm_uma.memory_release.scheduler"
+
+
+def use_releasing_scheduler(scheduler_config, uma: UmaConfig) -> None:
+    """vLLM's scheduler with the KV memory release thread, when it is on.
+
+    Runs after vLLM has decided on async scheduling (the platform hook comes
+    later in VllmConfig), so the matching base class is chosen here."""
+    if not uma.release_free_kv and uma.memory_pressure == "off":
+        return
+    chosen = scheduler_config.scheduler_cls
+    if isinstance(chosen, str) and chosen.startswith(RELEASING_SCHEDULERS + "."):
+        return  # the engine core runs this hook again on the same config
+    if chosen is not None:
+        raise UmaConfigError(
+            f"--scheduler-cls {scheduler_config.scheduler_cls!r} replaces the scheduler "
+            f"vllm-uma gives KV memory back from. Remove --scheduler-cls, or turn the "
+            f"release off: --additional-config "
+            f'\'{{"vllm_uma": {{"release_free_kv": false, "memory_pressure": "off"}}}}\'.'
+        )
+    name = "UmaAsyncScheduler" if scheduler_config.async_scheduling else "UmaScheduler"
+    scheduler_config.scheduler_cls = f"{RELEASING_SCHEDULERS}.{name}"
+
+
 class UmaPlatform(CpuPlatform):
     """vLLM's CPU platform, accounting memory as one unified RAM."""
 
@@ -111,7 +137,7 @@ class UmaPlatform(CpuPlatform):
             total_ram_bytes() / 2**30,
         )
         # Checked here, in the API server, before any weights load.
-        UmaConfig.from_additional_config(vllm_config.additional_config)
+        uma = UmaConfig.from_additional_config(vllm_config.additional_config)
         plan = offload_config.translate(vllm_config, total_ram_bytes())
         if plan is not None:
             logger.info_once(
@@ -135,3 +161,4 @@ class UmaPlatform(CpuPlatform):
         requested_executor = parallel_config.distributed_executor_backend
         super().check_and_update_config(vllm_config)
         keep_single_worker_in_process(parallel_config, requested_executor)
+        use_releasing_scheduler(vllm_config.scheduler_config, uma)

@@ -14,6 +14,8 @@ Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 - the KV buffer is allocated lazily (lazy_kv.py) unless vLLM says the layout
   needs zeroing;
 - the weights are locked in RAM after loading (wiring.py);
+- the KV cache's page map is left for the KV memory release
+  (memory_release/l1_pages.py);
 - one parseable ``memory breakdown:`` line once the KV cache exists;
 - AMX tile permission and crash stacks for vLLM's kernels (cpu_kernels.py).
 """
@@ -44,6 +46,7 @@ from vllm_uma.memory import (
     kv_cache_bytes,
     min_kv_cache_bytes,
 )
+from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
 from vllm_uma.platform import total_ram_bytes
 from vllm_uma.wiring import WiringResult, read_maps, wire_new_memory
 
@@ -220,6 +223,21 @@ class UmaWorker(CPUWorker):
         config = self.uma_config
         fleet = (config.fleet_member, config.fleet_size) if config.fleet_size else None
         logger.info("%s", self.breakdown(kv_cache_config).log_line(fleet))
+        L1_PAGES.set(self._l1_page_map(kv_cache_config))
+
+    def _l1_page_map(self, kv_cache_config: KVCacheConfig) -> L1PageMap | None:
+        """Where each block's bytes are, for the KV memory release in the
+        scheduler (memory_release/); None where the layout is not vLLM's
+        one backing allocation of attention pages."""
+        runner = getattr(self, "model_runner", None)
+        caches = [t for t in getattr(runner, "kv_caches", None) or [] if t is not None]
+        groups = kv_cache_config.kv_cache_groups
+        if not caches or any(not g.kv_cache_spec.has_layer_views for g in groups):
+            return None
+        base = caches[0].untyped_storage().data_ptr()
+        if any(t.untyped_storage().data_ptr() != base for t in caches):
+            return None
+        return build_l1_page_map(kv_cache_config, base)
 
     def breakdown(self, kv_cache_config: KVCacheConfig) -> MemoryBreakdown:
         budget = self.budget

@@ -24,6 +24,9 @@ BLOCKS_RESTORED = "vllm:kv_offload_blocks_restored"
 RESTORE_HITS = "vllm:kv_offload_restore_hits"
 STORE_RETRIES = "vllm:kv_offload_store_retries"
 BLOCKS_DROPPED = "vllm:kv_offload_blocks_dropped"
+# Counted by the release thread (memory_release/scheduler.py).
+KV_GIVEN_BACK_IDLE = "vllm:kv_memory_given_back_idle_bytes"
+KV_GIVEN_BACK_PRESSURE = "vllm:kv_memory_given_back_pressure_bytes"
 
 DEFINITIONS = {
     BLOCKS_STORED: OffloadingCounterMetadata(
@@ -45,6 +48,17 @@ DEFINITIONS = {
         documentation=(
             "KV blocks of finished requests never stored in the host pool: more "
             "blocks than the pool has rows, or no room after the bounded wait."
+        )
+    ),
+    KV_GIVEN_BACK_IDLE: OffloadingCounterMetadata(
+        documentation=(
+            "Bytes of KV memory (KV cache and host pool pages) given back to the "
+            "system after the server was idle (release_free_kv)."
+        )
+    ),
+    KV_GIVEN_BACK_PRESSURE: OffloadingCounterMetadata(
+        documentation=(
+            "Bytes of KV memory given back to the system under memory pressure (memory_pressure)."
         )
     ),
 }

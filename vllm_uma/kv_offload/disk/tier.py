@@ -202,6 +202,11 @@ class DiskTier(SecondaryTierManager):
         self._stats.count(m.LOOKUP_HITS)
         return LookupResult.HIT
 
+    def holds(self, key: OffloadKey) -> bool:
+        """A block file of this key is written and readable (no side effect,
+        unlike lookup: the KV memory release asks before giving RAM back)."""
+        return self._index.is_present(BlockRef(self._ns, key))
+
     def touch(self, keys, req_context: ReqContext) -> None:
         self._touch(keys)
 

@@ -1,0 +1,27 @@
+"""KV memory that follows the working set: free KV pages go back to the system.
+
+On one RAM the KV cache (L1) and the host pool (L2) share memory with
+everything else, and a page once touched stays resident: a server that was
+busy once would hold its peak for ever. This package gives back what is
+worth less than its RAM, when the server has been idle a while and when the
+kernel says memory is short.
+
+Where each piece runs (all in the engine-core process, the 'uni' executor):
+
+    worker (UmaWorker)                 scheduler (UmaScheduler, its lock)
+    l1_pages.py: block -> byte ranges  l1_blocks.py: free L1 blocks, by value
+        |  (addresses only)            pool_rows.py: free / idle pool rows
+        +---------> L1_PAGES ------->  releaser.py:  idle pass, pressure pass
+                                       pressure.py:  PSI, MemAvailable, cgroup
+                                       scheduler.py: the release thread
+    pages.py: madvise (DONTNEED for L1, REMOVE for the shmem pool)
+
+Invariant: a block or row leaves every index that could find it (vLLM's
+prefix cache, the pool manager's policy) before its pages go back, so a later
+hit is a restore or a recompute, never stale bytes; nothing in use or read
+by a copy in flight is touched.
+
+Settings (``--additional-config '{"vllm_uma": {...}}'``, config.py):
+``release_free_kv`` (default true), ``release_idle_seconds`` (60),
+``memory_pressure`` ("psi" or "off"; default "psi"). docs/memory.md.
+"""

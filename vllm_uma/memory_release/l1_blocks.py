@@ -1,0 +1,90 @@
+"""Scheduler side: which free L1 blocks can go back, and taking them out of the cache.
+
+vLLM's BlockPool keeps a freed block's prefix (its hash) until the block is
+reused, so free blocks stay resident. A free block is one of:
+
+- uncached (no hash: a partial last block, or a block already evicted): it
+  holds nothing anyone can find; its pages can go back at any time;
+- cached, and its prefix is also held below (a readable pool row, or a
+  block file of the disk tier): worth less than its RAM, a later hit becomes
+  a restore;
+- cached and held nowhere else: dropping it means a later recompute, so it
+  goes only under memory pressure, least recently freed first.
+
+A cached block is dropped from the prefix cache (``BlockPool.evict_blocks``:
+it emits the KV removal event) before its pages go back, so nothing can find
+stale bytes: a hit becomes a restore or a recompute, never wrong data. A
+block a store still reads (vLLM tracks it in the connector's
+``_block_id_to_pending_jobs`` until the copy completes) is skipped: the copy
+would read zeros. Blocks in use (``ref_cnt > 0``) are never touched.
+
+The free queue's order is vLLM's eviction order (least recently freed
+first), kept here for the pressure step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+from dataclasses import dataclass, field
+
+from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+from vllm.v1.kv_offload.base import OffloadKey, make_offload_key
+
+from vllm_uma.memory_release.l1_pages import L1PageMap
+from vllm_uma.memory_release.pages import give_back
+
+
+@dataclass
+class FreeBlocks:
+    uncached: list[int] = field(default_factory=list)
+    held_below: list[int] = field(default_factory=list)  # cached, also in pool or disk
+    only_here: list[int] = field(default_factory=list)  # cached, nowhere else; LRU first
+
+
+class L1Blocks:
+    def __init__(
+        self,
+        block_pool,
+        page_map: L1PageMap,
+        busy_blocks: Callable[[], Container[int]] = frozenset,
+    ):
+        self._pool = block_pool
+        self._map = page_map
+        # Free blocks a transfer still reads: not to be touched.
+        self._busy_blocks = busy_blocks
+
+    @property
+    def block_bytes(self) -> int:
+        return self._map.block_bytes
+
+    def blocks_in_use(self) -> int:
+        return sum(1 for b in self._pool.blocks if b.ref_cnt > 0 and not b.is_null)
+
+    def free_blocks(self, held_below: Callable[[OffloadKey], bool]) -> FreeBlocks:
+        busy = self._busy_blocks()
+        found = FreeBlocks()
+        for block in self._pool.free_block_queue.get_all_free_blocks():
+            if block.is_null or block.block_id in busy:
+                continue
+            block_hash = block.block_hash
+            if block_hash is None:
+                found.uncached.append(block.block_id)
+            elif held_below(offload_key(block_hash)):
+                found.held_below.append(block.block_id)
+            else:
+                found.only_here.append(block.block_id)
+        return found
+
+    def give_back(self, block_ids: list[int]) -> int:
+        """Drop these free blocks from the prefix cache, then madvise their
+        pages away; bytes advised."""
+        if not block_ids:
+            return 0
+        self._pool.evict_blocks(set(block_ids))
+        return give_back(self._map.ranges(block_ids))
+
+
+def offload_key(block_hash) -> OffloadKey:
+    """The offloading connector's key for an L1 block's hash (vLLM builds it
+    from the request's block hash and the block's KV cache group)."""
+    return make_offload_key(get_block_hash(block_hash), get_group_id(block_hash))

@@ -1,0 +1,96 @@
+"""Worker side: where each L1 KV block's bytes are, to give them back.
+
+vLLM 0.32 puts the whole KV cache in one backing allocation and describes
+its placement in the ``KVCacheConfig`` (``KVCacheTensor``): layer ``l`` of
+block ``b`` starts at ``offset + l * layer_stride + b * block_stride``, for
+``page`` bytes (the layer's ``page_size_bytes``). For the default model the
+layout is layer-outermost, so a run of adjacent free blocks is one range
+per layer:
+
+    backing allocation
+    +-- layer 0 -------------------+-- layer 1 ----------- ... --+
+    | blk 0 | blk 1 | ... | blk N-1 | blk 0 | blk 1 | ...         |
+    +-------+-------+-----+---------+-------+-------+-------------+
+    offset  +page                   offset + layer_stride
+
+The worker builds the map once the KV cache exists and leaves it in this
+process's ``L1PageRegistry`` (the scheduler, in the same engine-core
+process with the 'uni' executor, reads it: only addresses cross, never
+tensors).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from vllm_uma.memory_release.pages import Range
+
+
+@dataclass(frozen=True)
+class LayerPages:
+    """One layer's pages: block b is [first + b * block_stride, + page)."""
+
+    first: int
+    block_stride: int
+    page: int
+
+
+@dataclass(frozen=True)
+class L1PageMap:
+    num_blocks: int
+    block_bytes: int  # all layers' pages of one block
+    layers: tuple[LayerPages, ...]
+
+    def ranges(self, block_ids: list[int]) -> list[Range]:
+        """The byte ranges of these blocks across every layer."""
+        starts = (
+            (layer.first + b * layer.block_stride, layer.page)
+            for layer in self.layers
+            for b in block_ids
+        )
+        return [(start, start + page) for start, page in starts]
+
+
+def build_l1_page_map(kv_cache_config, base_address: int) -> L1PageMap:
+    """The page map of vLLM's backing allocation starting at ``base_address``."""
+    layers: list[LayerPages] = []
+    specs = {}
+    for group in kv_cache_config.kv_cache_groups:
+        for name in group.layer_names:
+            spec = group.kv_cache_spec
+            inner = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
+            specs[name] = inner[name] if inner else spec
+    for tensor in kv_cache_config.kv_cache_tensors:
+        for index, name in enumerate(tensor.layers):
+            layers.append(
+                LayerPages(
+                    first=base_address + tensor.offset + index * tensor.layer_stride,
+                    block_stride=tensor.block_stride,
+                    page=specs[name].page_size_bytes,
+                )
+            )
+    return L1PageMap(
+        num_blocks=kv_cache_config.num_blocks,
+        block_bytes=sum(layer.page for layer in layers),
+        layers=tuple(layers),
+    )
+
+
+class L1PageRegistry:
+    """The one L1 page map of this process, set by the worker."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._map: L1PageMap | None = None
+
+    def set(self, page_map: L1PageMap | None) -> None:
+        with self._lock:
+            self._map = page_map
+
+    def get(self) -> L1PageMap | None:
+        with self._lock:
+            return self._map
+
+
+L1_PAGES = L1PageRegistry()

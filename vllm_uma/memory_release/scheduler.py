@@ -1,0 +1,200 @@
+"""vLLM's scheduler with a release thread: KV memory follows the working set.
+
+Extension point: ``scheduler_config.scheduler_cls`` (set by the platform in
+the API server when ``release_free_kv`` or ``memory_pressure`` is on; vLLM's
+engine core builds the scheduler in its own process). The subclass of
+vLLM's Scheduler, or of its AsyncScheduler when async scheduling is on,
+adds one lock and one thread.
+
+Why a thread: an idle engine core blocks on its input queue, so no scheduler
+code runs while the server is idle, which is when giving back matters most,
+and when a memory hog arrives. The thread wakes every ``POLL_SECONDS``,
+reads the pressure signals (pressure.py) and the time since the last
+request, and when there is something to do takes the lock and runs the
+releaser (releaser.py) on the scheduler's own objects.
+
+Why a lock: the engine's main thread changes the block pool, the pool's
+manager and the disk tier's index in ``schedule``, ``update_from_output``,
+``add_request``, ``finish_requests``, ``reset_prefix_cache`` and
+``make_stats``; each of those holds the lock, so the release thread never
+sees them half-changed. The model's forward runs outside the lock: it writes
+only the blocks of scheduled requests (``ref_cnt > 0``, never touched), and
+the stores that still read freed blocks are skipped (l1_blocks.py). Taking
+an uncontended lock costs well under a microsecond a call.
+
+What crosses processes: nothing. The L1 page map comes from the worker in
+this process (l1_pages.py, the 'uni' executor); counters go to /metrics
+with the KV connector's stats of the next engine step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from vllm_uma.config import UmaConfig
+from vllm_uma.kv_offload import metrics
+from vllm_uma.kv_offload.host_pool import SHARED_POOLS
+from vllm_uma.log import get_logger
+from vllm_uma.memory_release.l1_blocks import L1Blocks
+from vllm_uma.memory_release.l1_pages import L1_PAGES
+from vllm_uma.memory_release.pool_rows import PoolRows
+from vllm_uma.memory_release.pressure import PressureWatch
+from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
+
+logger = get_logger(__name__)
+
+POLL_SECONDS = 0.5
+
+
+def _locked(name: str):
+    def method(self, *args, **kwargs):
+        with self._release_lock:
+            return getattr(super(ReleasingScheduler, self), name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+class ReleasingScheduler:
+    """The mixin; ``UmaScheduler`` and ``UmaAsyncScheduler`` below."""
+
+    def __init__(self, *args, **kwargs):
+        # Reentrant: update_from_output calls make_stats.
+        self._release_lock = threading.RLock()
+        super().__init__(*args, **kwargs)
+        self._uma = UmaConfig.from_additional_config(self.vllm_config.additional_config)
+        self._last_request = time.monotonic()
+        self._released_since_request = False
+        self._under_pressure = False
+        self._stop = threading.Event()
+        self._releaser = self._build_releaser()
+        self._watch = PressureWatch() if self._uma.memory_pressure == "psi" else None
+        self._thread = None
+        if self._releaser is not None:
+            self._thread = threading.Thread(target=self._run, name="uma-kv-release", daemon=True)
+            self._thread.start()
+
+    schedule = _locked("schedule")
+    update_from_output = _locked("update_from_output")
+    finish_requests = _locked("finish_requests")
+    reset_prefix_cache = _locked("reset_prefix_cache")
+    make_stats = _locked("make_stats")
+
+    def add_request(self, request) -> None:
+        with self._release_lock:
+            self._last_request = time.monotonic()
+            self._released_since_request = False
+            super().add_request(request)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        super().shutdown()
+
+    # -- building the releaser from the scheduler's parts ---------------------
+
+    def _build_releaser(self) -> Releaser | None:
+        page_map = L1_PAGES.get()
+        if page_map is None:
+            logger.warning(
+                "KV memory release is off: the worker's KV cache is not in this "
+                "process (vllm-uma releases KV memory with the in-process 'uni' "
+                "executor only)."
+            )
+            return None
+        offload = getattr(self.connector, "connector_scheduler", None)
+        busy = (lambda: offload._block_id_to_pending_jobs) if offload is not None else frozenset
+        l1 = L1Blocks(self.kv_cache_manager.block_pool, page_map, busy)
+        pool_rows, on_disk = None, None
+        if offload is not None:
+            manager = offload.manager
+            primary = getattr(manager, "primary_tier", manager)
+            tiers = getattr(manager, "secondary_tiers", [])
+            engine_id = self.vllm_config.kv_transfer_config.engine_id
+            pool = SHARED_POOLS.existing(engine_id)
+            if pool is not None:
+                pool_rows = PoolRows(primary, pool)
+            holders = [t.holds for t in tiers if hasattr(t, "holds")]
+            if holders:
+                on_disk = holders[0]
+        logger.info(
+            "KV memory release: %s; memory pressure watch %s.",
+            f"free KV blocks given back after {self._uma.release_idle_seconds} s idle"
+            if self._uma.release_free_kv
+            else "idle release off",
+            "on (PSI, MemAvailable, cgroup)" if self._uma.memory_pressure == "psi" else "off",
+        )
+        return Releaser(l1, pool_rows, on_disk)
+
+    # -- the release thread ---------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            try:
+                self._tick()
+            except Exception:
+                logger.exception("KV memory release failed; it is off from now on.")
+                return
+
+    def _tick(self) -> None:
+        if self._watch is not None:
+            pressure = self._watch.read()
+            if pressure.under:
+                with self._release_lock:
+                    report = self._releaser.pressure_pass(pressure.shortfall)
+                self._count(report, metrics.KV_GIVEN_BACK_PRESSURE)
+                if report.total or not self._under_pressure:
+                    logger.warning(
+                        "KV memory: under memory pressure (%s): gave back %s (%s); "
+                        "KV kept: %.2f GiB.",
+                        pressure.reason,
+                        _gib(report.total),
+                        report.describe(),
+                        report.live_bytes / 2**30,
+                    )
+                self._under_pressure = True
+                return
+            if self._under_pressure:
+                logger.info("KV memory: memory pressure over; the KV cache grows back on use.")
+            self._under_pressure = False
+        if not self._uma.release_free_kv or self._released_since_request:
+            return
+        with self._release_lock:
+            idle = time.monotonic() - self._last_request
+            if self.has_requests() or idle < self._uma.release_idle_seconds:
+                return
+            report = self._releaser.idle_pass()
+            self._released_since_request = True
+        self._count(report, metrics.KV_GIVEN_BACK_IDLE)
+        if not report.total:
+            return  # e.g. at start-up: the lazy KV cache holds nothing yet
+        logger.info(
+            "KV memory: idle for %.0f s: gave back %s (%s); KV kept: %.2f GiB.",
+            idle,
+            _gib(report.total),
+            report.describe(),
+            report.live_bytes / 2**30,
+        )
+
+    def _count(self, report: ReleaseReport, name: str) -> None:
+        offload = getattr(self.connector, "connector_scheduler", None)
+        if offload is not None and report.total:
+            with self._release_lock:
+                offload._connector_stats.increase_counter(name, report.total)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+class UmaScheduler(ReleasingScheduler, Scheduler):
+    pass
+
+
+class UmaAsyncScheduler(ReleasingScheduler, AsyncScheduler):
+    pass
