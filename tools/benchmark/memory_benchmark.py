@@ -1,6 +1,9 @@
 """Worker memory of vllm-uma serve against stock vLLM CPU, same model and flags.
 
     .venv/bin/python tools/benchmark/memory_benchmark.py [--startup-under-pressure 6]
+    .venv/bin/python tools/benchmark/memory_benchmark.py --pressure --out F.json
+
+--pressure runs the KV memory release benchmark instead (memory_pressure.py).
 
 Each server (the plugin, then stock vLLM CPU with VLLM_PLUGINS="") starts on
 a free loopback port; the worker's RSS is read at ready and after each
@@ -143,6 +146,13 @@ def kv_cache_bytes(kind: str, log_text: str) -> tuple[int | None, dict | None]:
     return (int(float(m.group(1)) * GiB) if m else None), None
 
 
+def prompt_ids(i: int, length: int) -> list[int]:
+    """Prompt ``i``: seeded by its index, different from every other from its
+    first token, so no two share a prefix."""
+    rng = random.Random(i)
+    return [1000 + i % 40000] + [rng.randrange(1000, 49000) for _ in range(length - 1)]
+
+
 def send_prompts(port: int, first: int, count: int, length: int, concurrency: int) -> int:
     """Send prompts ``first..first+count-1``; return prompt tokens served.
 
@@ -152,8 +162,7 @@ def send_prompts(port: int, first: int, count: int, length: int, concurrency: in
     """
 
     def one(i: int) -> int:
-        rng = random.Random(i)
-        prompt = [1000 + i % 40000] + [rng.randrange(1000, 49000) for _ in range(length - 1)]
+        prompt = prompt_ids(i, length)
         body = json.dumps(
             {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}
         ).encode()
@@ -336,8 +345,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="GIB",
         help="also try starting each server at 0.9 with GIB of RAM held",
     )
+    p.add_argument(
+        "--pressure",
+        action="store_true",
+        help="instead: burst, idle, memory hog, revisit, with the KV memory release "
+        "and without it (memory_pressure.py); writes the JSON's 'pressure' and a PNG",
+    )
+    p.add_argument("--burst-tokens", type=int, default=100_000, help="--pressure: burst size")
+    p.add_argument("--idle-seconds", type=int, default=20, help="--pressure: release_idle_seconds")
+    p.add_argument("--pool-gib", type=float, default=4, help="--pressure: --kv-offloading-size")
+    p.add_argument(
+        "--hog-leave-gib", type=float, default=0.5, help="--pressure: RAM the hog leaves"
+    )
+    p.add_argument("--hog-seconds", type=float, default=20, help="--pressure: how long it holds")
+    p.add_argument("--revisit", type=int, default=8, help="--pressure: first prompts revisited")
     p.add_argument("--out", type=Path, default=Path("bench-out/memory_benchmark.json"))
     return p.parse_args(argv)
+
+
+def pressure_main(args, out_dir: Path) -> int:
+    import memory_pressure_run
+
+    result = {"environment": environment(args)}
+    result["pressure"], lines = memory_pressure_run.run(args, out_dir)
+    result["load_average_end"] = os.getloadavg()
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    print("\n".join(lines))
+    say(f"wrote {args.out} and {result['pressure']['png']}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out_dir = args.out.parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"environment": environment(args), "servers": [], "pressure": None}
+    if args.pressure:
+        return pressure_main(args, out_dir)
+    result = {"environment": environment(args), "servers": [], "startup_under_pressure": None}
     for kind in args.servers:
         try:
             result["servers"].append(measure(kind, args, out_dir))
@@ -360,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{kind} failed: {exc!r}")
             result["servers"].append({"server": kind, "error": repr(exc), "rows": []})
     if args.startup_under_pressure:
-        result["pressure"] = startup_under_pressure(args, out_dir)
-    lines = report(result["servers"], result["pressure"])
+        result["startup_under_pressure"] = startup_under_pressure(args, out_dir)
+    lines = report(result["servers"], result["startup_under_pressure"])
     result["load_average_end"] = os.getloadavg()
     args.out.write_text(json.dumps(result, indent=2, default=str))
     print("\n".join(lines))

@@ -34,6 +34,10 @@ from vllm_uma.memory_release.l1_pages import L1PageMap
 from vllm_uma.memory_release.pages import give_back
 
 
+class ReleaseError(RuntimeError):
+    """A block to give back could still be read: nothing was given back."""
+
+
 @dataclass
 class FreeBlocks:
     uncached: list[int] = field(default_factory=list)
@@ -81,7 +85,15 @@ class L1Blocks:
         if not block_ids:
             return 0
         self._pool.evict_blocks(set(block_ids))
-        return give_back(self._map.ranges(block_ids))
+        # Only blocks nothing can find any more: free, and without a hash.
+        blocks = self._pool.blocks
+        gone = [b for b in block_ids if blocks[b].ref_cnt == 0 and blocks[b].block_hash is None]
+        if len(gone) != len(block_ids):
+            raise ReleaseError(
+                f"{len(block_ids) - len(gone)} of {len(block_ids)} KV blocks are still "
+                f"in use or in the prefix cache after eviction; their pages are kept"
+            )
+        return give_back(self._map.ranges(gone))
 
 
 def offload_key(block_hash) -> OffloadKey:

@@ -1,0 +1,98 @@
+"""KV memory follows the working set (memory_release/), through the real server.
+
+One server with a host pool and the idle release after 3 s: four distinct
+1,200-token prompts (nine full blocks each), each sent twice in a row (the
+second is an L1 hit); then the server is left idle. Its engine core's RSS
+must fall by at least the bytes of those 36 blocks, which the pool also
+holds, and the log and /metrics must say so. Revisited, the prompts come
+back from the host pool, not from L1, with the L1 hit's tokens exactly: the
+fair reference in bfloat16 (same prefix/tail split; vllm_uma/oracles.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from tests.e2e.traffic import EAGER, complete, metrics
+from vllm_uma.server_process import Server, metric
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = range(4)
+FULL_BLOCKS = 9  # of 128 tokens in a 1,200-token prompt
+GIVEN_BACK = re.compile(r"KV memory: idle for \d+ s: gave back ([\d.]+) GiB")
+IDLE_SECONDS = 3
+
+
+def rss(server) -> int:
+    return server.worker().memory_info().rss
+
+
+def wait_for_release(server, timeout_s: float = 60) -> re.Match:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = GIVEN_BACK.search(server.log())
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"no idle release logged in {timeout_s} s:\n{server.log()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def run(vllm_uma_exe, default_model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("release") / "server.log"
+    uma = {"vllm_uma": {"release_idle_seconds": IDLE_SECONDS}}
+    args = [*EAGER, "--kv-offloading-size", "1", "--additional-config", json.dumps(uma)]
+    srv = Server(vllm_uma_exe, args, log).wait_ready()
+    try:
+        hits = {}
+        for i in PROMPTS:
+            complete(srv, i, max_tokens=4)
+            hits[i] = complete(srv, i, max_tokens=4)
+        busy_rss = rss(srv)
+        block_bytes = int(re.search(r"per_block_bytes=(\d+)", srv.log()).group(1))
+        released = wait_for_release(srv)
+        idle_rss = rss(srv)
+        before = metrics(srv)
+        revisits = {i: complete(srv, i, max_tokens=4) for i in PROMPTS}
+        after = metrics(srv)
+        yield dict(
+            hits=hits,
+            revisits=revisits,
+            busy_rss=busy_rss,
+            idle_rss=idle_rss,
+            block_bytes=block_bytes,
+            released=released,
+            before=before,
+            after=after,
+            log=srv.log(),
+        )
+    finally:
+        srv.stop()
+
+
+def test_rss_falls_by_the_freed_blocks(run):
+    freed = len(PROMPTS) * FULL_BLOCKS * run["block_bytes"]
+    fall = run["busy_rss"] - run["idle_rss"]
+    assert fall >= freed, (run["busy_rss"], run["idle_rss"], freed, run["released"].group(0))
+    assert float(run["released"].group(1)) * 2**30 >= freed * 0.99
+
+
+def test_given_back_counted_in_metrics(run):
+    counted = metric(run["after"], "vllm:kv_memory_given_back_idle_bytes_total")
+    assert counted >= len(PROMPTS) * FULL_BLOCKS * run["block_bytes"]
+
+
+def test_revisits_restore_from_the_pool_with_the_hits_tokens(run):
+    def cached(text, source):
+        return metric(text, "vllm:prompt_tokens_cached_by_source_total", f'source="{source}"')
+
+    host = cached(run["after"], "host") - cached(run["before"], "host")
+    device = cached(run["after"], "device") - cached(run["before"], "device")
+    assert host >= len(PROMPTS) * FULL_BLOCKS * 128 - 128, (host, device)
+    assert device == 0
+    assert run["revisits"] == run["hits"]
