@@ -10,7 +10,9 @@ turns it into a ``KVCacheConfig`` and sends it back to
 Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 - no start-up check that ``utilization x NUMA-node RAM`` is free now: the
   budget is a ceiling over the whole RAM (memory.py);
-- the KV cache size is ``budget - weights - activations - pool``;
+- the KV cache size is ``budget - weights - activations - pool``; an
+  automatic pool size is settled here, from the budget left after weights
+  and activations (kv_offload/config.py);
 - the KV buffer is allocated lazily (lazy_kv.py) unless vLLM says the layout
   needs zeroing;
 - the weights are locked in RAM after loading (wiring.py);
@@ -35,7 +37,7 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_uma.config import UmaConfig
 from vllm_uma.cpu_kernels import prepare_worker_process
-from vllm_uma.kv_offload.config import configured_pool_bytes
+from vllm_uma.kv_offload.config import configured_pool_bytes, resize_auto_pool
 from vllm_uma.lazy_kv import LazyZerosMode
 from vllm_uma.log import get_logger
 from vllm_uma.memory import (
@@ -165,15 +167,22 @@ class UmaWorker(CPUWorker):
         per_block, block_size = kv_block_geometry(self.model_runner.get_kv_cache_spec())
         weights = self.weights_bytes
         max_model_len = self.model_config.max_model_len
+        activations = max(0, self._activation_high_water() - weights)
+        total, utilization = total_ram_bytes(), self.cache_config.gpu_memory_utilization
+        workers = workers_sharing_ram(self.parallel_config)
+        left = int(total * utilization) // workers - weights - activations
+        pool = resize_auto_pool(self.vllm_config, left)
+        if pool is not None:
+            logger.info("KV offloading: host pool of %s (%s).", fmt_gib(pool.bytes), pool.reason)
         self.budget = BudgetInputs(
-            total=total_ram_bytes(),
-            utilization=self.cache_config.gpu_memory_utilization,
+            total=total,
+            utilization=utilization,
             weights=weights,
-            activations=max(0, self._activation_high_water() - weights),
+            activations=activations,
             kv_offload_pool=configured_pool_bytes(self.vllm_config),
             min_kv_cache=min_kv_cache_bytes(max_model_len, block_size, per_block),
             max_model_len=max_model_len,
-            workers=workers_sharing_ram(self.parallel_config),
+            workers=workers,
         )
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:

@@ -56,3 +56,69 @@ def test_the_breakdown_line_says_a_server_is_a_fleet_member():
     assert parse_breakdown(line)["fleet_member"] == 1 and parse_breakdown(line)["fleet_size"] == 2
     assert "fleet member 1 of 2" in line
     assert "fleet" not in breakdown.log_line()
+
+
+# -- the KV memory release settings (memory_release/) -------------------------
+
+
+def test_memory_release_defaults():
+    config = UmaConfig.from_additional_config({})
+    assert config.release_free_kv is True
+    assert config.release_idle_seconds == 60
+    assert config.memory_pressure == "psi"
+
+
+def test_memory_release_settings_are_read():
+    config = UmaConfig.from_additional_config(
+        {
+            "vllm_uma": {
+                "release_free_kv": False,
+                "release_idle_seconds": 0,
+                "memory_pressure": "off",
+            }
+        }
+    )
+    assert (config.release_free_kv, config.release_idle_seconds, config.memory_pressure) == (
+        False,
+        0,
+        "off",
+    )
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_release_free_kv_must_be_a_boolean(value):
+    with pytest.raises(UmaConfigError) as err:
+        UmaConfig.from_additional_config({"vllm_uma": {"release_free_kv": value}})
+    assert str(err.value) == (
+        f"--additional-config vllm_uma.release_free_kv={value!r} is invalid: "
+        "it must be true or false."
+    )
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "60", True, None])
+def test_release_idle_seconds_must_be_a_whole_number_at_least_zero(value):
+    with pytest.raises(UmaConfigError) as err:
+        UmaConfig.from_additional_config({"vllm_uma": {"release_idle_seconds": value}})
+    assert str(err.value) == (
+        f"--additional-config vllm_uma.release_idle_seconds={value!r} is invalid: "
+        "it must be a whole number >= 0."
+    )
+
+
+@pytest.mark.parametrize("value", ["PSI", "on", "", True, None, ["psi"]])
+def test_memory_pressure_must_be_psi_or_off(value):
+    with pytest.raises(UmaConfigError) as err:
+        UmaConfig.from_additional_config({"vllm_uma": {"memory_pressure": value}})
+    assert str(err.value) == (
+        f"--additional-config vllm_uma.memory_pressure={value!r} is invalid: "
+        "it must be one of ['psi', 'off']."
+    )
+
+
+def test_every_choice_is_accepted():
+    from vllm_uma.config import CHOICES
+
+    assert CHOICES == {"memory_pressure": ("psi", "off")}
+    for value in CHOICES["memory_pressure"]:
+        config = UmaConfig.from_additional_config({"vllm_uma": {"memory_pressure": value}})
+        assert config.memory_pressure == value

@@ -147,6 +147,42 @@ def test_auto_size_is_clamped_to_a_quarter_of_the_kv_budget():
     assert "clamped to 1/4 of the KV budget" in pool.reason
 
 
+def test_the_worker_resizes_an_automatic_pool_from_what_is_left():
+    # A 24 GiB budget would allow 2 x 8192 tokens (377 MB); with 1 GB left
+    # after weights and activations a quarter of that is the pool.
+    cfg = vllm_config(ktc=connector("OffloadingConnector"))
+    assert oc.translate(cfg, 24 * GiB).pool.bytes == 2 * 8192 * PER_TOKEN
+    pool = oc.resize_auto_pool(cfg, left=1_000_000_000)
+    assert pool.bytes == 250_000_000
+    assert "1/4 of the budget left after weights and activations" in pool.reason
+    assert oc.configured_pool_bytes(cfg) == 250_000_000
+    # Room enough: two full-length requests, as before.
+    assert oc.resize_auto_pool(cfg, left=20 * GiB).bytes == 2 * 8192 * PER_TOKEN
+    # Nothing left: an empty pool, which the spec then refuses with its fix.
+    assert oc.resize_auto_pool(cfg, left=-5).bytes == 0
+
+
+def test_the_engine_core_rerun_keeps_the_pool_automatic():
+    # vLLM re-runs the platform hook in the engine core on the same config:
+    # the size written by the first run is not taken for the user's own.
+    cfg = vllm_config(ktc=connector("OffloadingConnector"))
+    oc.translate(cfg, 24 * GiB)
+    again = oc.translate(cfg, 24 * GiB).pool
+    assert "max_model_len" in again.reason
+    assert oc.resize_auto_pool(cfg, left=1_000_000_000) is not None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(size=1), dict(ktc=connector("OffloadingConnector", cpu_bytes_to_use=123456789))],
+)
+def test_a_pool_size_the_user_gave_is_not_resized(kwargs):
+    cfg = vllm_config(**kwargs)
+    before = oc.translate(cfg, 24 * GiB).pool.bytes
+    assert oc.resize_auto_pool(cfg, left=1_000_000) is None
+    assert oc.translate(cfg, 24 * GiB).pool.bytes == before
+
+
 def test_explicit_cpu_bytes_in_the_json_is_kept():
     cfg = vllm_config(ktc=connector("OffloadingConnector", cpu_bytes_to_use=123456789))
     assert oc.translate(cfg, 24 * GiB).pool.bytes == 123456789

@@ -7,7 +7,8 @@ import psutil
 import pytest
 
 import vllm_uma
-from vllm_uma.platform import UmaPlatform, keep_single_worker_in_process
+from vllm_uma.config import UmaConfig, UmaConfigError
+from vllm_uma.platform import UmaPlatform, keep_single_worker_in_process, use_releasing_scheduler
 
 
 def test_registered_as_a_vllm_platform_plugin():
@@ -51,3 +52,66 @@ def test_single_worker_runs_in_process(requested, after_cpu_platform, world_size
     config = SimpleNamespace(distributed_executor_backend=after_cpu_platform, world_size=world_size)
     keep_single_worker_in_process(config, requested)
     assert config.distributed_executor_backend == expected
+
+
+# -- the scheduler with the KV memory release thread ---------------------------
+
+RELEASE_OFF = UmaConfig(release_free_kv=False, memory_pressure="off")
+
+
+@pytest.mark.parametrize(
+    "async_scheduling, name",
+    [(False, "UmaScheduler"), (True, "UmaAsyncScheduler")],
+)
+@pytest.mark.parametrize(
+    "uma",
+    [
+        UmaConfig(),
+        UmaConfig(release_free_kv=False),
+        UmaConfig(memory_pressure="off"),
+    ],
+    ids=["both", "pressure-only", "idle-only"],
+)
+def test_the_releasing_scheduler_matches_async_scheduling(async_scheduling, name, uma):
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    config = SimpleNamespace(scheduler_cls=None, async_scheduling=async_scheduling)
+    use_releasing_scheduler(config, uma)
+    assert config.scheduler_cls == f"vllm_uma.memory_release.scheduler.{name}"
+    cls = resolve_obj_by_qualname(config.scheduler_cls)
+    assert issubclass(cls, AsyncScheduler if async_scheduling else Scheduler)
+    assert issubclass(cls, Scheduler)
+    assert issubclass(cls, AsyncScheduler) is async_scheduling
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_engine_core_rerunning_the_hook_keeps_the_scheduler(async_scheduling):
+    config = SimpleNamespace(scheduler_cls=None, async_scheduling=async_scheduling)
+    use_releasing_scheduler(config, UmaConfig())
+    chosen = config.scheduler_cls
+    use_releasing_scheduler(config, UmaConfig())
+    assert config.scheduler_cls == chosen
+
+
+@pytest.mark.parametrize("user_cls", [None, "my.sched.Custom"])
+def test_release_off_leaves_the_scheduler_alone(user_cls):
+    config = SimpleNamespace(scheduler_cls=user_cls, async_scheduling=True)
+    use_releasing_scheduler(config, RELEASE_OFF)
+    assert config.scheduler_cls == user_cls
+
+
+@pytest.mark.parametrize(
+    "user_cls",
+    ["my.sched.Custom", "vllm.v1.core.sched.scheduler.Scheduler", "vllm_uma.memory_release.x"],
+)
+def test_a_user_scheduler_is_refused_with_the_fix(user_cls):
+    config = SimpleNamespace(scheduler_cls=user_cls, async_scheduling=False)
+    with pytest.raises(UmaConfigError) as err:
+        use_releasing_scheduler(config, UmaConfig())
+    message = str(err.value)
+    assert message.startswith(f"--scheduler-cls {user_cls!r} replaces the scheduler")
+    assert "Remove --scheduler-cls" in message
+    assert '"release_free_kv": false, "memory_pressure": "off"' in message
+    assert config.scheduler_cls == user_cls

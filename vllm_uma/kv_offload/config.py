@@ -20,6 +20,9 @@ from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputsError, name
 from vllm_uma.memory import GiB
 
 CONNECTOR = "OffloadingConnector"
+# Set when the pool size is ours to choose: the worker sizes it again once
+# the weights and activations are measured (resize_auto_pool).
+AUTO_POOL_KEY = "vllm_uma_auto_pool"
 # Our subclass of it (no block lost when the pool is full). vLLM resets the
 # connector name from --kv-offloading-size after the platform hook but
 # keeps the module path, and looks the name up there.
@@ -40,6 +43,7 @@ KNOWN_EXTRA_KEYS = frozenset(
         "self_describing_kv_events",
         "secondary_tiers",  # the disk tier, checked by disk/config.py
         NAMESPACE_INPUTS_KEY,  # ours: set below for the disk tier
+        AUTO_POOL_KEY,  # ours: the pool size is automatic (resized by the worker)
         DISK_TIER_KEY,  # ours: the disk tier's resolved settings
     }
 )
@@ -78,15 +82,34 @@ def kv_bytes_per_token(model_config, parallel_config, cache_dtype: str = "auto")
     return 2 * layers * heads * head_size * dtype_bytes
 
 
-def auto_pool_size(per_token: int, max_model_len: int, kv_budget: int) -> PoolSize:
-    """Two full-length requests of KV, at most a quarter of the KV budget."""
+def auto_pool_size(
+    per_token: int, max_model_len: int, kv_budget: int, budget_name: str = "the KV budget"
+) -> PoolSize:
+    """Two full-length requests of KV, at most a quarter of ``kv_budget``."""
     wanted = 2 * max_model_len * per_token
-    cap = kv_budget // 4
+    cap = max(0, kv_budget) // 4
     if wanted <= cap:
         return PoolSize(wanted, f"KV of 2 x max_model_len={max_model_len} tokens")
     return PoolSize(
-        cap, f"2 x max_model_len={max_model_len} tokens of KV, clamped to 1/4 of the KV budget"
+        cap, f"2 x max_model_len={max_model_len} tokens of KV, clamped to 1/4 of {budget_name}"
     )
+
+
+def resize_auto_pool(vllm_config, left: int) -> PoolSize | None:
+    """The automatic pool size again, from ``left``: the budget left once the
+    weights and the activations' peak are measured (the worker, before the
+    engine core builds the connector that reads ``cpu_bytes_to_use``).
+    None when the size was given by the user, or offloading is off."""
+    ktc = vllm_config.kv_transfer_config
+    if ktc is None or not ktc.kv_connector_extra_config.get(AUTO_POOL_KEY):
+        return None
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    per_token = kv_bytes_per_token(model, vllm_config.parallel_config, cache.cache_dtype)
+    size = auto_pool_size(
+        per_token, model.max_model_len, left, "the budget left after weights and activations"
+    )
+    ktc.kv_connector_extra_config["cpu_bytes_to_use"] = size.bytes
+    return size
 
 
 def offloading_requested(vllm_config) -> bool:
@@ -271,14 +294,18 @@ def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
     ktc.kv_connector_module_path = CONNECTOR_MODULE
     if cache.kv_offloading_size is not None:
         return PoolSize(int(cache.kv_offloading_size * GiB), "--kv-offloading-size")
-    explicit = ktc.kv_connector_extra_config.get("cpu_bytes_to_use")
-    if explicit:
+    extra = ktc.kv_connector_extra_config
+    explicit = extra.get("cpu_bytes_to_use")
+    if explicit and not extra.get(AUTO_POOL_KEY):
         return PoolSize(int(explicit), "cpu_bytes_to_use in --kv-transfer-config")
     model = vllm_config.model_config
     per_token = kv_bytes_per_token(model, vllm_config.parallel_config, cache.cache_dtype)
     kv_budget = int(total_ram * cache.gpu_memory_utilization)
+    # Provisional: a quarter of the whole budget at most; the worker sizes it
+    # again from what is left after weights and activations.
     size = auto_pool_size(per_token, model.max_model_len, kv_budget)
-    ktc.kv_connector_extra_config["cpu_bytes_to_use"] = size.bytes
+    extra["cpu_bytes_to_use"] = size.bytes
+    extra[AUTO_POOL_KEY] = True
     return size
 
 

@@ -52,8 +52,11 @@ class L1PageMap:
         return [(start, start + page) for start, page in starts]
 
 
-def build_l1_page_map(kv_cache_config, base_address: int) -> L1PageMap:
-    """The page map of vLLM's backing allocation starting at ``base_address``."""
+def build_l1_page_map(kv_cache_config, base_address: int) -> L1PageMap | None:
+    """The page map of vLLM's backing allocation starting at ``base_address``;
+    None where a block's page is not one run of bytes in each layer (a
+    layout with heads outside blocks, block_stride < page: a range would
+    cover other blocks' bytes). vLLM 0.32's CPU layouts all qualify."""
     layers: list[LayerPages] = []
     specs = {}
     for group in kv_cache_config.kv_cache_groups:
@@ -70,6 +73,8 @@ def build_l1_page_map(kv_cache_config, base_address: int) -> L1PageMap:
                     page=specs[name].page_size_bytes,
                 )
             )
+    if any(layer.block_stride < layer.page for layer in layers):
+        return None
     return L1PageMap(
         num_blocks=kv_cache_config.num_blocks,
         block_bytes=sum(layer.page for layer in layers),

@@ -3,7 +3,8 @@
 The pool's rows are handed out by vLLM's CPUOffloadingManager (or its
 CPUPrimaryTierOffloadingManager under the disk tier). A row is one of:
 
-- never used: no page was ever touched, nothing to give back;
+- not handed out (past the manager's allocation mark): never touched, or
+  stale since the manager's ``reset_cache``; given back with the free list;
 - on the manager's free list: its bytes are stale (the block was evicted);
   its pages can go back at any time;
 - holding a block (in the cache policy): ``ref_cnt`` -1 while a store
@@ -43,8 +44,16 @@ class PoolRows:
         return m._num_allocated_chunks - len(m._free_list)
 
     def give_back_free_rows(self) -> int:
-        """madvise the free list's rows; bytes advised."""
-        return self._give_back(list(self._manager._free_list))
+        """madvise the rows that hold no block; bytes advised.
+
+        Those are the free list's, and the rows past the manager's allocation
+        mark: never handed out, or not since its ``reset_cache`` (vLLM's
+        reset_prefix_cache with the connector), which forgets every row, free
+        list included, while their stale pages stay resident."""
+        m = self._manager
+        base, size = self._pool.array.ctypes.data, self._pool.row_bytes
+        unallocated = (base + m._num_allocated_chunks * size, base + self._pool.num_rows * size)
+        return self._give_back(list(m._free_list)) + give_back([unallocated], MADV_REMOVE)
 
     def evict(self, count: int, keep: Callable[[OffloadKey], bool] | None = None) -> int:
         """Evict up to ``count`` idle rows, least recently used first,

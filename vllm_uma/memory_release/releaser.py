@@ -12,16 +12,25 @@ Idle pass (the server has had no request for ``release_idle_seconds``):
   Pool rows that hold blocks stay: they are the fast restore path the user
   sized with --kv-offloading-size.
 
-Pressure pass (pressure.py says memory is short; ``shortfall`` bytes wanted),
-in order of least value, stopping once enough went back:
+Pressure pass (pressure.py says memory is short; ``shortfall`` bytes wanted).
+First, whatever the shortfall, everything whose loss costs nothing but a
+restore:
   1-2. as above (worth nothing);
-  3. pool rows whose block is also on disk, least recently used first;
-  4. other pool rows, least recently used first (lost: a later hit on them
-     recomputes, unless their L1 copy survives);
-  5. L1 blocks that are free and held below;
+  3. pool rows whose block is also on disk;
+  4. L1 blocks that are free and held by the pool or the disk.
+Then, least valuable first and only until the shortfall is covered, what a
+later hit must recompute:
+  5. other pool rows, least recently used first;
   6. L1 blocks that are free and held nowhere else, least recently freed
-     first (a later hit recomputes).
-  Running requests' blocks are never touched.
+     first.
+Running requests' blocks are never touched. Why everything lossless at
+once: a machine short of memory needs it now, and a copy the disk keeps is
+worth less than the RAM it holds (measured with memory_benchmark.py
+--pressure: giving back only the shortfall left 27% of the server's idle
+KV resident under the hog, and pressure came back a second later). The issue's order put the
+pool's LRU rows before L1 blocks held below; an L1 block held below costs a
+restore, a pool row held nowhere else a recompute, so the lossless L1 step
+comes first.
 
 What went back is the kernel's own figure: the process's resident memory
 (VmRSS, which counts the pool's shared pages too) before and after each
@@ -92,30 +101,25 @@ class Releaser:
 
     def pressure_pass(self, shortfall: int) -> ReleaseReport:
         report = ReleaseReport()
+        # Lossless, whatever the shortfall: what holds nothing, pool rows
+        # the disk also keeps, L1 blocks the pool or the disk also keeps.
         free = self.l1.free_blocks(self.held_below)
         self._l1_step(report, "free L1 blocks", free.uncached)
         self._pool_free_step(report)
-        if self.pool is not None:
-            row = self.pool.row_bytes
-            if self.on_disk is not None:
-                wanted = shortfall - report.total
-                if wanted > 0:
-                    self._pool_evict_step(
-                        report,
-                        "pool rows on disk",
-                        -(-wanted // row),
-                        keep=lambda k: not self.on_disk(k),
-                    )
-            wanted = shortfall - report.total
-            if wanted > 0:
-                self._pool_evict_step(report, "pool rows", -(-wanted // row))
+        if self.pool is not None and self.on_disk is not None:
+            on_disk = self.on_disk
+            everything = self.pool.rows_in_use()
+            self._pool_evict_step(report, "pool rows on disk", everything, lambda k: not on_disk(k))
+        free = self.l1.free_blocks(self.held_below)  # pool rows just left
+        self._l1_step(report, "L1 blocks held below", free.held_below)
+        # Lossy (a later hit recomputes): only as far as the shortfall needs.
+        if self.pool is not None and report.total < shortfall:
+            rows = -(-(shortfall - report.total) // self.pool.row_bytes)
+            self._pool_evict_step(report, "pool rows", rows)
         if report.total < shortfall:
-            # Pool rows just evicted no longer count as held below.
             free = self.l1.free_blocks(self.held_below)
-            self._l1_step(report, "L1 blocks held below", free.held_below)
-        if report.total < shortfall:
-            wanted = -(-(shortfall - report.total) // self.l1.block_bytes)
-            self._l1_step(report, "L1 blocks held nowhere else", free.only_here[:wanted])
+            blocks = -(-(shortfall - report.total) // self.l1.block_bytes)
+            self._l1_step(report, "L1 blocks held nowhere else", free.only_here[:blocks])
         report.live_bytes = self.live_bytes()
         return report
 

@@ -1,0 +1,294 @@
+"""The idle pass and the pressure pass (vllm_uma/memory_release/releaser.py).
+
+First on tiny fakes that log every call, so the order and the counts asked
+for are exact; then on the real pieces (vLLM's BlockPool and offloading
+manager over real buffers, memory_release_kit). In both, ``rss`` is a
+deterministic stand-in for VmRSS: the fakes' resident bytes, or the real
+buffers' non-zero bytes.
+
+Fake set-up (L1 blocks of 100 bytes, pool rows of 1000):
+
+    L1 free queue   1 2 (uncached) 3 "a" 4 "d" 5 "x" 6 "y" 7 "z"; 2 in use
+    pool rows, LRU  "a" "b" "c" idle, "e" loading; 2 rows on the free list
+    on disk         "b" "d" "e"
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from memory_release_kit import BLOCK_PAGE, CTX, LAYERS, ROW, L1World, PoolWorld, k
+
+from vllm_uma.memory_release.l1_blocks import FreeBlocks
+from vllm_uma.memory_release.releaser import Releaser, ReleaseReport, process_rss
+
+L1_BYTES, ROW_BYTES, OTHER = 100, 1000, 50_000
+
+
+class Memory:
+    def __init__(self):
+        self.resident: dict[tuple, int] = {}
+        self.log: list[tuple] = []
+
+    def rss(self) -> int:
+        return OTHER + sum(self.resident.values())
+
+
+class FakeL1:
+    block_bytes = L1_BYTES
+
+    def __init__(self, memory: Memory, free: list[tuple[int, str | None]], in_use: int):
+        self.memory, self.free, self.in_use = memory, dict(free), in_use
+        for block in self.free:
+            memory.resident["l1", block] = L1_BYTES
+
+    def blocks_in_use(self) -> int:
+        return self.in_use
+
+    def free_blocks(self, held_below) -> FreeBlocks:
+        found = FreeBlocks()
+        for block, key in self.free.items():
+            if key is None:
+                found.uncached.append(block)
+            elif held_below(key):
+                found.held_below.append(block)
+            else:
+                found.only_here.append(block)
+        return found
+
+    def give_back(self, blocks: list[int]) -> int:
+        self.memory.log.append(("L1", list(blocks)))
+        for block in blocks:
+            self.free[block] = None  # out of the prefix cache, still free
+            self.memory.resident.pop(("l1", block), None)
+        return len(blocks) * L1_BYTES
+
+
+class FakePool:
+    row_bytes = ROW_BYTES
+
+    def __init__(self, memory: Memory, rows: list[tuple[str, int]], free_rows: int):
+        self.memory, self.rows = memory, dict(rows)  # key -> ref_cnt, LRU first
+        for key in self.rows:
+            memory.resident["row", key] = ROW_BYTES
+        for i in range(free_rows):
+            memory.resident["free row", i] = ROW_BYTES
+
+    def holds(self, key: str) -> bool:
+        return self.rows.get(key, -1) >= 0
+
+    def rows_in_use(self) -> int:
+        return len(self.rows)
+
+    def give_back_free_rows(self) -> int:
+        self.memory.log.append(("free rows",))
+        freed = [r for r in self.memory.resident if r[0] == "free row"]
+        for r in freed:
+            del self.memory.resident[r]
+        return len(freed) * ROW_BYTES
+
+    def evict(self, count: int, keep=None) -> int:
+        idle = [key for key, ref in self.rows.items() if ref == 0]
+        chosen = [key for key in idle if keep is None or not keep(key)][:count]
+        self.memory.log.append(("evict", count, chosen))
+        for key in chosen:
+            del self.rows[key]
+            del self.memory.resident["row", key]
+        return len(chosen)
+
+
+ON_DISK = {"b", "d", "e"}
+
+
+def fakes(pool: bool = True, disk: bool = True) -> tuple[Memory, Releaser]:
+    memory = Memory()
+    free = [(1, None), (2, None), (3, "a"), (4, "d"), (5, "x"), (6, "y"), (7, "z")]
+    l1 = FakeL1(memory, free, in_use=2)
+    rows = FakePool(memory, [("a", 0), ("b", 0), ("c", 0), ("e", 1)], free_rows=2)
+    releaser = Releaser(
+        l1,
+        rows if pool else None,
+        (lambda key: key in ON_DISK) if disk else None,
+        rss=memory.rss,
+    )
+    return memory, releaser
+
+
+def test_held_below_is_the_pool_or_the_disk():
+    _, releaser = fakes()
+    assert [releaser.held_below(key) for key in "abdexz"] == [True] * 4 + [False] * 2
+    _, bare = fakes(pool=False, disk=False)
+    assert [bare.held_below(key) for key in "abd"] == [False] * 3
+
+
+def test_idle_pass_gives_back_what_holds_nothing_or_is_held_below():
+    memory, releaser = fakes()
+    report = releaser.idle_pass()
+    assert memory.log == [("L1", [1, 2]), ("free rows",), ("L1", [3, 4])]
+    assert report.steps == {
+        "free L1 blocks": 200,
+        "free pool rows": 2000,
+        "L1 blocks held below": 200,
+    }
+    assert (report.total, report.l1_blocks, report.pool_rows) == (2400, 4, 0)
+    # Kept: 2 blocks in use + 5 6 7 (only in L1), and all 4 pool rows.
+    assert report.live_bytes == releaser.live_bytes() == 5 * L1_BYTES + 4 * ROW_BYTES
+    assert report.describe() == (
+        "free L1 blocks 0 MiB, free pool rows 0 MiB, L1 blocks held below 0 MiB"
+    )
+
+
+def test_idle_pass_without_pool_or_disk_keeps_every_cached_block():
+    memory, releaser = fakes(pool=False, disk=False)
+    report = releaser.idle_pass()
+    assert memory.log == [("L1", [1, 2])]
+    assert report.steps == {"free L1 blocks": 200}
+    assert report.live_bytes == (2 + 5) * L1_BYTES
+
+
+def test_pressure_pass_order_when_everything_is_wanted():
+    memory, releaser = fakes()
+    report = releaser.pressure_pass(1_000_000)
+    assert memory.log == [
+        ("L1", [1, 2]),
+        ("free rows",),
+        ("evict", 4, ["b"]),  # every idle row on disk ("e" is loading)
+        ("L1", [3, 4]),  # held below: "a" in the pool, "d" on disk
+        ("evict", 997, ["a", "c"]),  # lossy from here: the rest, LRU first
+        ("L1", [5, 6, 7]),  # held nowhere else, least recently freed first
+    ]
+    assert report.steps == {
+        "free L1 blocks": 200,
+        "free pool rows": 2000,
+        "pool rows on disk": 1000,
+        "L1 blocks held below": 200,
+        "pool rows": 2000,
+        "L1 blocks held nowhere else": 300,
+    }
+    assert (report.l1_blocks, report.pool_rows) == (7, 3)
+    assert report.live_bytes == 2 * L1_BYTES + 1 * ROW_BYTES  # in use, and "e"
+
+
+LOSSLESS = [("free rows",), ("evict", 4, ["b"]), ("L1", [3, 4])]  # 3,400 bytes with L1 [1, 2]
+
+
+@pytest.mark.parametrize(
+    "shortfall, lossy",
+    [
+        (0, []),  # what costs only a restore goes whatever the shortfall
+        (3_400, []),
+        (3_401, [("evict", 1, ["a"])]),
+        (4_401, [("evict", 2, ["a", "c"])]),
+        (5_401, [("evict", 3, ["a", "c"]), ("L1", [5])]),
+        (5_550, [("evict", 3, ["a", "c"]), ("L1", [5, 6])]),
+    ],
+)
+def test_pressure_pass_stops_once_the_shortfall_is_met(shortfall, lossy):
+    memory, releaser = fakes()
+    report = releaser.pressure_pass(shortfall)
+    assert memory.log == [("L1", [1, 2]), *LOSSLESS, *lossy]
+    assert report.total >= min(shortfall, 5_700)
+
+
+def test_pressure_pass_without_disk_evicts_pool_rows_lru_first():
+    memory, releaser = fakes(disk=False)
+    releaser.pressure_pass(1_000_000)
+    assert memory.log == [
+        ("L1", [1, 2]),
+        ("free rows",),
+        ("L1", [3]),  # "a" is in the pool
+        ("evict", 998, ["a", "b", "c"]),
+        ("L1", [4, 5, 6, 7]),  # nothing is held below any more
+    ]
+
+
+def test_pressure_pass_without_pool_goes_from_disk_to_l1_only():
+    memory, releaser = fakes(pool=False)
+    releaser.pressure_pass(350)
+    assert memory.log == [("L1", [1, 2]), ("L1", [4]), ("L1", [3])]
+
+
+def test_a_step_that_frees_nothing_resident_counts_nothing():
+    memory, releaser = fakes()
+    releaser.idle_pass()
+    report = releaser.idle_pass()  # the same blocks again: uncached now, not resident
+    assert memory.log[3:] == [("L1", [1, 2, 3, 4]), ("free rows",)]
+    assert report.steps == {"free L1 blocks": 0, "free pool rows": 0}
+    assert report.total == 0 and report.describe() == "nothing resident to give back"
+
+
+def test_describe_names_each_step_in_mib():
+    report = ReleaseReport(steps={"free L1 blocks": 3 << 20, "pool rows": 0, "x": 1 << 30})
+    assert report.describe() == "free L1 blocks 3 MiB, x 1024 MiB"
+
+
+def test_process_rss_reads_vmrss(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmPeak:\t  900 kB\nVmRSS:\t  1234 kB\nRssAnon:\t 1000 kB\n")
+    assert process_rss(str(status)) == 1234 * 1024
+    status.write_text("Name:\tpython\n")
+    with pytest.raises(RuntimeError, match="no VmRSS in"):
+        process_rss(str(status))
+    assert process_rss() > 0
+
+
+# -- the real pieces ----------------------------------------------------------
+
+
+class Real:
+    """L1World and PoolWorld, with A's two blocks stored in the pool and B's
+    first block on disk; the pool also holds k100 and k101 (on disk), and a
+    failed store left row 5 on the free list."""
+
+    def __init__(self):
+        self.l1, self.pool = L1World(), PoolWorld()
+        a_keys = [self.l1.key(self.l1.a, 0), self.l1.key(self.l1.a, 1)]
+        assert self.pool.store([*a_keys, k(100), k(101)]) == [0, 1, 2, 3]
+        assert self.pool.prepare([k(102)]) == [4]
+        self.pool.manager.complete_store([k(102)], CTX, success=False)
+        assert self.pool.prepare([k(103)]) == [5]  # a store in flight
+        self.on_disk = {self.l1.key(self.l1.b, 0), k(101)}
+        self.releaser = Releaser(
+            self.l1.l1, self.pool.rows, self.on_disk.__contains__, rss=self.resident
+        )
+
+    def resident(self) -> int:
+        return int(np.count_nonzero(self.l1.kv) + np.count_nonzero(self.pool.host.array))
+
+
+BLOCK_BYTES = LAYERS * BLOCK_PAGE
+
+
+def test_idle_pass_on_the_real_pieces():
+    real = Real()
+    report = real.releaser.idle_pass()
+    assert report.steps == {
+        "free L1 blocks": 2 * BLOCK_BYTES,  # 5 and 7
+        "free pool rows": ROW,  # row 4
+        "L1 blocks held below": 3 * BLOCK_BYTES,  # 2 1 (pool) and 3 (disk)
+    }
+    assert real.l1.zeroed_blocks() == [1, 2, 3, 5, 7]
+    assert real.pool.zero_rows() == [4, 6, 7]  # 6 and 7 were never used
+    assert real.l1.cached(real.l1.a, 0) is None and real.l1.cached(real.l1.b, 1) == [4]
+    # Kept: block 6 in use, block 4 only in L1; rows 0 1 2 3 5 hold blocks.
+    assert report.live_bytes == 2 * BLOCK_BYTES + 5 * ROW
+
+
+def test_pressure_pass_on_the_real_pieces():
+    real = Real()
+    report = real.releaser.pressure_pass(1 << 30)
+    assert report.steps == {
+        "free L1 blocks": 2 * BLOCK_BYTES,
+        "free pool rows": ROW,
+        "pool rows on disk": ROW,  # k101
+        "L1 blocks held below": 3 * BLOCK_BYTES,  # 2 1 (pool) and 3 (B's first, disk)
+        "pool rows": 3 * ROW,  # A's two rows and k100; k103 is being written
+        "L1 blocks held nowhere else": BLOCK_BYTES,  # 4
+    }
+    assert real.l1.zeroed_blocks() == [1, 2, 3, 4, 5, 7]
+    assert real.pool.zero_rows() == [0, 1, 2, 3, 4, 6, 7]
+    assert [real.l1.cached(real.l1.a, i) for i in (0, 1)] == [None, None]
+    assert [real.l1.cached(real.l1.b, i) for i in (0, 1)] == [None, None]
+    assert real.l1.cached(real.l1.d, 0) == [6]
+    assert (report.l1_blocks, report.pool_rows) == (6, 4)
+    assert report.live_bytes == BLOCK_BYTES + ROW  # block 6 and row 5

@@ -1,0 +1,123 @@
+"""The release thread's decision each tick (vllm_uma/memory_release/scheduler.py).
+
+The scheduler is built without vLLM's constructor (``object.__new__``) and
+given only what ``_tick`` reads: a releaser and a pressure watch that log,
+the settings, the request clock, and a connector whose stats count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_uma.config import UmaConfig
+from vllm_uma.kv_offload import metrics
+from vllm_uma.memory_release.pressure import NO_PRESSURE, Pressure
+from vllm_uma.memory_release.releaser import ReleaseReport
+from vllm_uma.memory_release.scheduler import UmaAsyncScheduler, UmaScheduler
+
+
+class Releaser:
+    def __init__(self, given_back: int = 4096):
+        self.calls: list[tuple] = []
+        self.given_back = given_back
+
+    def idle_pass(self) -> ReleaseReport:
+        self.calls.append(("idle",))
+        return ReleaseReport(steps={"free L1 blocks": self.given_back})
+
+    def pressure_pass(self, shortfall: int) -> ReleaseReport:
+        self.calls.append(("pressure", shortfall))
+        return ReleaseReport(steps={"pool rows": self.given_back})
+
+
+class Stats:
+    def __init__(self):
+        self.counters: dict[str, int] = {}
+
+    def increase_counter(self, name: str, value: int) -> None:
+        self.counters[name] = self.counters.get(name, 0) + value
+
+
+def scheduler(uma: UmaConfig, idle_for: float, busy: bool = False, cls=UmaScheduler):
+    s = object.__new__(cls)
+    s._release_lock = threading.RLock()
+    s._uma = uma
+    s._last_request = time.monotonic() - idle_for
+    s._released_since_request = False
+    s._under_pressure = False
+    s._releaser = Releaser()
+    s.pressure = NO_PRESSURE
+    s._watch = SimpleNamespace(read=lambda: s.pressure) if uma.memory_pressure == "psi" else None
+    s.stats = Stats()
+    s.connector = SimpleNamespace(connector_scheduler=SimpleNamespace(_connector_stats=s.stats))
+    s.has_requests = lambda: busy
+    return s
+
+
+IDLE = UmaConfig(release_idle_seconds=60)
+
+
+@pytest.mark.parametrize("cls", [UmaScheduler, UmaAsyncScheduler])
+def test_idle_long_enough_gives_back_once_per_quiet_spell(cls):
+    s = scheduler(IDLE, idle_for=61, cls=cls)
+    s._tick()
+    s._tick()
+    assert s._releaser.calls == [("idle",)]
+    assert s.stats.counters == {metrics.KV_GIVEN_BACK_IDLE: 4096}
+    s._released_since_request = False  # what add_request does
+    s._tick()
+    assert s._releaser.calls == [("idle",), ("idle",)]
+
+
+def test_not_idle_long_enough_gives_nothing_back():
+    s = scheduler(IDLE, idle_for=59)
+    s._tick()
+    assert s._releaser.calls == [] and s.stats.counters == {}
+    assert not s._released_since_request
+
+
+def test_requests_in_flight_are_not_idle():
+    s = scheduler(IDLE, idle_for=3600, busy=True)
+    s._tick()
+    assert s._releaser.calls == []
+
+
+def test_idle_release_off_waits_for_pressure_only():
+    s = scheduler(UmaConfig(release_free_kv=False), idle_for=3600)
+    s._tick()
+    assert s._releaser.calls == []
+    s.pressure = Pressure(True, "PSI memory some avg10=20.0%", 5 << 20)
+    s._tick()
+    assert s._releaser.calls == [("pressure", 5 << 20)]
+
+
+def test_pressure_comes_first_and_counts_as_pressure():
+    s = scheduler(IDLE, idle_for=3600)
+    s.pressure = Pressure(True, "MemAvailable low", 123)
+    s._tick()
+    s._tick()
+    assert s._releaser.calls == [("pressure", 123), ("pressure", 123)]
+    assert s.stats.counters == {metrics.KV_GIVEN_BACK_PRESSURE: 2 * 4096}
+    assert s._under_pressure
+    s.pressure = NO_PRESSURE
+    s._tick()  # pressure over: the idle pass runs as usual
+    assert s._releaser.calls[-1] == ("idle",) and not s._under_pressure
+
+
+def test_pressure_watch_off_reads_nothing():
+    s = scheduler(UmaConfig(memory_pressure="off"), idle_for=3600)
+    assert s._watch is None
+    s._tick()
+    assert s._releaser.calls == [("idle",)]
+
+
+def test_nothing_given_back_counts_nothing():
+    s = scheduler(IDLE, idle_for=3600)
+    s._releaser.given_back = 0
+    s._tick()
+    assert s._releaser.calls == [("idle",)] and s.stats.counters == {}
+    assert s._released_since_request  # not retried before the next request
