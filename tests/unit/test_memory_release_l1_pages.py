@@ -179,3 +179,28 @@ def test_no_map_where_a_blocks_page_is_not_one_run_of_bytes():
     assert build_l1_page_map(config, base_address=1 << 30).ranges([2]) == [
         ((1 << 30) + 8192, (1 << 30) + 12288)
     ]
+
+
+def test_runs_of_adjacent_blocks_are_one_range_per_layer():
+    # Layer-outermost: 3,000 free blocks in two runs are two ranges a layer,
+    # whatever their order or repeats (the release asks for thousands).
+    spec = SimpleNamespace(page_size_bytes=4096)
+    group = SimpleNamespace(layer_names=["a", "b"], kv_cache_spec=spec)
+    tensor = SimpleNamespace(
+        layers=["a", "b"], offset=0, layer_stride=4096 * 4000, block_stride=4096
+    )
+    config = SimpleNamespace(kv_cache_groups=[group], kv_cache_tensors=[tensor], num_blocks=4000)
+    page_map = build_l1_page_map(config, base_address=0)
+    ids = [*range(2000, 3000), *reversed(range(10, 2010)), 12]
+    layer_b = 4096 * 4000
+    assert page_map.ranges(ids) == [
+        (10 * 4096, 3000 * 4096),
+        (layer_b + 10 * 4096, layer_b + 3000 * 4096),
+    ]
+    assert page_map.ranges([7, 9]) == [
+        (7 * 4096, 8 * 4096),
+        (9 * 4096, 10 * 4096),
+        (layer_b + 7 * 4096, layer_b + 8 * 4096),
+        (layer_b + 9 * 4096, layer_b + 10 * 4096),
+    ]
+    assert page_map.ranges([]) == []

@@ -47,7 +47,7 @@ def test_free_list_rows_go_back_and_nothing_else(pool):
 
 
 def test_evict_takes_least_recently_used_first_skipping_kept_and_busy_keys(pool):
-    assert pool.rows.evict(3, keep=lambda key: key == k(1)) == 3
+    assert pool.rows.evict(3, keep=lambda key: key == k(1)).rows == 3
     # LRU: k1 (kept), k2 (load in flight), then k3 k4 k5; k6 (pending) and k0 stay.
     assert pool.removals() == [[k(3), k(4), k(5)]]
     assert pool.zero_rows() == [3, 4, 5]
@@ -79,16 +79,16 @@ def test_evicted_rows_go_back_to_the_manager_for_the_next_store(pool):
 
 def test_evict_never_takes_more_than_the_idle_unkept_rows(pool):
     # Idle: k1 k3 k4 k5 k0; k0 kept, k2 loading, k6 storing.
-    assert pool.rows.evict(100, keep=lambda key: key == k(0)) == 4
+    assert pool.rows.evict(100, keep=lambda key: key == k(0)).rows == 4
     assert pool.removals() == [[k(1), k(3), k(4), k(5)]]
     assert pool.zero_rows() == [1, 3, 4, 5]
-    assert pool.rows.evict(100, keep=lambda key: key == k(0)) == 0
+    assert pool.rows.evict(100, keep=lambda key: key == k(0)).rows == 0
 
 
 def test_evict_with_nothing_idle_evicts_nothing(pool):
     keep_all = lambda key: True  # noqa: E731
-    assert pool.rows.evict(4, keep=keep_all) == 0
-    assert pool.rows.evict(0) == 0
+    assert pool.rows.evict(4, keep=keep_all).rows == 0
+    assert pool.rows.evict(0).rows == 0
     assert pool.removals() == []
     assert pool.zero_rows() == []
 
@@ -96,7 +96,7 @@ def test_evict_with_nothing_idle_evicts_nothing(pool):
 def test_a_finished_load_makes_its_row_evictable_again(pool):
     pool.manager.complete_load([k(2)], CTX)
     pool.manager.complete_store([k(6)], CTX)
-    assert pool.rows.evict(100) == 7
+    assert pool.rows.evict(100).rows == 7
     assert sorted(pool.zero_rows()) == [0, 1, 2, 3, 4, 5, 6]
     assert pool.rows.rows_in_use() == 0
 
@@ -113,7 +113,7 @@ def test_arc_policy_rows_are_left_alone():
     manager.prepare_store([k(0)], CTX)
     manager.complete_store([k(0)], CTX)
     host.array[0] = 1
-    assert PoolRows(manager, host).evict(1) == 0
+    assert PoolRows(manager, host).evict(1).rows == 0
     assert (host.array[0] == 1).all()
     host.close()
 

@@ -15,12 +15,12 @@ Fake set-up (L1 blocks of 100 bytes, pool rows of 1000):
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from memory_release_kit import BLOCK_PAGE, CTX, LAYERS, ROW, L1World, PoolWorld, k
 
 from vllm_uma.memory_release.l1_blocks import FreeBlocks
-from vllm_uma.memory_release.releaser import Releaser, ReleaseReport, process_rss
+from vllm_uma.memory_release.pool_rows import Evicted
+from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
 
 L1_BYTES, ROW_BYTES, OTHER = 100, 1000, 50_000
 
@@ -58,10 +58,11 @@ class FakeL1:
 
     def give_back(self, blocks: list[int]) -> int:
         self.memory.log.append(("L1", list(blocks)))
+        given = 0
         for block in blocks:
             self.free[block] = None  # out of the prefix cache, still free
-            self.memory.resident.pop(("l1", block), None)
-        return len(blocks) * L1_BYTES
+            given += self.memory.resident.pop(("l1", block), 0)
+        return given
 
 
 class FakePool:
@@ -94,7 +95,7 @@ class FakePool:
         for key in chosen:
             del self.rows[key]
             del self.memory.resident["row", key]
-        return len(chosen)
+        return Evicted(len(chosen), len(chosen) * ROW_BYTES)
 
 
 ON_DISK = {"b", "d", "e"}
@@ -109,7 +110,6 @@ def fakes(pool: bool = True, disk: bool = True) -> tuple[Memory, Releaser]:
         l1,
         rows if pool else None,
         (lambda key: key in ON_DISK) if disk else None,
-        rss=memory.rss,
     )
     return memory, releaser
 
@@ -222,16 +222,6 @@ def test_describe_names_each_step_in_mib():
     assert report.describe() == "free L1 blocks 3 MiB, x 1024 MiB"
 
 
-def test_process_rss_reads_vmrss(tmp_path):
-    status = tmp_path / "status"
-    status.write_text("Name:\tpython\nVmPeak:\t  900 kB\nVmRSS:\t  1234 kB\nRssAnon:\t 1000 kB\n")
-    assert process_rss(str(status)) == 1234 * 1024
-    status.write_text("Name:\tpython\n")
-    with pytest.raises(RuntimeError, match="no VmRSS in"):
-        process_rss(str(status))
-    assert process_rss() > 0
-
-
 # -- the real pieces ----------------------------------------------------------
 
 
@@ -248,12 +238,7 @@ class Real:
         self.pool.manager.complete_store([k(102)], CTX, success=False)
         assert self.pool.prepare([k(103)]) == [5]  # a store in flight
         self.on_disk = {self.l1.key(self.l1.b, 0), k(101)}
-        self.releaser = Releaser(
-            self.l1.l1, self.pool.rows, self.on_disk.__contains__, rss=self.resident
-        )
-
-    def resident(self) -> int:
-        return int(np.count_nonzero(self.l1.kv) + np.count_nonzero(self.pool.host.array))
+        self.releaser = Releaser(self.l1.l1, self.pool.rows, self.on_disk.__contains__)
 
 
 BLOCK_BYTES = LAYERS * BLOCK_PAGE

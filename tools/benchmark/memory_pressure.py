@@ -15,10 +15,10 @@ The same phases run first on a reference server with the feature off
 revisits are L1 hits of the same prompts, the fair reference for the
 feature's restores (same prefix split, bf16).
 
-Resident KV is the kernel's count: the engine core's RSS (which counts the
-pool's shared pages too) beyond its RSS at ready, when weights and
-activations are resident and the lazy KV cache and the pool are not.
-Sampled every 0.25 s, drawn in a PNG beside the JSON. Live KV is what the server
+Resident KV is the kernel's count of the pages of the KV cache's mapping
+and of the host pool's (smaps Rss; vllm_uma/memory_release/resident.py),
+with the engine core's RSS beside it. Sampled every 0.5 s, drawn in a PNG
+beside the JSON. Live KV is what the server
 says it keeps (its last "KV kept:" log line). OOM kills: /proc/vmstat's
 oom_kill before and after. Hit tokens by tier: the deltas of
 vllm:prompt_tokens_cached_by_source_total over the revisits.
@@ -37,6 +37,8 @@ from pathlib import Path
 
 import psutil
 
+from vllm_uma.memory_release.resident import kv_resident
+
 GiB = 1 << 30
 KEPT_RE = re.compile(r"KV memory: .* KV kept: ([\d.]+) GiB")
 SOURCE_RE = re.compile(
@@ -45,31 +47,35 @@ SOURCE_RE = re.compile(
 
 
 class Sampler(threading.Thread):
-    """Samples the engine core's RSS and MemAvailable every 0.25 s, with the phase.
+    """Samples the server's resident KV, its RSS and MemAvailable every
+    0.5 s, with the phase. Resident KV: the kernel's page count of the KV
+    cache's and the pool's mappings (vllm_uma.memory_release.resident)."""
 
-    Resident KV is the RSS beyond the RSS at ready (weights and activations
-    are resident then, the lazy KV cache and the pool are not)."""
-
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, breakdown: dict, row_bytes: int):
         super().__init__(daemon=True)
         self.process = psutil.Process(pid)
-        self.ready_rss = self.process.memory_info().rss
+        self.kv = (breakdown["kv_cache"], breakdown["kv_offload_pool"], row_bytes)
         self.phase = "ready"
         self.samples: list[dict] = []
         self._halt = threading.Event()
         self.t0 = time.monotonic()
+        first = kv_resident(pid, *self.kv)
+        if not (first.found_l1 and first.found_pool):
+            raise RuntimeError(f"KV mappings not found in /proc/{pid}/smaps: {first}")
 
     def run(self) -> None:
-        while not self._halt.wait(0.25):
+        while not self._halt.wait(0.5):
             self.samples.append(self.sample())
 
     def sample(self) -> dict:
-        rss = self.process.memory_info().rss
+        kv = kv_resident(self.process.pid, *self.kv)
         return {
             "t": round(time.monotonic() - self.t0, 2),
             "phase": self.phase,
-            "rss": rss,
-            "kv": max(0, rss - self.ready_rss),
+            "l1": kv.l1,
+            "pool": kv.pool,
+            "kv": kv.total,
+            "rss": self.process.memory_info().rss,
             "available": psutil.virtual_memory().available,
         }
 

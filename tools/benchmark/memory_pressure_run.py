@@ -13,6 +13,7 @@ import memory_benchmark as mb
 import memory_pressure as mp
 import psutil
 
+from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
 from vllm_uma.server_process import free_port, model_process
 
 FEATURE_OFF = {"release_free_kv": False, "memory_pressure": "off"}
@@ -50,8 +51,10 @@ def one_server(name: str, args, out_dir: Path, uma: dict, hog: bool) -> dict:
     with mb.started(cmd, env, log_path) as proc:
         if not mb.wait_ready(proc, port, args.ready_timeout):
             raise RuntimeError(f"{name} server exited before ready; see {log_path}")
-        sampler = mp.Sampler(model_process(proc.pid).pid)
-        result["ready_rss"] = sampler.ready_rss
+        line = next(x for x in log_path.read_text().splitlines() if BREAKDOWN_PREFIX in x)
+        breakdown = parse_breakdown(line)
+        result["breakdown"] = breakdown
+        sampler = mp.Sampler(model_process(proc.pid).pid, breakdown, breakdown["per_block_bytes"])
         sampler.start()
         try:
             phases(name, args, port, proc, sampler, log_path, result, hog)

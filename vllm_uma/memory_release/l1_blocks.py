@@ -81,7 +81,7 @@ class L1Blocks:
 
     def give_back(self, block_ids: list[int]) -> int:
         """Drop these free blocks from the prefix cache, then madvise their
-        pages away; bytes advised."""
+        pages away; the bytes of them that were resident."""
         if not block_ids:
             return 0
         self._pool.evict_blocks(set(block_ids))

@@ -24,6 +24,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import numpy as np
+
 from vllm_uma.memory_release.pages import Range
 
 
@@ -43,13 +45,30 @@ class L1PageMap:
     layers: tuple[LayerPages, ...]
 
     def ranges(self, block_ids: list[int]) -> list[Range]:
-        """The byte ranges of these blocks across every layer."""
-        starts = (
-            (layer.first + b * layer.block_stride, layer.page)
-            for layer in self.layers
-            for b in block_ids
-        )
-        return [(start, start + page) for start, page in starts]
+        """The byte ranges of these blocks across every layer: one per run of
+        adjacent blocks per layer where a layer's blocks are contiguous (a few
+        dozen tuples for thousands of free blocks, not one per block)."""
+        runs = block_runs(block_ids)
+        out: list[Range] = []
+        for layer in self.layers:
+            stride, first = layer.block_stride, layer.first
+            if stride == layer.page:
+                out += [(first + b * stride, first + (b + n) * stride) for b, n in runs]
+            else:
+                starts = (first + (b + i) * stride for b, n in runs for i in range(n))
+                out += [(start, start + layer.page) for start in starts]
+        return out
+
+
+def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
+    """(first block, count) for each run of adjacent ids, duplicates dropped."""
+    ids = np.unique(np.asarray(block_ids, dtype=np.int64))
+    if len(ids) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(ids)]))
+    return [(int(ids[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
 
 
 def build_l1_page_map(kv_cache_config, base_address: int) -> L1PageMap | None:

@@ -22,6 +22,11 @@ whose prefix was evicted: it is rewritten from scratch anyway.
 Only whole pages inside a range are given back: a range is rounded inward
 to page boundaries, so bytes of a neighbouring block that shares a page are
 never zeroed.
+
+What went back is counted exactly: mincore(2) says which of the pages were
+resident just before the advice. (The process's VmRSS would also count what
+other threads allocate meanwhile, e.g. a forward writing new KV blocks while
+a pressure pass runs, and the kernel updates it in per-thread batches.)
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import mmap
 import os
 from collections.abc import Iterable
 
+import numpy as np
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_DONTNEED = mmap.MADV_DONTNEED
 MADV_REMOVE = mmap.MADV_REMOVE
@@ -39,6 +46,8 @@ MADV_REMOVE = mmap.MADV_REMOVE
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _LIBC.madvise.restype = ctypes.c_int
+_LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+_LIBC.mincore.restype = ctypes.c_int
 
 Range = tuple[int, int]  # [start, end) addresses in bytes
 
@@ -66,16 +75,30 @@ def merge(ranges: Iterable[Range]) -> list[Range]:
     return [(s, e) for s, e in merged]
 
 
+def resident_bytes(start: int, end: int) -> int:
+    """Bytes of the page-aligned range [start, end) resident now (mincore)."""
+    count = (end - start) // PAGE
+    if count <= 0:
+        return 0
+    vector = (ctypes.c_ubyte * count)()
+    if _LIBC.mincore(start, end - start, vector) != 0:
+        err = ctypes.get_errno()
+        raise MadviseError(err, f"mincore({start:#x}, {end - start}) failed: {os.strerror(err)}")
+    # Bit 0 of each byte: the page is resident (the other bits are undefined).
+    return int(np.count_nonzero(np.frombuffer(vector, dtype=np.uint8) & 1)) * PAGE
+
+
 def give_back(ranges: Iterable[Range], advice: int = MADV_DONTNEED) -> int:
-    """madvise each range's whole pages; the bytes advised.
+    """madvise each range's whole pages; the bytes of them that were resident.
 
     The ranges are merged first and rounded inward per merged range.
     """
-    advised = 0
+    given = 0
     for start, end in merge(ranges):
         pages = inward(start, end)
         if pages is None:
             continue
+        given += resident_bytes(*pages)
         length = pages[1] - pages[0]
         if _LIBC.madvise(pages[0], length, advice) != 0:
             err = ctypes.get_errno()
@@ -83,5 +106,4 @@ def give_back(ranges: Iterable[Range], advice: int = MADV_DONTNEED) -> int:
                 err,
                 f"madvise({pages[0]:#x}, {length}, {advice}) failed: {os.strerror(err)}",
             )
-        advised += length
-    return advised
+    return given

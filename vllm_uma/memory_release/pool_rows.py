@@ -23,11 +23,17 @@ pinned, and the unit tests drive the real manager.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from vllm.v1.kv_offload.base import OffloadingEvent, OffloadKey
 
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.memory_release.pages import MADV_REMOVE, give_back
+
+
+class Evicted(NamedTuple):
+    rows: int
+    given_back: int  # bytes that were resident
 
 
 class PoolRows:
@@ -44,7 +50,7 @@ class PoolRows:
         return m._num_allocated_chunks - len(m._free_list)
 
     def give_back_free_rows(self) -> int:
-        """madvise the rows that hold no block; bytes advised.
+        """madvise the rows that hold no block; the bytes that were resident.
 
         Those are the free list's, and the rows past the manager's allocation
         mark: never handed out, or not since its ``reset_cache`` (vLLM's
@@ -55,18 +61,18 @@ class PoolRows:
         unallocated = (base + m._num_allocated_chunks * size, base + self._pool.num_rows * size)
         return self._give_back(list(m._free_list)) + give_back([unallocated], MADV_REMOVE)
 
-    def evict(self, count: int, keep: Callable[[OffloadKey], bool] | None = None) -> int:
+    def evict(self, count: int, keep: Callable[[OffloadKey], bool] | None = None) -> Evicted:
         """Evict up to ``count`` idle rows, least recently used first,
-        skipping keys ``keep`` says to keep; their pages go back. Rows evicted."""
+        skipping keys ``keep`` says to keep; their pages go back."""
         m = self._manager
         idle = self._idle_keys()
         protected = {k for k in idle if keep(k)} if keep is not None else set()
         count = min(count, len(idle) - len(protected))
         if count <= 0:
-            return 0
+            return Evicted(0, 0)
         evicted = m._policy.evict(count, protected)
         if evicted is None:
-            return 0
+            return Evicted(0, 0)
         m._num_evictable_cache_chunks -= len(evicted)
         for _, chunk in evicted:
             m._free_chunk(chunk)
@@ -74,8 +80,8 @@ class PoolRows:
             m.events.append(
                 OffloadingEvent(keys=[k for k, _ in evicted], medium=m.medium, removed=True)
             )
-        self._give_back([chunk.chunk_id for _, chunk in evicted])
-        return len(evicted)
+        given = self._give_back([chunk.chunk_id for _, chunk in evicted])
+        return Evicted(len(evicted), given)
 
     def _idle_keys(self) -> list[OffloadKey]:
         chunks = getattr(self._manager._policy, "chunks", None)

@@ -32,9 +32,9 @@ pool's LRU rows before L1 blocks held below; an L1 block held below costs a
 restore, a pool row held nowhere else a recompute, so the lossless L1 step
 comes first.
 
-What went back is the kernel's own figure: the process's resident memory
-(VmRSS, which counts the pool's shared pages too) before and after each
-step, not what was advised, which would count pages already given back.
+What went back is the kernel's own figure: the pages of each step that were
+resident just before their advice (pages.py, mincore), not what was advised,
+which would count pages already given back.
 """
 
 from __future__ import annotations
@@ -46,14 +46,6 @@ from vllm.v1.kv_offload.base import OffloadKey
 
 from vllm_uma.memory_release.l1_blocks import L1Blocks
 from vllm_uma.memory_release.pool_rows import PoolRows
-
-
-def process_rss(status: str = "/proc/self/status") -> int:
-    with open(status) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS in {status}")
 
 
 @dataclass
@@ -78,12 +70,10 @@ class Releaser:
         l1: L1Blocks,
         pool: PoolRows | None = None,
         on_disk: Callable[[OffloadKey], bool] | None = None,
-        rss: Callable[[], int] = process_rss,
     ):
         self.l1 = l1
         self.pool = pool
         self.on_disk = on_disk
-        self._rss = rss
 
     def held_below(self, key: OffloadKey) -> bool:
         return (self.pool is not None and self.pool.holds(key)) or (
@@ -130,27 +120,22 @@ class Releaser:
         pool = 0 if self.pool is None else self.pool.rows_in_use() * self.pool.row_bytes
         return l1 + pool
 
-    # -- steps: each measures what the kernel took back ---------------------
+    # -- steps: each counts the resident bytes it gave back -----------------
 
     def _l1_step(self, report: ReleaseReport, name: str, blocks: list[int]) -> None:
         if not blocks:
             return
-        before = self._rss()
-        self.l1.give_back(blocks)
-        self._record(report, name, before)
+        self._record(report, name, self.l1.give_back(blocks))
         report.l1_blocks += len(blocks)
 
     def _pool_free_step(self, report: ReleaseReport) -> None:
-        if self.pool is None:
-            return
-        before = self._rss()
-        self.pool.give_back_free_rows()
-        self._record(report, "free pool rows", before)
+        if self.pool is not None:
+            self._record(report, "free pool rows", self.pool.give_back_free_rows())
 
     def _pool_evict_step(self, report, name: str, rows: int, keep=None) -> None:
-        before = self._rss()
-        report.pool_rows += self.pool.evict(rows, keep)
-        self._record(report, name, before)
+        evicted = self.pool.evict(rows, keep)
+        report.pool_rows += evicted.rows
+        self._record(report, name, evicted.given_back)
 
-    def _record(self, report: ReleaseReport, name: str, before: int) -> None:
-        report.steps[name] = report.steps.get(name, 0) + max(0, before - self._rss())
+    def _record(self, report: ReleaseReport, name: str, given: int) -> None:
+        report.steps[name] = report.steps.get(name, 0) + given
