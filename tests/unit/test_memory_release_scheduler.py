@@ -46,7 +46,7 @@ def scheduler(uma: UmaConfig, idle_for: float, busy: bool = False, cls=UmaSchedu
     s = object.__new__(cls)
     s._release_lock = threading.RLock()
     s._uma = uma
-    s._last_request = time.monotonic() - idle_for
+    s._last_active = time.monotonic() - idle_for
     s._released_since_request = False
     s._under_pressure = False
     s._releaser = Releaser()
@@ -77,6 +77,25 @@ def test_not_idle_long_enough_gives_nothing_back():
     s = scheduler(IDLE, idle_for=59)
     s._tick()
     assert s._releaser.calls == [] and s.stats.counters == {}
+    assert not s._released_since_request
+
+
+@pytest.mark.parametrize("cls", [UmaScheduler, UmaAsyncScheduler])
+def test_an_engine_step_is_activity_and_new_requests_rearm(cls, monkeypatch):
+    # A request that came in long ago but ran until just now: its last step
+    # starts the quiet spell, not its arrival.
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    monkeypatch.setattr(Scheduler, "schedule", lambda self, *a, **k: "output")
+    monkeypatch.setattr(Scheduler, "add_request", lambda self, request: None)
+    s = scheduler(IDLE, idle_for=3600, cls=cls)
+    assert cls.schedule(s) == "output"
+    s._tick()
+    assert s._releaser.calls == []
+    s._last_active -= 61
+    s._tick()
+    assert s._releaser.calls == [("idle",)]
+    cls.add_request(s, object())
     assert not s._released_since_request
 
 

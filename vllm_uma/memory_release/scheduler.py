@@ -13,6 +13,9 @@ reads the pressure signals (pressure.py) and the time since the last
 request, and when there is something to do takes the lock and runs the
 releaser (releaser.py) on the scheduler's own objects.
 
+Idle means no request for ``release_idle_seconds`` since the last engine
+step (a long request is work until its last step).
+
 Why a lock: the engine's main thread changes the block pool, the pool's
 manager and the disk tier's index in ``schedule``, ``update_from_output``,
 ``add_request``, ``finish_requests``, ``reset_prefix_cache`` and
@@ -67,7 +70,9 @@ class ReleasingScheduler:
         self._release_lock = threading.RLock()
         super().__init__(*args, **kwargs)
         self._uma = UmaConfig.from_additional_config(self.vllm_config.additional_config)
-        self._last_request = time.monotonic()
+        # Last step or request arrival: idleness counts from the end of the
+        # work, not from when the last request came in.
+        self._last_active = time.monotonic()
         self._released_since_request = False
         self._under_pressure = False
         self._stop = threading.Event()
@@ -78,15 +83,19 @@ class ReleasingScheduler:
             self._thread = threading.Thread(target=self._run, name="uma-kv-release", daemon=True)
             self._thread.start()
 
-    schedule = _locked("schedule")
     update_from_output = _locked("update_from_output")
     finish_requests = _locked("finish_requests")
     reset_prefix_cache = _locked("reset_prefix_cache")
     make_stats = _locked("make_stats")
 
+    def schedule(self, *args, **kwargs):
+        with self._release_lock:
+            self._last_active = time.monotonic()
+            return super().schedule(*args, **kwargs)
+
     def add_request(self, request) -> None:
         with self._release_lock:
-            self._last_request = time.monotonic()
+            self._last_active = time.monotonic()
             self._released_since_request = False
             super().add_request(request)
 
@@ -165,7 +174,7 @@ class ReleasingScheduler:
         if not self._uma.release_free_kv or self._released_since_request:
             return
         with self._release_lock:
-            idle = time.monotonic() - self._last_request
+            idle = time.monotonic() - self._last_active
             if self.has_requests() or idle < self._uma.release_idle_seconds:
                 return
             report = self._releaser.idle_pass()
