@@ -182,17 +182,24 @@ def draw(samples: list[dict], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     t = [s["t"] for s in samples]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.fill_between(t, [s["kv"] / mp.GiB for s in samples], label="resident KV (RSS beyond ready)")
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    ax.stackplot(
+        t,
+        [s["l1"] / mp.GiB for s in samples],
+        [s["pool"] / mp.GiB for s in samples],
+        labels=["KV cache (L1) resident", "host pool (L2) resident"],
+    )
+    ax.plot(t, [s["rss"] / mp.GiB for s in samples], "r:", label="engine core RSS")
     ax.plot(t, [s["available"] / mp.GiB for s in samples], "k--", label="MemAvailable")
-    for prev, cur in zip(samples, samples[1:], strict=False):
-        if cur["phase"] != prev["phase"]:
+    top = ax.get_ylim()[1]
+    for i, cur in enumerate(samples):
+        if i == 0 or cur["phase"] != samples[i - 1]["phase"]:
             ax.axvline(cur["t"], color="grey", lw=0.8)
-            ax.text(cur["t"], ax.get_ylim()[1] * 0.95, cur["phase"], fontsize=8)
+            ax.text(cur["t"], top * (0.97 - 0.04 * (i % 2)), " " + cur["phase"], fontsize=8)
     ax.set_xlabel("seconds")
     ax.set_ylabel("GiB")
     ax.set_title("vllm-uma: resident KV memory through burst, idle, hog and revisit")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
