@@ -13,14 +13,12 @@ map assumes such a layout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm.v1.core.kv_cache_utils import (
-    create_kv_cache_group_specs,
-    get_kv_cache_config_from_groups,
-)
+from test_lazy_kv import _config as build_kv_config
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker.utils import allocate_kv_cache
@@ -33,19 +31,8 @@ MiB = 1 << 20
 BLOCK_COMPACT = [L.LBHNC, L.LBNHC, L.BLHNC, L.BLNHC]
 
 
-def kv_config(specs: dict, groups: list[list[str]], layout, available: int = MiB) -> KVCacheConfig:
-    # Only what get_kv_cache_config_from_groups reads on the non-HiSparse path.
-    vllm_config = SimpleNamespace(
-        attention_config=SimpleNamespace(hisparse_config=None),
-        cache_config=SimpleNamespace(
-            prefix_cache_retention_interval=None,
-            num_gpu_blocks_override=None,
-            get_resolved_kv_cache_layout=lambda: layout,
-        ),
-    )
-    return get_kv_cache_config_from_groups(
-        vllm_config, create_kv_cache_group_specs(specs, groups), available
-    )
+# vLLM's own KVCacheConfig for these specs (the lazy-KV tests' builder).
+kv_config = functools.partial(build_kv_config, available=MiB)
 
 
 def spec(block_size: int, heads: int, head_size: int, dtype) -> FullAttentionSpec:

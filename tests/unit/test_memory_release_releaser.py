@@ -134,7 +134,7 @@ def test_idle_pass_gives_back_what_holds_nothing_or_is_held_below():
     # Kept: 2 blocks in use + 5 6 7 (only in L1), and all 4 pool rows.
     assert report.live_bytes == releaser.live_bytes() == 5 * L1_BYTES + 4 * ROW_BYTES
     assert report.describe() == (
-        "free L1 blocks 0 MiB, free pool rows 0 MiB, L1 blocks held below 0 MiB"
+        "free L1 blocks 0 KiB, free pool rows 2 KiB, L1 blocks held below 0 KiB"
     )
 
 
@@ -217,9 +217,11 @@ def test_a_step_that_frees_nothing_resident_counts_nothing():
     assert report.total == 0 and report.describe() == "nothing resident to give back"
 
 
-def test_describe_names_each_step_in_mib():
-    report = ReleaseReport(steps={"free L1 blocks": 3 << 20, "pool rows": 0, "x": 1 << 30})
-    assert report.describe() == "free L1 blocks 3 MiB, x 1024 MiB"
+def test_describe_names_each_step_in_mib_or_kib():
+    report = ReleaseReport(
+        steps={"free L1 blocks": 3 << 20, "pool rows": 0, "x": 1 << 30, "y": 12 << 10}
+    )
+    assert report.describe() == "free L1 blocks 3 MiB, x 1024 MiB, y 12 KiB"
 
 
 # -- the real pieces ----------------------------------------------------------

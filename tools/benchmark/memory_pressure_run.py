@@ -19,18 +19,11 @@ from vllm_uma.server_process import free_port, model_process
 FEATURE_OFF = {"release_free_kv": False, "memory_pressure": "off"}
 
 
-def server(port: int, disk: Path, pool_gib: float, uma: dict) -> list[str]:
+def server(port: int, disk: Path, pool_gib: float, uma: dict) -> tuple[list[str], dict]:
+    """memory_benchmark's plugin server at 0.5, with a pool, a disk tier and ``uma``."""
+    cmd, env = mb.server_command("plugin", port, 0.5)
     tier = {"type": "fs", "root_dir": str(disk), "max_size_gib": 16}
-    return [
-        str(mb.VENV_BIN / "vllm-uma"),
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enforce-eager",
-        "--gpu-memory-utilization",
-        "0.5",
+    cmd += [
         "--kv-offloading-size",
         str(pool_gib),
         "--kv-transfer-config",
@@ -38,13 +31,13 @@ def server(port: int, disk: Path, pool_gib: float, uma: dict) -> list[str]:
         "--additional-config",
         json.dumps({"vllm_uma": uma}),
     ]
+    return cmd, env
 
 
 def one_server(name: str, args, out_dir: Path, uma: dict, hog: bool) -> dict:
     port, disk = free_port(), out_dir / f"pressure-disk-{name}"
     shutil.rmtree(disk, ignore_errors=True)  # revisits must not find an earlier run's blocks
-    cmd = server(port, disk, args.pool_gib, uma)
-    env = dict(mb.os.environ, HF_HUB_OFFLINE="1")
+    cmd, env = server(port, disk, args.pool_gib, uma)
     log_path = out_dir / f"pressure-{name}.log"
     result: dict = {"server": name, "command": cmd, "log": str(log_path)}
     mb.say(f"pressure/{name}: starting on port {port} (log {log_path})")

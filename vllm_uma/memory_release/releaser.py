@@ -60,8 +60,12 @@ class ReleaseReport:
         return sum(self.steps.values())
 
     def describe(self) -> str:
-        done = ", ".join(f"{name} {b / 2**20:.0f} MiB" for name, b in self.steps.items() if b)
+        done = ", ".join(f"{name} {_size(b)}" for name, b in self.steps.items() if b)
         return done or "nothing resident to give back"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 class Releaser:
