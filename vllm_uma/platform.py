@@ -85,12 +85,13 @@ def keep_single_worker_in_process(parallel_config, requested_executor: str | Non
 RELEASING_SCHEDULERS = "vllm_uma.memory_release.scheduler"
 
 
-def use_releasing_scheduler(scheduler_config, uma: UmaConfig) -> None:
+def use_releasing_scheduler(scheduler_config, uma: UmaConfig, diffusion: bool = False) -> None:
     """vLLM's scheduler with the KV memory release thread, when it is on.
 
     Runs after vLLM has decided on async scheduling (the platform hook comes
-    later in VllmConfig), so the matching base class is chosen here."""
-    if not uma.release_free_kv and uma.memory_pressure == "off":
+    later in VllmConfig), so the matching base class is chosen here. Not for
+    diffusion models: vLLM picks its own scheduler for them after this hook."""
+    if (not uma.release_free_kv and uma.memory_pressure == "off") or diffusion:
         return
     chosen = scheduler_config.scheduler_cls
     if isinstance(chosen, str) and chosen.startswith(RELEASING_SCHEDULERS + "."):
@@ -161,4 +162,5 @@ class UmaPlatform(CpuPlatform):
         requested_executor = parallel_config.distributed_executor_backend
         super().check_and_update_config(vllm_config)
         keep_single_worker_in_process(parallel_config, requested_executor)
-        use_releasing_scheduler(vllm_config.scheduler_config, uma)
+        diffusion = getattr(vllm_config, "diffusion_config", None) is not None
+        use_releasing_scheduler(vllm_config.scheduler_config, uma, diffusion)

@@ -243,10 +243,20 @@ class UmaWorker(CPUWorker):
         groups = kv_cache_config.kv_cache_groups
         if not caches or any(not g.kv_cache_spec.has_layer_views for g in groups):
             return None
+        if kv_cache_config.has_mamba_layers:
+            # vLLM frees a Mamba copy-on-write source block in schedule and
+            # copies from it in the next forward, outside the release lock.
+            return None
         base = caches[0].untyped_storage().data_ptr()
         if any(t.untyped_storage().data_ptr() != base for t in caches):
             return None
         return build_l1_page_map(kv_cache_config, base)
+
+    def shutdown(self) -> None:
+        # Waits for a release pass in progress, and stops later ones, before
+        # the KV cache is freed (memory_release/scheduler.py).
+        L1_PAGES.close()
+        super().shutdown()
 
     def breakdown(self, kv_cache_config: KVCacheConfig) -> MemoryBreakdown:
         budget = self.budget

@@ -92,10 +92,12 @@ def test_give_back_drops_the_blocks_from_the_prefix_cache(world):
     assert {h for e in removed for h in e.block_hashes} == set(
         map(maybe_convert_block_hash, hashes)
     )
-    # They stay free, now holding nothing: next time they are uncached.
+    # They stay free, now holding nothing, at the front of the free queue:
+    # the next allocation takes them before it evicts 3, still cached.
     assert world.free(held_below(world)) == FreeBlocks(
-        uncached=[5, 7, 2, 1, 4], held_below=[], only_here=[3]
+        uncached=[2, 1, 4, 5, 7], held_below=[], only_here=[3]
     )
+    assert world.pool.free_block_queue.num_free_blocks == 6
 
 
 def test_give_back_zeroes_exactly_the_blocks_pages(world):

@@ -21,8 +21,17 @@ MiB = 1 << 20
 V1_NO_LIMIT = 9223372036854771712  # what cgroup v1 shows without a limit
 
 
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class Machine:
     def __init__(self, root: Path):
+        self.clock = Clock()
         self.proc, self.cgroup = root / "proc", root / "cgroup"
         (self.proc / "self").mkdir(parents=True)
         self.cgroup.mkdir()
@@ -36,12 +45,23 @@ class Machine:
             "HugePages_Total:       0\n"
         )
 
-    def psi(self, some_avg10: float) -> None:
+    def psi(self, some_total_us: int) -> None:
+        # avg10 high on purpose: the watch must read the total, not avg10.
         (self.proc / "pressure").mkdir(exist_ok=True)
         (self.proc / "pressure" / "memory").write_text(
-            f"some avg10={some_avg10:.2f} avg60=1.00 avg300=0.50 total=123456\n"
+            f"some avg10=99.00 avg60=1.00 avg300=0.50 total={some_total_us}\n"
             "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
         )
+
+    def stall(self, watch: PressureWatch, seconds: float, stalled_us: int) -> Pressure:
+        """``seconds`` pass, ``stalled_us`` of them with some task stalled."""
+        self.clock.t += seconds
+        self.psi(self._psi_total() + stalled_us)
+        return watch.read()
+
+    def _psi_total(self) -> int:
+        text = (self.proc / "pressure" / "memory").read_text()
+        return int(text.split("total=")[1].split()[0])
 
     def cgroup_v2(self, path: str, current: int, limit: str, events: int = 0) -> Path:
         (self.proc / "self" / "cgroup").write_text(f"0::/{path}\n")
@@ -67,7 +87,7 @@ class Machine:
         (group / "memory.limit_in_bytes").write_text(f"{limit}\n")
 
     def watch(self) -> PressureWatch:
-        return PressureWatch(proc=self.proc, cgroup_root=self.cgroup)
+        return PressureWatch(proc=self.proc, cgroup_root=self.cgroup, clock=self.clock)
 
 
 @pytest.fixture
@@ -96,14 +116,26 @@ def test_mem_available_at_ten_percent_is_not_pressure(machine):
     assert machine.watch().read().shortfall == KB + STEP
 
 
-@pytest.mark.parametrize("avg10, under", [(9.99, False), (10.0, True), (42.5, True)])
-def test_psi_some_avg10_at_the_threshold_is_pressure(machine, avg10, under):
-    machine.psi(avg10)
-    pressure = machine.watch().read()
+@pytest.mark.parametrize("stalled_ms, under", [(49, False), (50, True), (300, True)])
+def test_psi_stall_share_since_the_last_reading_at_the_threshold_is_pressure(
+    machine, stalled_ms, under
+):
+    machine.psi(1_000_000)
+    watch = machine.watch()  # the first reading: no interval yet
+    pressure = machine.stall(watch, 0.5, stalled_ms * 1000)
     if under:
-        assert pressure == Pressure(True, f"PSI memory some avg10={avg10:.1f}%", STEP)
+        share = stalled_ms / 5  # of 500 ms, in percent
+        assert pressure == Pressure(True, f"PSI memory some {share:.1f}% of the last reading", STEP)
     else:
         assert pressure == NO_PRESSURE
+
+
+def test_an_old_stall_is_not_pressure_again(machine):
+    # avg10 would still say 99% for seconds; the total has not moved.
+    machine.psi(0)
+    watch = machine.watch()
+    assert machine.stall(watch, 0.5, 200_000).under
+    assert machine.stall(watch, 0.5, 0) == NO_PRESSURE
 
 
 def test_missing_psi_is_ignored(machine):
@@ -112,11 +144,14 @@ def test_missing_psi_is_ignored(machine):
 
 
 def test_the_tightest_signal_sets_the_shortfall_and_all_are_named(machine):
-    machine.psi(50.0)
+    machine.psi(0)
+    watch = machine.watch()
     machine.meminfo(available_kb=900_000)
-    pressure = machine.watch().read()
+    pressure = machine.stall(watch, 1.0, 500_000)
     assert pressure.shortfall == LOW - 900_000 * KB + STEP  # above PSI's one step
-    assert pressure.reason == ("MemAvailable 0.86 GiB < 0.95 GiB; PSI memory some avg10=50.0%")
+    assert pressure.reason == (
+        "MemAvailable 0.86 GiB < 0.95 GiB; PSI memory some 50.0% of the last reading"
+    )
 
 
 def test_cgroup_v2_event_counters_speak_only_when_they_rise(machine):
@@ -176,16 +211,34 @@ def test_no_proc_self_cgroup_is_no_cgroup(machine):
 
 
 def test_the_thresholds_are_settings(machine):
-    machine.psi(5.0)
+    machine.psi(0)
     machine.meminfo(available_kb=TOTAL_KB // 4)
     watch = PressureWatch(
         proc=machine.proc,
         cgroup_root=machine.cgroup,
         low_fraction=0.3,
         margin_fraction=0.1,
-        psi_some_avg10=5.0,
+        psi_some_share=5.0,
+        clock=machine.clock,
     )
-    pressure = watch.read()
+    pressure = machine.stall(watch, 1.0, 50_000)
     total = TOTAL_KB * KB
     assert pressure.shortfall == int(total * 0.3) - total // 4 + int(total * 0.1)
-    assert "PSI memory some avg10=5.0%" in pressure.reason
+    assert "PSI memory some 5.0% of the last reading" in pressure.reason
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_inactive_page_cache_is_not_cgroup_usage(machine, version):
+    # 970 of 1000 MiB used, 200 MiB of it inactive file cache the kernel
+    # takes back first: 770 MiB of working set, no pressure.
+    if version == "v2":
+        group = machine.cgroup_v2("app", current=970 * MiB, limit=str(1000 * MiB))
+        key = "inactive_file"
+    else:
+        machine.cgroup_v1("docker/abc", usage=970 * MiB, limit=1000 * MiB)
+        group, key = machine.cgroup / "memory" / "docker/abc", "total_inactive_file"
+    watch = machine.watch()
+    assert watch.read().under
+    (group / "memory.stat").write_text(f"anon 1000\n{key} {200 * MiB}\nactive_file 5\n")
+    assert watch.read() == NO_PRESSURE
+    assert watch._cgroup_usage() == (770 * MiB, 1000 * MiB)

@@ -81,8 +81,8 @@ class FakePool:
     def rows_in_use(self) -> int:
         return len(self.rows)
 
-    def give_back_free_rows(self) -> int:
-        self.memory.log.append(("free rows",))
+    def give_back_free_rows(self, past_mark: bool = False) -> int:
+        self.memory.log.append(("free rows", "past mark") if past_mark else ("free rows",))
         freed = [r for r in self.memory.resident if r[0] == "free row"]
         for r in freed:
             del self.memory.resident[r]
@@ -124,7 +124,7 @@ def test_held_below_is_the_pool_or_the_disk():
 def test_idle_pass_gives_back_what_holds_nothing_or_is_held_below():
     memory, releaser = fakes()
     report = releaser.idle_pass()
-    assert memory.log == [("L1", [1, 2]), ("free rows",), ("L1", [3, 4])]
+    assert memory.log == [("L1", [1, 2]), ("free rows", "past mark"), ("L1", [3, 4])]
     assert report.steps == {
         "free L1 blocks": 200,
         "free pool rows": 2000,
@@ -212,7 +212,7 @@ def test_a_step_that_frees_nothing_resident_counts_nothing():
     memory, releaser = fakes()
     releaser.idle_pass()
     report = releaser.idle_pass()  # the same blocks again: uncached now, not resident
-    assert memory.log[3:] == [("L1", [1, 2, 3, 4]), ("free rows",)]
+    assert memory.log[3:] == [("L1", [1, 2, 3, 4]), ("free rows", "past mark")]
     assert report.steps == {"free L1 blocks": 0, "free pool rows": 0}
     assert report.total == 0 and report.describe() == "nothing resident to give back"
 

@@ -140,3 +140,68 @@ def test_nothing_given_back_counts_nothing():
     s._tick()
     assert s._releaser.calls == [("idle",)] and s.stats.counters == {}
     assert s._released_since_request  # not retried before the next request
+
+
+def test_blocks_in_transfer_are_every_store_source_and_finished_requests_blocks():
+    from vllm_uma.memory_release.scheduler import blocks_in_transfer
+
+    def job(fenced=None, deferred=None):
+        return SimpleNamespace(fenced_block_ids=fenced, deferred_fence_block_ids=deferred)
+
+    def status(finished: bool, *groups):
+        req = SimpleNamespace(is_finished=lambda: finished)
+        return SimpleNamespace(req=req, group_states=[SimpleNamespace(block_ids=g) for g in groups])
+
+    offload = SimpleNamespace(
+        _block_id_to_pending_jobs={1: {7}},
+        # A running request's store (sources fenced only at its finish, so a
+        # preemption frees them first), a sliding-window store, a load.
+        _jobs={7: job(deferred=[2, 3]), 8: job(fenced=[4]), 9: job()},
+        # A finished request whose store may still be built next step, and a
+        # running one (its blocks are in use: ref_cnt > 0 protects them).
+        _req_status={"a": status(True, [5, 6]), "b": status(False, [10, 11])},
+    )
+    assert blocks_in_transfer(offload) == {1, 2, 3, 4, 5, 6}
+
+
+def test_the_release_thread_stops_once_the_worker_closed_the_kv_cache(monkeypatch):
+    from vllm_uma.memory_release import scheduler as module
+    from vllm_uma.memory_release.l1_pages import L1PageRegistry
+
+    registry = L1PageRegistry()
+    registry.set(object())
+    monkeypatch.setattr(module, "L1_PAGES", registry)
+    monkeypatch.setattr(module, "POLL_SECONDS", 0.01)
+    s = scheduler(IDLE, idle_for=3600)
+    s._stop = threading.Event()
+    thread = threading.Thread(target=s._run)
+    thread.start()
+    time.sleep(0.1)
+    assert s._releaser.calls == [("idle",)]  # ran while the map was there
+    registry.close()
+    thread.join(timeout=2)
+    assert not thread.is_alive()
+
+
+def test_closing_the_registry_waits_for_a_pass_in_progress():
+    from vllm_uma.memory_release.l1_pages import L1PageRegistry
+
+    registry, order = L1PageRegistry(), []
+    registry.set("map")
+    inside = threading.Event()
+
+    def a_pass():
+        with registry.held() as page_map:
+            inside.set()
+            time.sleep(0.2)
+            order.append(("pass ends", page_map))
+
+    worker = threading.Thread(target=a_pass)
+    worker.start()
+    inside.wait()
+    registry.close()
+    order.append("closed")
+    worker.join()
+    assert order == [("pass ends", "map"), "closed"]
+    with registry.held() as page_map:
+        assert page_map is None

@@ -95,6 +95,12 @@ def test_the_engine_core_rerunning_the_hook_keeps_the_scheduler(async_scheduling
     assert config.scheduler_cls == chosen
 
 
+def test_diffusion_models_keep_the_scheduler_vllm_picks_for_them():
+    config = SimpleNamespace(scheduler_cls=None, async_scheduling=False)
+    use_releasing_scheduler(config, UmaConfig(), diffusion=True)
+    assert config.scheduler_cls is None
+
+
 @pytest.mark.parametrize("user_cls", [None, "my.sched.Custom"])
 def test_release_off_leaves_the_scheduler_alone(user_cls):
     config = SimpleNamespace(scheduler_cls=user_cls, async_scheduling=True)

@@ -19,7 +19,9 @@ block a store still reads (vLLM tracks it in the connector's
 would read zeros. Blocks in use (``ref_cnt > 0``) are never touched.
 
 The free queue's order is vLLM's eviction order (least recently freed
-first), kept here for the pressure step.
+first), kept here for the pressure step. A block given back moves to the
+front of that queue, so the next allocation takes an empty block before it
+evicts a prefix still cached.
 """
 
 from __future__ import annotations
@@ -93,7 +95,15 @@ class L1Blocks:
                 f"{len(block_ids) - len(gone)} of {len(block_ids)} KV blocks are still "
                 f"in use or in the prefix cache after eviction; their pages are kept"
             )
-        return give_back(self._map.ranges(gone))
+        given = give_back(self._map.ranges(gone))
+        # To the front of the free queue: vLLM allocates from there, so an
+        # empty block is reused before a block that still caches a prefix.
+        queue = self._pool.free_block_queue
+        released = [blocks[b] for b in dict.fromkeys(gone)]
+        for block in released:
+            queue.remove(block)
+        queue.prepend_n(released)
+        return given
 
 
 def offload_key(block_hash) -> OffloadKey:

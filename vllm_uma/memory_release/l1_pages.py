@@ -21,7 +21,9 @@ tensors).
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,6 +117,17 @@ class L1PageRegistry:
     def get(self) -> L1PageMap | None:
         with self._lock:
             return self._map
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[L1PageMap | None]:
+        """The map, valid until the block ends: ``close`` waits for it."""
+        with self._lock:
+            yield self._map
+
+    def close(self) -> None:
+        """The KV cache is about to be freed: no pass may touch it any more."""
+        with self._lock:
+            self._map = None
 
 
 L1_PAGES = L1PageRegistry()

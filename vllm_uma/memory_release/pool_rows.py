@@ -4,7 +4,7 @@ The pool's rows are handed out by vLLM's CPUOffloadingManager (or its
 CPUPrimaryTierOffloadingManager under the disk tier). A row is one of:
 
 - not handed out (past the manager's allocation mark): never touched, or
-  stale since the manager's ``reset_cache``; given back with the free list;
+  stale since the manager's ``reset_cache``; given back by the idle pass;
 - on the manager's free list: its bytes are stale (the block was evicted);
   its pages can go back at any time;
 - holding a block (in the cache policy): ``ref_cnt`` -1 while a store
@@ -49,17 +49,22 @@ class PoolRows:
         m = self._manager
         return m._num_allocated_chunks - len(m._free_list)
 
-    def give_back_free_rows(self) -> int:
+    def give_back_free_rows(self, past_mark: bool = False) -> int:
         """madvise the rows that hold no block; the bytes that were resident.
 
-        Those are the free list's, and the rows past the manager's allocation
-        mark: never handed out, or not since its ``reset_cache`` (vLLM's
-        reset_prefix_cache with the connector), which forgets every row, free
-        list included, while their stale pages stay resident."""
+        Those are the free list's and, with ``past_mark``, the rows past the
+        manager's allocation mark: never handed out, or not since its
+        ``reset_cache`` (vLLM's reset_prefix_cache with the connector), which
+        forgets every row while their stale pages stay resident. Only when
+        no request is in the engine: after a reset, a load the connector
+        forgot can still be reading such a row for a waiting request."""
         m = self._manager
-        base, size = self._pool.array.ctypes.data, self._pool.row_bytes
-        unallocated = (base + m._num_allocated_chunks * size, base + self._pool.num_rows * size)
-        return self._give_back(list(m._free_list)) + give_back([unallocated], MADV_REMOVE)
+        given = self._give_back(list(m._free_list))
+        if past_mark:
+            base, size = self._pool.array.ctypes.data, self._pool.row_bytes
+            rest = (base + m._num_allocated_chunks * size, base + self._pool.num_rows * size)
+            given += give_back([rest], MADV_REMOVE)
+        return given
 
     def evict(self, count: int, keep: Callable[[OffloadKey], bool] | None = None) -> Evicted:
         """Evict up to ``count`` idle rows, least recently used first,

@@ -6,7 +6,8 @@ underneath it.
 
 Idle pass (the server has had no request for ``release_idle_seconds``):
   1. L1 blocks that are free and uncached (they hold nothing);
-  2. pool rows on the free list (stale bytes);
+  2. pool rows on the free list (stale bytes), and rows past the pool
+     manager's allocation mark (stale since a cache reset);
   3. L1 blocks that are free, cached, and also held by the pool or the
      disk tier (a later hit is a restore at close to memory speed).
   Pool rows that hold blocks stay: they are the fast restore path the user
@@ -88,7 +89,7 @@ class Releaser:
         report = ReleaseReport()
         free = self.l1.free_blocks(self.held_below)
         self._l1_step(report, "free L1 blocks", free.uncached)
-        self._pool_free_step(report)
+        self._pool_free_step(report, past_mark=True)  # no request: no load in flight
         self._l1_step(report, "L1 blocks held below", free.held_below)
         report.live_bytes = self.live_bytes()
         return report
@@ -132,9 +133,10 @@ class Releaser:
         self._record(report, name, self.l1.give_back(blocks))
         report.l1_blocks += len(blocks)
 
-    def _pool_free_step(self, report: ReleaseReport) -> None:
+    def _pool_free_step(self, report: ReleaseReport, past_mark: bool = False) -> None:
         if self.pool is not None:
-            self._record(report, "free pool rows", self.pool.give_back_free_rows())
+            given = self.pool.give_back_free_rows(past_mark)
+            self._record(report, "free pool rows", given)
 
     def _pool_evict_step(self, report, name: str, rows: int, keep=None) -> None:
         evicted = self.pool.evict(rows, keep)

@@ -76,6 +76,7 @@ class ReleasingScheduler:
         self._released_since_request = False
         self._under_pressure = False
         self._stop = threading.Event()
+        self._pool_engine_id: str | None = None
         self._releaser = self._build_releaser()
         self._watch = PressureWatch() if self._uma.memory_pressure == "psi" else None
         self._thread = None
@@ -103,6 +104,9 @@ class ReleasingScheduler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._pool_engine_id is not None:
+            SHARED_POOLS.release(self._pool_engine_id)
+            self._pool_engine_id = None
         super().shutdown()
 
     # -- building the releaser from the scheduler's parts ---------------------
@@ -117,7 +121,7 @@ class ReleasingScheduler:
             )
             return None
         offload = getattr(self.connector, "connector_scheduler", None)
-        busy = (lambda: offload._block_id_to_pending_jobs) if offload is not None else frozenset
+        busy = (lambda: blocks_in_transfer(offload)) if offload is not None else frozenset
         l1 = L1Blocks(self.kv_cache_manager.block_pool, page_map, busy)
         pool_rows, on_disk = None, None
         if offload is not None:
@@ -125,8 +129,12 @@ class ReleasingScheduler:
             primary = getattr(manager, "primary_tier", manager)
             tiers = getattr(manager, "secondary_tiers", [])
             engine_id = self.vllm_config.kv_transfer_config.engine_id
-            pool = SHARED_POOLS.existing(engine_id)
-            if pool is not None:
+            existing = SHARED_POOLS.existing(engine_id)
+            if existing is not None:
+                # Our own reference: the pool stays mapped until the release
+                # thread has stopped, whatever the engine shuts down first.
+                pool = SHARED_POOLS.open(engine_id, existing.num_rows, existing.row_bytes)
+                self._pool_engine_id = engine_id
                 pool_rows = PoolRows(primary, pool)
             holders = [t.holds for t in tiers if hasattr(t, "holds")]
             if holders:
@@ -145,7 +153,12 @@ class ReleasingScheduler:
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
             try:
-                self._tick()
+                # Held for the tick: the worker cannot free the KV cache under
+                # a pass (it closes the registry first when it shuts down).
+                with L1_PAGES.held() as page_map:
+                    if page_map is None:
+                        return
+                    self._tick()
             except Exception:
                 logger.exception("KV memory release failed; it is off from now on.")
                 return
@@ -195,6 +208,26 @@ class ReleasingScheduler:
         if offload is not None and report.total:
             with self._release_lock:
                 offload._connector_stats.increase_counter(name, report.total)
+
+
+def blocks_in_transfer(offload) -> set[int]:
+    """L1 blocks a transfer may still read or write although they are free.
+
+    vLLM fences a store's source blocks only once their request finishes
+    (``_block_id_to_pending_jobs``); a preempted request's blocks are free at
+    once while its store is still to run, and a finished request's blocks can
+    still be named by a store built at the next step. So: every store job's
+    source blocks, the fenced ones, and the blocks of finished requests the
+    connector still tracks."""
+    busy = set(offload._block_id_to_pending_jobs)
+    for job in offload._jobs.values():
+        busy.update(job.fenced_block_ids or ())
+        busy.update(job.deferred_fence_block_ids or ())
+    for status in offload._req_status.values():
+        if status.req.is_finished():
+            for group in status.group_states:
+                busy.update(group.block_ids)
+    return busy
 
 
 def _gib(n: int) -> str:
