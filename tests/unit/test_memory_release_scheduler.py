@@ -7,6 +7,7 @@ the settings, the request clock, and a connector whose stats count.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from types import SimpleNamespace
@@ -49,6 +50,7 @@ def scheduler(uma: UmaConfig, idle_for: float, busy: bool = False, cls=UmaSchedu
     s._last_active = time.monotonic() - idle_for
     s._released_since_request = False
     s._under_pressure = False
+    s._quiet_ticks = 0
     s._releaser = Releaser()
     s.pressure = NO_PRESSURE
     s._watch = SimpleNamespace(read=lambda: s.pressure) if uma.memory_pressure == "psi" else None
@@ -123,8 +125,26 @@ def test_pressure_comes_first_and_counts_as_pressure():
     assert s.stats.counters == {metrics.KV_GIVEN_BACK_PRESSURE: 2 * 4096}
     assert s._under_pressure
     s.pressure = NO_PRESSURE
-    s._tick()  # pressure over: the idle pass runs as usual
-    assert s._releaser.calls[-1] == ("idle",) and not s._under_pressure
+    s._tick()  # no pressure now: the idle pass runs as usual
+    assert s._releaser.calls[-1] == ("idle",)
+    assert s._under_pressure  # the episode ends after 10 s without pressure
+
+
+def test_a_flickering_signal_is_one_episode_in_the_log(caplog):
+    from vllm_uma.memory_release.scheduler import QUIET_TICKS, logger
+
+    caplog.set_level(logging.INFO, logger=logger.name)
+    s = scheduler(IDLE, idle_for=0)
+    s._releaser.given_back = 0  # nothing left: only the episode's first line
+    for under in (True, False, True, False, True):
+        s.pressure = Pressure(True, "PSI", 1) if under else NO_PRESSURE
+        s._tick()
+    s.pressure = NO_PRESSURE
+    for _ in range(QUIET_TICKS):
+        s._tick()
+    lines = [r.getMessage() for r in caplog.records if "KV memory" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "under memory pressure (PSI)" in lines[0] and "pressure over" in lines[1]
 
 
 def test_pressure_watch_off_reads_nothing():

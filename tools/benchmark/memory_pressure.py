@@ -37,9 +37,11 @@ from pathlib import Path
 
 import psutil
 
+from vllm_uma.memory_release.pressure import read_psi_some_total
 from vllm_uma.memory_release.resident import kv_resident
 
 GiB = 1 << 30
+PSI_MEMORY = Path("/proc/pressure/memory")
 KEPT_RE = re.compile(r"KV memory: .* KV kept: ([\d.]+) GiB")
 SOURCE_RE = re.compile(
     r'^vllm:prompt_tokens_cached_by_source_total\{.*source="(\w+)"\} ([\d.e+]+)$'
@@ -77,6 +79,7 @@ class Sampler(threading.Thread):
             "kv": kv.total,
             "rss": self.process.memory_info().rss,
             "available": psutil.virtual_memory().available,
+            "psi_some_us": read_psi_some_total(PSI_MEMORY),
         }
 
     def stop(self) -> None:

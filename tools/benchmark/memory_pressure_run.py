@@ -102,10 +102,23 @@ def phases(name, args, port, proc, sampler, log_path, result, hog: bool) -> None
 
 
 def seconds_to_give_back(samples: list[dict], idle: int) -> float | None:
-    """From pressure onset (MemAvailable under 10% of RAM) to resident KV at
-    or under 20% of the idle figure; None if it never got there."""
+    """From pressure onset to resident KV at or under 20% of the idle figure;
+    None if it never got there.
+
+    Onset: the first sample at which either signal the server acts on says
+    pressure, read here on their own: MemAvailable under 10% of RAM, or some
+    task stalled on memory 10% or more of the time since the previous
+    sample (PSI's cumulative total)."""
     low = psutil.virtual_memory().total * 0.10
-    onset = next((s["t"] for s in samples if s["available"] < low), None)
+    onset = None
+    for prev, cur in zip(samples, samples[1:], strict=False):
+        stalled = None
+        if prev["psi_some_us"] is not None and cur["psi_some_us"] is not None:
+            elapsed_us = (cur["t"] - prev["t"]) * 1e6
+            stalled = (cur["psi_some_us"] - prev["psi_some_us"]) / elapsed_us if elapsed_us else 0
+        if cur["available"] < low or (stalled is not None and stalled >= 0.10):
+            onset = cur["t"]
+            break
     if onset is None:
         return None
     done = next((s["t"] for s in samples if s["t"] >= onset and s["kv"] <= idle * 0.2), None)

@@ -51,6 +51,7 @@ from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
 logger = get_logger(__name__)
 
 POLL_SECONDS = 0.5
+QUIET_TICKS = 20  # 10 s without pressure end an episode (for the log)
 
 
 def _locked(name: str):
@@ -75,6 +76,7 @@ class ReleasingScheduler:
         self._last_active = time.monotonic()
         self._released_since_request = False
         self._under_pressure = False
+        self._quiet_ticks = 0
         self._stop = threading.Event()
         self._pool_engine_id: str | None = None
         self._releaser = self._build_releaser()
@@ -180,10 +182,14 @@ class ReleasingScheduler:
                         report.live_bytes / 2**30,
                     )
                 self._under_pressure = True
+                self._quiet_ticks = 0
                 return
-            if self._under_pressure:
+            # An episode ends after QUIET_TICKS readings without pressure, so
+            # a signal that flickers logs one episode, not one per flicker.
+            self._quiet_ticks += 1
+            if self._under_pressure and self._quiet_ticks >= QUIET_TICKS:
                 logger.info("KV memory: memory pressure over; the KV cache grows back on use.")
-            self._under_pressure = False
+                self._under_pressure = False
         if not self._uma.release_free_kv or self._released_since_request:
             return
         with self._release_lock:
