@@ -14,12 +14,16 @@ Where each piece runs (all in the engine-core process, the 'uni' executor):
         +---------> L1_PAGES ------->  releaser.py:  idle pass, pressure pass
                                        pressure.py:  PSI, MemAvailable, cgroup
                                        scheduler.py: the release thread
-    pages.py: madvise (DONTNEED for L1, REMOVE for the shmem pool)
+    pages.py: madvise (DONTNEED for L1, REMOVE for the shmem pool),
+              mincore (what was resident, counted exactly)
+    resident.py: a server's resident KV from /proc/PID/smaps (tools, tests)
 
 Invariant: a block or row leaves every index that could find it (vLLM's
 prefix cache, the pool manager's policy) before its pages go back, so a later
 hit is a restore or a recompute, never stale bytes; nothing in use or read
-by a copy in flight is touched.
+by a copy in flight is touched. The worker closes L1_PAGES (waiting for a
+pass in progress) before it frees the KV cache; the scheduler keeps its own
+reference to the pool until its thread has stopped.
 
 Settings (``--additional-config '{"vllm_uma": {...}}'``, config.py):
 ``release_free_kv`` (default true), ``release_idle_seconds`` (60),
