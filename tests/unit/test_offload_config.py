@@ -132,6 +132,7 @@ def test_connector_without_size_gets_two_requests_of_kv():
     pool = oc.translate(cfg, 24 * GiB).pool
     assert pool.bytes == 2 * 8192 * PER_TOKEN
     assert "2 x max_model_len=8192" in pool.reason
+    assert "at most, settled once the weights load" in pool.reason  # the worker resizes it
     assert oc.configured_pool_bytes(cfg) == pool.bytes
 
 

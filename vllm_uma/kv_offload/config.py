@@ -306,7 +306,7 @@ def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
     size = auto_pool_size(per_token, model.max_model_len, kv_budget)
     extra["cpu_bytes_to_use"] = size.bytes
     extra[AUTO_POOL_KEY] = True
-    return size
+    return PoolSize(size.bytes, f"{size.reason}; at most, settled once the weights load")
 
 
 # How long a stopping server may take to write its pending KV blocks to the
