@@ -106,7 +106,8 @@ def test_kernel_block_split_views_cover_the_same_bytes():
 @pytest.mark.parametrize("layout", [L.LBHNC, L.BLHNC], ids=lambda m: m.name)
 def test_two_groups_of_different_pages_each_give_their_own_page_size(layout):
     # bf16 and fp32 groups overlay each other from byte 0 (a block id is
-    # owned by one group at a time): block b's ranges cover both groups' views.
+    # owned by one group at a time): block b's ranges cover both groups'
+    # views, and bytes both groups address are counted once.
     specs = {
         **dict.fromkeys(["l0", "l1"], spec(16, 2, 64, torch.bfloat16)),
         **dict.fromkeys(["l2", "l3"], spec(16, 2, 32, torch.float32)),
@@ -114,9 +115,10 @@ def test_two_groups_of_different_pages_each_give_their_own_page_size(layout):
     config = kv_config(specs, [["l0", "l1"], ["l2", "l3"]], layout)
     caches, page_map = allocate(config, layout)
     assert len(config.kv_cache_tensors) == 2
-    assert page_map.block_bytes == sum(s.page_size_bytes for s in specs.values())
+    first_block = list(dict.fromkeys(dense_span(caches[n][0]) for n in layer_order(config)))
+    assert page_map.block_bytes == sum(end - start for start, end in first_block)
     for b in range(config.num_blocks):
-        expected = [dense_span(caches[name][b]) for name in layer_order(config)]
+        expected = list(dict.fromkeys(dense_span(caches[n][b]) for n in layer_order(config)))
         assert page_map.ranges([b]) == expected, b
 
 
@@ -191,3 +193,21 @@ def test_runs_of_adjacent_blocks_are_one_range_per_layer():
         (layer_b + 9 * 4096, layer_b + 10 * 4096),
     ]
     assert page_map.ranges([]) == []
+
+
+def test_groups_that_overlay_the_same_bytes_count_them_once():
+    # Two groups of two layers at the same places (a hybrid model's sliding
+    # and full groups): one block is two layers' pages, not four.
+    spec = SimpleNamespace(page_size_bytes=4096)
+    groups = [
+        SimpleNamespace(layer_names=["s0", "s1"], kv_cache_spec=spec),
+        SimpleNamespace(layer_names=["f0", "f1"], kv_cache_spec=spec),
+    ]
+    tensors = [
+        SimpleNamespace(layers=names, offset=0, layer_stride=4096 * 8, block_stride=4096)
+        for names in (["s0", "s1"], ["f0", "f1"])
+    ]
+    config = SimpleNamespace(kv_cache_groups=groups, kv_cache_tensors=tensors, num_blocks=8)
+    page_map = build_l1_page_map(config, base_address=0)
+    assert page_map.block_bytes == 2 * 4096
+    assert page_map.ranges([3]) == [(3 * 4096, 4 * 4096), (11 * 4096, 12 * 4096)]
