@@ -47,7 +47,17 @@ class MemoryBreakdown:
     wired: int
     per_block_bytes: int
     num_blocks: int
+    # Tokens of max_model_len-long requests the KV cache holds at once. With
+    # one KV cache group, num_blocks x block_size. With several (a model with
+    # sliding-window and full layers), every group draws its blocks from the
+    # same num_blocks, so this is vLLM's group-aware capacity, not
+    # num_blocks x block_size, which would overstate it by up to the number
+    # of groups.
     max_tokens_cached: int
+    block_size: int = 0  # tokens per KV block
+    # KV cache groups drawing on those blocks: a prefix's KV is one block per
+    # group per block_size tokens (sliding groups free theirs past the window).
+    kv_groups: int = 1
 
     def log_line(self, fleet: tuple[int, int] | None = None) -> str:
         """One line a script can parse: ``key=int`` pairs, then human units.
@@ -69,6 +79,8 @@ class MemoryBreakdown:
                 "wired",
             )
         )
+        if self.kv_groups > 1:
+            human += f"; {self.kv_groups} KV cache groups share the blocks"
         if fleet is not None:
             human += f"; fleet member {fleet[0]} of {fleet[1]}: budget and cores are its share"
         return f"{BREAKDOWN_PREFIX} {pairs} ({human})"
@@ -109,7 +121,8 @@ class BudgetInputs:
 
 
 def min_kv_cache_bytes(max_model_len: int, block_size: int, per_block_bytes: int) -> int:
-    """KV bytes for one request of ``max_model_len`` tokens, in whole blocks."""
+    """KV bytes for one request of ``max_model_len`` tokens, in whole blocks,
+    where every layer keeps every token (full attention)."""
     return math.ceil(max_model_len / block_size) * per_block_bytes
 
 

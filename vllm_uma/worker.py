@@ -31,6 +31,7 @@ from contextlib import AbstractContextManager
 import psutil
 import torch
 from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_visible_memory_node
+from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
@@ -46,7 +47,6 @@ from vllm_uma.memory import (
     MemoryBudgetError,
     fmt_gib,
     kv_cache_bytes,
-    min_kv_cache_bytes,
 )
 from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
 from vllm_uma.platform import total_ram_bytes
@@ -100,11 +100,12 @@ def kv_allocation_bytes(kv_cache_config: KVCacheConfig) -> int:
     return max((t.size for t in kv_cache_config.kv_cache_tensors), default=0)
 
 
-def kv_block_geometry(specs: dict[str, KVCacheSpec]) -> tuple[int, int]:
-    """(bytes of one block across all layers, tokens per block)."""
-    per_block = sum(spec.page_size_bytes for spec in specs.values())
-    block_size = max((spec.block_size for spec in specs.values()), default=1)
-    return per_block, block_size
+def min_request_kv_bytes(specs: dict[str, KVCacheSpec], vllm_config) -> int:
+    """KV bytes one request of max_model_len tokens needs, summed over the
+    layers as vLLM counts them (``max_memory_usage_bytes``): every token for
+    a full-attention layer, only the window (plus a step's tokens) for a
+    sliding-window layer."""
+    return sum(spec.max_memory_usage_bytes(vllm_config) for spec in specs.values())
 
 
 class UmaWorker(CPUWorker):
@@ -164,7 +165,7 @@ class UmaWorker(CPUWorker):
     def determine_available_memory(self) -> int:
         if self._should_warm_up_model():
             self.model_runner.warming_up_model()
-        per_block, block_size = kv_block_geometry(self.model_runner.get_kv_cache_spec())
+        specs = self.model_runner.get_kv_cache_spec()
         weights = self.weights_bytes
         max_model_len = self.model_config.max_model_len
         activations = max(0, self._activation_high_water() - weights)
@@ -180,7 +181,7 @@ class UmaWorker(CPUWorker):
             weights=weights,
             activations=activations,
             kv_offload_pool=configured_pool_bytes(self.vllm_config),
-            min_kv_cache=min_kv_cache_bytes(max_model_len, block_size, per_block),
+            min_kv_cache=min_request_kv_bytes(specs, self.vllm_config),
             max_model_len=max_model_len,
             workers=workers,
         )
@@ -264,6 +265,11 @@ class UmaWorker(CPUWorker):
         num_blocks = kv_cache_config.num_blocks
         groups = kv_cache_config.kv_cache_groups
         block_size = groups[0].kv_cache_spec.block_size if groups else 0
+        if len(groups) > 1:
+            # Several groups draw on the same blocks: vLLM's group-aware count.
+            max_tokens, _ = get_kv_cache_capacity(self.vllm_config, kv_cache_config)
+        else:
+            max_tokens = num_blocks * block_size
         return MemoryBreakdown(
             total=budget.total if budget else total_ram_bytes(),
             budget=budget.budget if budget else 0,
@@ -274,7 +280,9 @@ class UmaWorker(CPUWorker):
             wired=self.wiring.wired_bytes,
             per_block_bytes=kv_bytes // num_blocks if num_blocks else 0,
             num_blocks=num_blocks,
-            max_tokens_cached=num_blocks * block_size,
+            max_tokens_cached=max_tokens,
+            block_size=block_size,
+            kv_groups=len(groups),
         )
 
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:

@@ -17,11 +17,13 @@ def prompt(i: int, topic: str = "Story") -> str:
     return f"{topic} {i}: " + " ".join(WORDS[(i + k) % 8] + str(k % 10) for k in range(600))
 
 
-def complete(server, i: int, topic: str = "Story", max_tokens: int = 16) -> list[int]:
+def complete(
+    server, i: int, topic: str = "Story", max_tokens: int = 16, model: str = MODEL
+) -> list[int]:
     reply = server.post(
         "/v1/completions",
         {
-            "model": MODEL,
+            "model": model,
             "prompt": prompt(i, topic),
             "max_tokens": max_tokens,
             "temperature": 0,

@@ -110,3 +110,25 @@ def test_breakdown_line_round_trips():
     assert parse_breakdown(line) == b.__dict__
     assert "memory breakdown: total=25276059648 budget=" in line
     assert line.endswith("wired 0.47 GiB)")
+
+
+def test_breakdown_line_of_a_model_with_several_kv_groups():
+    # Gemma 3 270M: six groups of three layers draw on one set of blocks.
+    b = MemoryBreakdown(
+        total=25_275_990_016,
+        budget=7_582_797_004,
+        weights=1_328_336_896,
+        activations=651_476_992,
+        kv_cache=4_529_061_888,
+        kv_offload_pool=0,
+        wired=1_328_934_912,
+        per_block_bytes=393_216,
+        num_blocks=11_518,
+        max_tokens_cached=344_362,
+        block_size=128,
+        kv_groups=6,
+    )
+    line = b.log_line()
+    assert parse_breakdown(line) == b.__dict__
+    assert "block_size=128 kv_groups=6 (" in line
+    assert line.endswith("; 6 KV cache groups share the blocks)")

@@ -151,3 +151,23 @@ def test_fingerprinting_a_large_checkpoint_reports_progress(tmp_path, monkeypatc
     (tmp_path / "fp.json").unlink()
     monkeypatch.setattr(namespace, "_SLICE", 1 << 30)
     assert namespace.weights_fingerprint(str(model), tmp_path / "fp.json") == sliced
+
+
+def test_the_group_layout_is_part_of_the_namespace():
+    """A block file is keyed by (prefix hash, group index): the same layers
+    grouped otherwise (vLLM's hybrid manager on or off, another grouping of
+    a sliding-window model) hold other bytes under the same key."""
+
+    def grouped(*groups):
+        config = offloading_config()
+        config.groups = [
+            SimpleNamespace(tokens_per_block=16, layer_names=tuple(layers)) for layers in groups
+        ]
+        return ns.namespace_for(config, "fp")
+
+    one = grouped(["l0", "l1", "l2", "l3"])
+    two = grouped(["l0", "l1"], ["l2", "l3"])
+    swapped = grouped(["l2", "l3"], ["l0", "l1"])
+    interleaved = grouped(["l0", "l2"], ["l1", "l3"])
+    assert len({one.id, two.id, swapped.id, interleaved.id}) == 4
+    assert two.info["groups"][1]["layers"] == ["l2", "l3"]

@@ -6,7 +6,7 @@ import pytest
 
 from vllm_uma.worker import (
     _rss,
-    kv_block_geometry,
+    min_request_kv_bytes,
     peak_rss,
     reset_peak_rss,
     workers_sharing_ram,
@@ -24,14 +24,40 @@ def test_workers_sharing_ram(local_world_size, dp_local, expected):
     assert workers_sharing_ram(config) == expected
 
 
-def test_block_geometry_sums_the_layers_pages():
+def _vllm_config(max_model_len: int, in_flight: int = 2048):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        max_in_flight_tokens=in_flight,
+    )
+
+
+def test_a_request_needs_every_full_attention_layers_blocks():
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(block_size=128, num_kv_heads=3, head_size=64, dtype=torch.bfloat16)
-    per_block, block_size = kv_block_geometry({f"layer.{i}": spec for i in range(30)})
-    # SmolLM2-135M: 23,040 bytes of KV per token, 128 tokens per block.
-    assert (per_block, block_size) == (23_040 * 128, 128)
+    specs = {f"layer.{i}": spec for i in range(30)}
+    # SmolLM2-135M: 23,040 bytes of KV per token, 128 tokens per block:
+    # 8,192 tokens are 64 blocks of every layer.
+    assert min_request_kv_bytes(specs, _vllm_config(8192)) == 64 * 23_040 * 128
+
+
+def test_a_sliding_window_layer_needs_only_its_window():
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    # Gemma 3 270M: 1 KV head of 256, 5 sliding (window 512) : 1 full.
+    kw = dict(block_size=128, num_kv_heads=1, head_size=256, dtype=torch.bfloat16)
+    specs = {f"layer.{i}": SlidingWindowSpec(sliding_window=512, **kw) for i in range(15)}
+    specs.update({f"full.{i}": FullAttentionSpec(**kw) for i in range(3)})
+    page = 128 * 1024  # one layer's block: 128 tokens x K and V x 256 x 2 bytes
+    need = min_request_kv_bytes(specs, _vllm_config(32768))
+    # The full layers keep all 256 blocks; a sliding layer holds only the
+    # blocks its window and one step's tokens span, far fewer.
+    assert need >= 3 * 256 * page
+    assert need < 3 * 256 * page + 15 * 40 * page
+    assert need < 18 * 256 * page / 4
 
 
 def test_the_peak_rss_window_sees_memory_freed_before_it_is_read():

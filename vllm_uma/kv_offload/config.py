@@ -174,21 +174,22 @@ def refuse_model(model) -> None:
             "KV offloading is not supported for speech-to-text models: remove --kv-offloading-size."
         )
     if model.is_hybrid:
+        # vLLM's is_hybrid: attention beside Mamba or linear-attention layers,
+        # whose state is not a prefix of blocks a restore could bring back.
         raise OffloadingConfigError(
-            "KV offloading is not supported for hybrid models (their KV cache "
-            "is split into several groups): remove --kv-offloading-size."
+            "KV offloading is not supported for hybrid models with Mamba or "
+            "linear-attention layers (their state is not a per-block prefix): "
+            "remove --kv-offloading-size."
         )
     if model.use_mla:
         raise OffloadingConfigError(
             "KV offloading is not supported for MLA models (this model uses "
             "multi-head latent attention): remove --kv-offloading-size."
         )
-    if model is not None and model.get_sliding_window() is not None:
-        raise OffloadingConfigError(
-            f"KV offloading is not supported for sliding-window models (this "
-            f"model's sliding_window={model.get_sliding_window()}): remove "
-            f"--kv-offloading-size."
-        )
+    # Sliding-window models (alone or beside full-attention layers, in
+    # several KV cache groups) are offloaded: vLLM's connector keys every
+    # group's blocks and restores only the window a request needs for its
+    # sliding groups (docs/kv_offloading.md, "Sliding-window models").
 
 
 def refuse_parallelism(vllm_config) -> None:

@@ -47,11 +47,6 @@ def check_layout(spec: CPUOffloadingSpec) -> None:
             f"KV block per pool row. Remove 'block_size'/'blocks_per_chunk' "
             f"from kv_connector_extra_config."
         )
-    if len(spec.tokens_per_block) != 1:
-        raise ValueError(
-            f"the KV cache has {len(spec.tokens_per_block)} groups (a hybrid "
-            f"model); vllm-uma offloads single-group KV caches only."
-        )
 
 
 def make_mover(spec: CPUOffloadingSpec, kv_caches: CanonicalKVCaches) -> HostPoolMover:
