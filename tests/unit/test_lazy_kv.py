@@ -16,10 +16,11 @@ import psutil
 import pytest
 import torch
 from vllm.v1.core.kv_cache_utils import (
+    _get_kv_cache_groups_uniform_page_size,
     create_kv_cache_group_specs,
     get_kv_cache_config_from_groups,
 )
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker.utils import allocate_kv_cache
 
@@ -136,6 +137,35 @@ def test_lazy_views_match_zeroed_with_kernel_block_split():
     _assert_same_views(config, L.LBHNC, [32])
 
 
+def test_lazy_views_match_zeroed_for_a_sliding_window_hybrid():
+    """Gemma 3's layout: 18 layers, every sixth full attention, the others a
+    512-token sliding window; vLLM groups them (its own grouping function)
+    into six groups of three layers that overlay one set of blocks. The
+    lazy allocation must give each layer the same bytes, and a layer
+    shares its bytes only with the same position in the other groups."""
+    kw = dict(block_size=128, num_kv_heads=1, head_size=256, dtype=torch.bfloat16)
+    specs = {
+        f"layers.{i}.attn": (
+            FullAttentionSpec(**kw) if i % 6 == 5 else SlidingWindowSpec(sliding_window=512, **kw)
+        )
+        for i in range(18)
+    }
+    groups = _get_kv_cache_groups_uniform_page_size(specs)
+    assert len(groups) == 6 and all(len(g.layer_names) == 3 for g in groups)
+    config = _config(specs, [g.layer_names for g in groups], L.LBHNC)
+    assert not config.needs_kv_cache_zeroing  # one dtype: allocated lazily
+    aliases = _assert_same_views(config, L.LBHNC)
+    # Position k of every group is one region: 6 layers, 15 pairs each.
+    position = {name: k for g in groups for k, name in enumerate(g.layer_names)}
+    assert aliases == {(a, b) for a, b in _pairs(position) if position[a] == position[b]}
+    assert len(aliases) == 3 * 15
+
+
+def _pairs(position: dict[str, int]) -> list[tuple[str, str]]:
+    names = sorted(position)
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+
+
 # Two groups, bf16 then fp32. vLLM overlays groups from byte 0, so a block can
 # be reread under the other dtype: that is why vLLM asks for zeroing. With fp32
 # head 32 the pages are equal; with head 64 they differ, which only the
@@ -173,6 +203,11 @@ def test_worker_zeroes_only_when_vllm_asks(monkeypatch):
     worker = object.__new__(UmaWorker)
     worker.budget, worker.weights_bytes, worker.wiring = None, 0, WiringResult(0, None)
     worker.uma_config = UmaConfig()
+    # What the breakdown's group-aware capacity reads (two groups below).
+    worker.vllm_config = SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=64),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+    )
     worker.initialize_from_config(
         _config(
             {"a": _spec(16, 2, 64, torch.bfloat16), "b": _spec(16, 2, 32, torch.float32)},
