@@ -217,6 +217,7 @@ def test_breakdown_is_consistent(server):
     assert b["num_blocks"] * b["per_block_bytes"] == b["kv_cache"]
     # SmolLM2-135M in bf16: 23,040 bytes of KV per token.
     tokens_per_block = b["per_block_bytes"] // 23_040
+    assert (tokens_per_block, b["block_size"], b["kv_groups"]) == (128, 128, 1)
     assert b["max_tokens_cached"] == b["num_blocks"] * tokens_per_block
 
 

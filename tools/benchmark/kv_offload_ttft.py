@@ -63,7 +63,9 @@ def kv_geometry(server: Server) -> tuple[int, int]:
     """(KV bytes per token, bytes per block) as the server reports them."""
     line = next(x for x in server.log().splitlines() if BREAKDOWN_PREFIX in x)
     b = parse_breakdown(line)
-    return b["per_block_bytes"] // (b["max_tokens_cached"] // b["num_blocks"]), b["per_block_bytes"]
+    # Every KV cache group holds a block per block_size tokens of a prefix.
+    per_token = b["per_block_bytes"] * b["kv_groups"] // b["block_size"]
+    return per_token, b["per_block_bytes"]
 
 
 def revisit_rounds(log_dir: Path, tokens: int, rounds: int) -> dict[str, list[float]]:
