@@ -9,15 +9,20 @@ would get, asked the README's question over HTTP with a bounded
 ``max_tokens``. The answer must mention the expected word and end by itself
 (``finish_reason == "stop"``): a runaway generation is a failed check.
 
+A base model has no chat template: its recipe asks for a completion
+instead and compares token ids (:func:`served_completion`, gemma3.py).
+
 Runs in the ``vllm-uma prepare-model`` process; the server is a child
 process in its own session, stopped (with its engine) whatever happens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 MAX_TOKENS = 32
@@ -28,26 +33,55 @@ class ServedCheckError(RuntimeError):
     """The server did not start, or answered wrong."""
 
 
-def served_answer(model_dir: Path, served_name: str, question: str) -> tuple[str, str]:
-    """The server's greedy answer to ``question`` and its finish reason."""
+@contextlib.contextmanager
+def serving(model_dir: Path, served_name: str, extra_args: Sequence[str] = ()) -> Iterator:
+    """A ready ``vllm-uma serve`` of ``model_dir``, stopped on exit."""
     from vllm_uma.server_process import Server
 
     command = [sys.executable, "-m", "vllm_uma.cli"]
     with tempfile.TemporaryDirectory(prefix="vllm-uma-check-") as tmp:
         log = Path(tmp) / "server.log"
-        # --max-model-len bounds the KV cache; the question needs 64 tokens.
+        # --max-model-len bounds the KV cache; the checks need under 100 tokens.
         args = [str(model_dir), "--served-model-name", served_name, "--max-model-len", "1024"]
-        server = Server(command, args, log)
+        server = Server(command, [*args, *extra_args], log)
         try:
             try:
                 server.wait_ready(timeout=READY_TIMEOUT_S)
             except (RuntimeError, TimeoutError) as exc:
                 raise ServedCheckError(f"the server did not start: {exc}") from None
-            reply = server.chat(served_name, question, MAX_TOKENS)
+            yield server
         finally:
             server.stop()
+
+
+def served_answer(model_dir: Path, served_name: str, question: str) -> tuple[str, str]:
+    """The server's greedy answer to ``question`` and its finish reason."""
+    with serving(model_dir, served_name) as server:
+        reply = server.chat(served_name, question, MAX_TOKENS)
     choice = reply["choices"][0]
     return choice["message"]["content"], choice["finish_reason"]
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt_ids: list[int]  # as the server tokenized the prompt
+    token_ids: list[int]  # the greedy continuation
+    text: str
+
+
+def served_completion(
+    model_dir: Path,
+    served_name: str,
+    prompt: str,
+    max_tokens: int,
+    extra_args: Sequence[str] = (),
+) -> Completion:
+    """The server's greedy completion of ``prompt``, with its token ids
+    (vLLM's ``return_token_ids``: ids as computed, not re-tokenized text)."""
+    with serving(model_dir, served_name, extra_args) as server:
+        reply = server.complete(served_name, prompt, max_tokens, return_token_ids=True)
+    choice = reply["choices"][0]
+    return Completion(choice["prompt_token_ids"], choice["token_ids"], choice["text"])
 
 
 def judge_answer(question: str, answer: str, finish: str, expected: str) -> None:

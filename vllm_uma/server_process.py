@@ -114,6 +114,12 @@ class Server:
         payload = {"model": model, "messages": [message], "temperature": 0}
         return self.post("/v1/chat/completions", {**payload, "max_tokens": max_tokens, **fields})
 
+    def complete(self, model: str, prompt: str, max_tokens: int, **fields) -> dict:
+        """A greedy completion of ``prompt`` (base models have no chat
+        template); ``max_tokens`` is required, as for :meth:`chat`."""
+        payload = {"model": model, "prompt": prompt, "temperature": 0}
+        return self.post("/v1/completions", {**payload, "max_tokens": max_tokens, **fields})
+
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM to the server, then up to ``timeout`` seconds for every
         process of its session to exit by itself (the engine core drains its
