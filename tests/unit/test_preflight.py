@@ -53,6 +53,26 @@ def test_model_directory_and_hub_ids_pass(tmp_path):
     check_model("HuggingFaceTB/SmolLM2-135M-Instruct")  # left to vLLM
 
 
+RECIPES = ("SmolLM2-135M-Instruct", "gemma-3-270m")
+
+
+@pytest.mark.parametrize(
+    "typo", ["gemma-3-270", "Gemma-3-270M", "gemma3-270m", "smollm2-135m-instruct"]
+)
+def test_a_name_close_to_a_recipe_is_a_typo_not_a_hub_id(typo):
+    # vLLM would ask the hub for it and fail after a minute of retries.
+    with pytest.raises(PreflightError) as err:
+        check_model(typo, RECIPES)
+    message = str(err.value)
+    assert message.startswith(f"model {typo!r} is neither a local directory nor a model")
+    assert "did you mean" in message and "SmolLM2-135M-Instruct, gemma-3-270m" in message
+
+
+@pytest.mark.parametrize("model", ["gemma-3-270m", "google/gemma-3-270", "gpt2", "llama"])
+def test_recipes_and_other_hub_ids_pass(model):
+    check_model(model, RECIPES)
+
+
 def test_busy_port_names_the_port_and_the_fix():
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))

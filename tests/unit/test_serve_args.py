@@ -9,19 +9,26 @@ import pytest
 from vllm_uma.serve import parse_serve_args
 
 DEFAULT_DIR = "/cache/models/SmolLM2-135M-Instruct"
+GEMMA_DIR = "/cache/models/gemma-3-270m"
 
 
 class FakePrepare:
-    def __init__(self):
-        self.calls = 0
+    """Stands in for vllm_uma.models.prepare: records the names asked for."""
 
-    def __call__(self):
-        self.calls += 1
-        return DEFAULT_DIR
+    def __init__(self):
+        self.names = []
+
+    @property
+    def calls(self):
+        return len(self.names)
+
+    def __call__(self, name):
+        self.names.append(name)
+        return GEMMA_DIR if name == "gemma-3-270m" else DEFAULT_DIR
 
 
 def parse(argv, prepare=None):
-    return parse_serve_args(argv, prepare_default=prepare or FakePrepare())
+    return parse_serve_args(argv, prepare_model=prepare or FakePrepare())
 
 
 def test_no_model_serves_the_default_under_its_name():
@@ -40,6 +47,31 @@ def test_a_named_model_never_prepares_the_default(argv):
     assert args.model == "/m"
     assert args.served_model_name is None
     assert prepare.calls == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["gemma-3-270m"], ["--port", "1", "gemma-3-270m"], ["--model", "gemma-3-270m"]],
+)
+def test_a_recipe_name_serves_the_recipe_under_its_name(argv):
+    prepare = FakePrepare()
+    args = parse(argv, prepare)
+    assert prepare.names == ["gemma-3-270m"]
+    assert args.model == GEMMA_DIR
+    assert args.served_model_name == ["gemma-3-270m"]
+
+
+def test_a_recipe_under_a_name_of_the_users_choice():
+    args = parse(["gemma-3-270m", "--served-model-name", "g"])
+    assert (args.model, args.served_model_name) == (GEMMA_DIR, ["g"])
+
+
+@pytest.mark.parametrize("model", ["./gemma-3-270m", "google/gemma-3-270m", "Gemma-3-270M"])
+def test_a_path_or_hub_id_that_is_not_a_recipe_is_left_as_typed(model):
+    prepare = FakePrepare()
+    args = parse([model], prepare)
+    assert prepare.calls == 0
+    assert (args.model, args.served_model_name) == (model, None)
 
 
 def test_default_model_under_a_name_of_the_users_choice():

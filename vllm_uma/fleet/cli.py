@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     fleet_args, serve_flags = parser.parse_known_args(argv)
-    from vllm_uma import default_model
+    from vllm_uma import models
     from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, plan_fleet
     from vllm_uma.fleet.supervisor import Fleet, FleetError
     from vllm_uma.serve import parse_serve_args
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
 
     try:
         serve_args = parse_serve_args(list(serve_flags))  # vLLM's own checks
-    except default_model.PrepareError as exc:
+    except models.PrepareError as exc:
         return _fail(str(exc), 1)
     except SystemExit as exc:  # argparse already printed why
         return int(exc.code or 2)
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     configure_logging_from_args(serve_args)  # our log lines in vLLM's format
     model = serve_args.model
     if fleet_args.kv_store is None:
-        kv_store = default_model.default_cache_root() / "kv-store"
+        kv_store = models.default_cache_root() / "kv-store"
     else:
         kv_store = None if fleet_args.kv_store == "none" else Path(fleet_args.kv_store)
     ask = FleetRequest(
