@@ -35,3 +35,12 @@ def vllm_uma_exe() -> str:
 def _no_user_hf_offline_surprises(monkeypatch):
     # Tests never reach a model hub (none is reachable here anyway).
     monkeypatch.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
+
+
+@pytest.fixture(scope="session")
+def gemma_model_dir() -> Path:
+    """Gemma 3 270M (a sliding-window model), built by its recipe; ``make
+    test`` prepares it before pytest starts."""
+    from vllm_uma import models
+
+    return models.prepare("gemma-3-270m")

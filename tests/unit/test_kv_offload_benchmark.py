@@ -40,6 +40,7 @@ def settings(**kw) -> Settings:
         disk_dir=Path("/tmp"),
         disk_cap_gib=2.0,
         keep_disk=False,
+        model="SmolLM2-135M-Instruct",
         server_args=(),
     )
     return Settings(**{**base, **kw})
@@ -62,6 +63,24 @@ def test_spill_capped_by_the_pool_and_refused_when_it_cannot_overflow():
     assert spill_prompts(settings(spill_factor=10), small_pool) == 7  # 0.9 x 250 // 32
     with pytest.raises(RuntimeError, match="raise --pool-gib"):
         spill_prompts(settings(), Sizing(128, 2_949_120, 135, 100))
+
+
+def test_a_model_with_several_kv_groups_counts_every_groups_blocks():
+    # Gemma 3 270M: six groups share 393,216-byte blocks; a prompt holds six
+    # blocks per 128 tokens in L1 (until evicted) and in the pool.
+    gemma = Sizing(128, 393_216, l1_blocks=1017, pool_blocks=2730, kv_groups=6)
+    assert gemma.blocks(4000) == 6 * 32
+    assert gemma.kv_per_token == 18_432  # 18 layers x K and V x 256 x 2 B
+    assert gemma.l1_tokens == 1017 * 128 // 6
+    n = spill_prompts(settings(), gemma)
+    assert (n - 1) * gemma.blocks(4000) >= gemma.l1_blocks
+    assert n * gemma.blocks(4000) <= gemma.pool_blocks
+
+
+def test_servers_serve_the_chosen_model():
+    runner = Runner(settings(model="gemma-3-270m"), BW, Path("/tmp"))
+    args = runner.server_args("pool", None)
+    assert args[0] == "gemma-3-270m"  # vllm-uma serve's MODEL: a recipe's name
 
 
 def test_traffic_shapes():
@@ -143,3 +162,28 @@ def test_pool_disk_flags_and_equal_memory():
 def test_failure_leads_with_the_servers_error_line():
     exc = RuntimeError("server exited with 2:\nINFO start\nvllm-uma serve: error: no disk tier\n")
     assert failure(exc).splitlines()[0] == "vllm-uma serve: error: no disk tier"
+
+
+def test_a_pool_row_is_one_block_of_one_kv_cache_group(tmp_path):
+    from bench_common import kv_row_bytes
+
+    def model(**config):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(config))
+        return d
+
+    smollm2 = model(
+        num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3
+    )
+    assert kv_row_bytes(smollm2) == 2_949_120  # every layer in one group
+    kinds = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    gemma = model(
+        num_hidden_layers=18,
+        head_dim=256,
+        hidden_size=640,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        layer_types=kinds,
+    )
+    assert kv_row_bytes(gemma) == 393_216  # groups of 3 layers (the 3 full ones set it)

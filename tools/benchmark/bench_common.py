@@ -58,6 +58,21 @@ def kv_bytes_per_token(model_dir: Path | None = None, dtype: str = "bfloat16") -
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
+def kv_row_bytes(model_dir: Path | None = None, dtype: str = "bfloat16") -> int:
+    """Bytes of one host-pool row (one disk block file's KV): one block of
+    one KV cache group. vLLM puts every layer in one group when all layers
+    are alike; when they mix kinds (Gemma 3: 5 sliding-window layers to 1
+    full), it makes groups of as many layers as the rarest kind has, one
+    group per kind and repeat, and a block is one group's layers."""
+    config = model_config(model_dir)
+    layers = config["num_hidden_layers"]
+    kinds = config.get("layer_types") or []
+    per_group = layers
+    if len(set(kinds)) > 1:
+        per_group = min(kinds.count(kind) for kind in set(kinds))
+    return BLOCK_TOKENS * kv_bytes_per_token(model_dir, dtype) // layers * per_group
+
+
 def best_of(repeats: int, fn) -> float:
     """The shortest of ``repeats`` timed calls, in seconds: on a shared
     machine the minimum is the figure least disturbed by others."""

@@ -25,13 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-from bench_common import BLOCK_TOKENS, disk_tier_read_gbps, kv_bytes_per_token, memcpy_gbps
+from bench_common import disk_tier_read_gbps, kv_row_bytes, memcpy_gbps
 from kv_offload_client import progress
 from kv_offload_env import environment
 from kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
 from kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
 from kv_offload_runner import WORKLOADS, Runner, Settings
 
+from vllm_uma import models
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
 
 GiB = 1 << 30
@@ -49,6 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=Path("bench-out/kv_offload_benchmark.json"),
         help="the JSON; the PNG and <stem>-logs/ go beside it",
+    )
+    ap.add_argument(
+        "--model",
+        default=models.DEFAULT_MODEL_NAME,
+        help=f"the model every server serves, by recipe name ({', '.join(models.RECIPES)}); "
+        "prepared first if needed",
     )
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
@@ -91,6 +98,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if bad or not chosen:
             ap.error(f"--{key} {getattr(args, key)!r}: choose from {', '.join(known)}")
         setattr(args, key, [x for x in known if x in chosen])
+    if not models.is_recipe(args.model):
+        ap.error(f"--model {args.model!r}: choose a recipe: {', '.join(models.RECIPES)}")
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1 (3 or more give a range)")
     if args.prompt_tokens + args.max_tokens > args.max_model_len:
@@ -126,7 +135,7 @@ def measure_bandwidth(args: argparse.Namespace) -> dict:
     # The disk reference reads as the tier does: one KV block per file
     # (the row from the model's config; the runner checks it against the
     # servers' breakdown line), O_DIRECT, on the tier's I/O threads.
-    row = BLOCK_TOKENS * kv_bytes_per_token()
+    row = kv_row_bytes(models.prepare(args.model))
     bw = {
         "memcpy_gbps": round(memcpy_gbps(nbytes, repeats=3), 2),
         "disk_read_gbps": round(
@@ -218,7 +227,7 @@ def run_rounds(runner: Runner, workload: str, args: argparse.Namespace) -> dict[
 
 def _title(env: dict, args: argparse.Namespace) -> str:
     return (
-        f"vllm-uma {env['versions']['vllm-uma']}, vllm {env['versions']['vllm']}, "
+        f"{args.model}; vllm-uma {env['versions']['vllm-uma']}, vllm {env['versions']['vllm']}, "
         f"{env['cpu_count']} cores; {args.repeats} rounds; {args.prompt_tokens}-token prompts, "
         f"concurrency "
         f"{args.concurrency}, L1 {args.l1_bytes / 1e6:.0f} MB, pool {args.pool_gib} GiB"

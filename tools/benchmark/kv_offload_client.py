@@ -32,11 +32,11 @@ class Reply:
     completion_tokens: int
 
 
-def stream_completion(url: str, prompt: str, max_tokens: int) -> Reply:
+def stream_completion(url: str, prompt: str, max_tokens: int, model: str = MODEL) -> Reply:
     """One greedy completion with ``stream: true``; TTFT is the time to the
     first chunk that carries a choice (the first token)."""
     payload = {
-        "model": MODEL,
+        "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -78,14 +78,14 @@ class PassResult:
 
 
 def run_pass(
-    url: str, prompts: list[str], max_tokens: int, concurrency: int, label: str
+    url: str, prompts: list[str], max_tokens: int, concurrency: int, label: str, model: str = MODEL
 ) -> PassResult:
     """Send ``prompts`` with at most ``concurrency`` in flight; a progress
     line per finished request."""
     start = time.perf_counter()
     replies: list[Reply] = []
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = [pool.submit(stream_completion, url, p, max_tokens) for p in prompts]
+        futures = [pool.submit(stream_completion, url, p, max_tokens, model) for p in prompts]
         for future in as_completed(futures):
             reply = future.result()
             replies.append(reply)

@@ -43,6 +43,7 @@ class Settings:
     disk_dir: Path
     disk_cap_gib: float
     keep_disk: bool
+    model: str  # a recipe's name (vllm_uma.models): served by that name
     server_args: tuple[str, ...]
 
     @classmethod
@@ -57,23 +58,30 @@ class Settings:
 
 @dataclass(frozen=True)
 class Sizing:
-    """Block geometry read from the first server's `memory breakdown:` line."""
+    """Block geometry read from the first server's `memory breakdown:` line.
+
+    A model with several KV cache groups (sliding-window and full layers)
+    holds one block per group for each block_size tokens of a prompt, in L1
+    until evicted and in the pool (vLLM's connector stores every group's
+    blocks), so a prompt's blocks and bytes count every group.
+    """
 
     block_size: int
     per_block_bytes: int
     l1_blocks: int
     pool_blocks: int
+    kv_groups: int = 1
 
     @property
     def kv_per_token(self) -> float:
-        return self.per_block_bytes / self.block_size
+        return self.per_block_bytes * self.kv_groups / self.block_size
 
     @property
     def l1_tokens(self) -> int:
-        return self.l1_blocks * self.block_size
+        return self.l1_blocks * self.block_size // self.kv_groups
 
     def blocks(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block_size)
+        return self.kv_groups * math.ceil(tokens / self.block_size)
 
 
 @dataclass(frozen=True)
@@ -139,7 +147,8 @@ class Runner:
     def server_args(self, variant: str, disk_root: Path | None) -> list[str]:
         s = self.s
         l1 = s.l1_bytes + (s.pool_bytes if variant == "off" and s.equal_memory else 0)
-        args = ["--max-model-len", str(s.max_model_len), "--kv-cache-memory-bytes", str(l1)]
+        args = [s.model, "--max-model-len", str(s.max_model_len)]
+        args += ["--kv-cache-memory-bytes", str(l1)]
         args += list(s.server_args)
         if variant != "off":
             args += ["--kv-offloading-size", f"{s.pool_gib:g}"]
@@ -205,7 +214,7 @@ class Runner:
         return {"log": str(server.log_path), "disk_bytes": on_disk, "page_cache_dropped": dropped}
 
     def _pass_opts(self, label: str) -> tuple:
-        return (self.s.max_tokens, self.s.concurrency, label)
+        return (self.s.max_tokens, self.s.concurrency, label, self.s.model)
 
     def start(self, args: list[str], name: str) -> tuple[Server, dict[str, int]]:
         progress(f"{name}: starting a fresh server")
@@ -217,7 +226,8 @@ class Runner:
                 raise RuntimeError(f"no '{BREAKDOWN_PREFIX}' line in {server.log_path}")
             breakdown = parse_breakdown(line)
             self._size_from(breakdown, args)
-            stream_completion(server.url, "Hello", 2)  # first-request set-up, unmeasured
+            # First-request set-up, unmeasured.
+            stream_completion(server.url, "Hello", 2, self.s.model)
         except BaseException:
             server.stop()
             raise
@@ -227,10 +237,11 @@ class Runner:
         if self.sizing is None:
             per = b["per_block_bytes"]
             self.sizing = Sizing(
-                block_size=b["max_tokens_cached"] // b["num_blocks"],
+                block_size=b["block_size"],
                 per_block_bytes=per,
                 l1_blocks=self.s.l1_bytes // per,
                 pool_blocks=self.s.pool_bytes // per,
+                kv_groups=b["kv_groups"],
             )
             self._check_concurrency()
         row = self.bandwidth.get("row_bytes")
@@ -271,6 +282,7 @@ class Runner:
         return {
             "block_size": z.block_size,
             "per_block_bytes": z.per_block_bytes,
+            "kv_groups": z.kv_groups,
             "kv_bytes_per_token": z.kv_per_token,
             "l1_blocks": z.l1_blocks,
             "l1_tokens": z.l1_tokens,
