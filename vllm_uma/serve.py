@@ -31,11 +31,12 @@ from vllm_uma.preflight import PreflightError, check_model, check_port
 from vllm_uma.vllm_version import UnsupportedVllmError, require_supported_vllm
 
 PROG = "vllm-uma serve"
+_OTHER_RECIPES = sorted(name for name in models.RECIPES if name != models.DEFAULT_MODEL_NAME)
 
 SERVE_DESCRIPTION = f"""vLLM's OpenAI-compatible server on the unified-memory platform.
 Accepts every `vllm serve` flag. Without MODEL it serves
 {models.DEFAULT_MODEL_NAME}, prepared locally (`vllm-uma prepare-model`); MODEL
-may name another model prepare-model builds: {", ".join(sorted(models.RECIPES))}.
+may name another model prepare-model builds: {", ".join(_OTHER_RECIPES)}.
 Compiled (torch.compile) as in vLLM; --enforce-eager starts a minute sooner.
 
 Search by using: `--help=<ConfigGroup>` to explore options by section (e.g.,

@@ -68,7 +68,9 @@ def test_a_name_close_to_a_recipe_is_a_typo_not_a_hub_id(typo):
     assert "did you mean" in message and "SmolLM2-135M-Instruct, gemma-3-270m" in message
 
 
-@pytest.mark.parametrize("model", ["gemma-3-270m", "google/gemma-3-270", "gpt2", "llama"])
+@pytest.mark.parametrize(
+    "model", ["gemma-3-270m", "google/gemma-3-270", "me/gemma-3-270m", "gpt2", "llama"]
+)
 def test_recipes_and_other_hub_ids_pass(model):
     check_model(model, RECIPES)
 
