@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from vllm_uma.models import gemma3
-from vllm_uma.models.recipe import PrepareError, Source
+from vllm_uma.models.recipe import PrepareError
 
 CHUNKS = [b"GGUF-", b"chunk-one-", b"chunk-two"]
 GGUF = b"".join(CHUNKS)
@@ -275,9 +275,10 @@ def test_a_server_that_does_not_start_fails_the_check(fake_check, tmp_path):
         gemma3.check(tmp_path, lambda m: None)
 
 
-def test_the_recipe_is_registered_with_its_source(monkeypatch):
+def test_the_recipe_is_registered_with_its_functions():
     from vllm_uma import models
 
     recipe = models.RECIPES["gemma-3-270m"]
-    assert recipe.build is gemma3.build and recipe.check is gemma3.check
-    assert isinstance(gemma3.Source, type) and Source is gemma3.Source
+    assert (recipe.name, recipe.version, recipe.dtype) == ("gemma-3-270m", 1, "bfloat16")
+    functions = (recipe.locate, recipe.build, recipe.check)
+    assert functions == (gemma3.locate, gemma3.build, gemma3.check)

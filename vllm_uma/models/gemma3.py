@@ -97,7 +97,9 @@ def locate(package: str = SOURCE_PACKAGE) -> Source:
     return Source(root, str(module.EXPECTED_SHA256))
 
 
-def assemble_gguf(source: Source, out_dir: Path, progress: Progress, package: str = SOURCE_PACKAGE):
+def assemble_gguf(
+    source: Source, out_dir: Path, progress: Progress, package: str = SOURCE_PACKAGE
+) -> Path:
     """The package's chunks concatenated into ``out_dir`` (a private build
     directory), checked against ``source.sha256``."""
     module = load_package(package)
