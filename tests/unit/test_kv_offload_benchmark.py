@@ -68,13 +68,17 @@ def test_spill_capped_by_the_pool_and_refused_when_it_cannot_overflow():
 def test_a_model_with_several_kv_groups_counts_every_groups_blocks():
     # Gemma 3 270M: six groups share 393,216-byte blocks; a prompt holds six
     # blocks per 128 tokens in L1 (until evicted) and in the pool.
-    gemma = Sizing(128, 393_216, l1_blocks=1017, pool_blocks=2730, kv_groups=6)
+    # L1 holds what its server says (vLLM's group-aware capacity): sliding
+    # groups free blocks past the window, so more than blocks / 6.
+    gemma = Sizing(128, 393_216, 1017, 6826, kv_groups=6, l1_capacity_tokens=49_292)
     assert gemma.blocks(4000) == 6 * 32
     assert gemma.kv_per_token == 18_432  # 18 layers x K and V x 256 x 2 B
-    assert gemma.l1_tokens == 1017 * 128 // 6
     n = spill_prompts(settings(), gemma)
-    assert (n - 1) * gemma.blocks(4000) >= gemma.l1_blocks
+    assert n == 25  # ceil(2 x 49,292 / 4,000)
     assert n * gemma.blocks(4000) <= gemma.pool_blocks
+    # A 1 GiB pool cannot hold a set that leaves such an L1: refused.
+    with pytest.raises(RuntimeError, match="raise --pool-gib"):
+        spill_prompts(settings(), Sizing(128, 393_216, 1017, 2730, 6, 49_292))
 
 
 def test_servers_serve_the_chosen_model():

@@ -61,9 +61,15 @@ class Sizing:
     """Block geometry read from the first server's `memory breakdown:` line.
 
     A model with several KV cache groups (sliding-window and full layers)
-    holds one block per group for each block_size tokens of a prompt, in L1
-    until evicted and in the pool (vLLM's connector stores every group's
-    blocks), so a prompt's blocks and bytes count every group.
+    stores one block per group for each block_size tokens of a prompt in
+    the pool (vLLM's connector stores every group's blocks), so a prompt's
+    blocks and bytes count every group. L1 holds more of such prompts than
+    that suggests: a sliding group frees its blocks past the window while
+    the request runs, and they are evicted first. How many tokens L1 holds
+    is the server's own figure (max_tokens_cached: vLLM's group-aware
+    capacity; num_blocks x block_size for one group), and a spill set twice
+    that size was measured to leave L1 (gemma-3-270m: 12 prompts of 4,000
+    tokens sized from the pool rows were all L1 hits).
     """
 
     block_size: int
@@ -71,6 +77,7 @@ class Sizing:
     l1_blocks: int
     pool_blocks: int
     kv_groups: int = 1
+    l1_capacity_tokens: int = 0  # max_tokens_cached; 0: l1_blocks x block_size
 
     @property
     def kv_per_token(self) -> float:
@@ -78,7 +85,7 @@ class Sizing:
 
     @property
     def l1_tokens(self) -> int:
-        return self.l1_blocks * self.block_size // self.kv_groups
+        return self.l1_capacity_tokens or self.l1_blocks * self.block_size
 
     def blocks(self, tokens: int) -> int:
         return self.kv_groups * math.ceil(tokens / self.block_size)
@@ -124,12 +131,12 @@ def spill_prompts(s: Settings, z: Sizing) -> int:
     (served in the same order twice, LRU evicts every one), few enough
     that the pool holds all of them."""
     per = z.blocks(s.prompt_tokens)
-    least = z.l1_blocks // per + 2
+    least = z.l1_tokens // s.prompt_tokens + 2
     most = int(0.9 * z.pool_blocks) // per
     wanted = max(math.ceil(s.spill_factor * z.l1_tokens / s.prompt_tokens), least)
     if most < least:
         raise RuntimeError(
-            f"spill: {least} prompts of {per} blocks overflow L1 ({z.l1_blocks} blocks) but "
+            f"spill: {least} prompts of {per} blocks overflow L1 ({z.l1_tokens} tokens) but "
             f"the pool holds {z.pool_blocks} blocks: raise --pool-gib or lower --l1-bytes"
         )
     return min(wanted, most)
@@ -242,6 +249,7 @@ class Runner:
                 l1_blocks=self.s.l1_bytes // per,
                 pool_blocks=self.s.pool_bytes // per,
                 kv_groups=b["kv_groups"],
+                l1_capacity_tokens=b["max_tokens_cached"],
             )
             self._check_concurrency()
         row = self.bandwidth.get("row_bytes")
