@@ -1,10 +1,13 @@
 """L1 <-> L2 copy bandwidth of vllm-uma's mover, beside this machine's memcpy.
 
-    .venv/bin/python tools/benchmark/kv_pool_bandwidth.py [--blocks 64] [--repeats 10]
+    .venv/bin/python tools/benchmark/kv_pool_bandwidth.py [--model NAME] [--blocks 64] [--repeats N]
 
 Uses the real HostPool and HostPoolMover on a KV cache laid out like vLLM's
-(one backing buffer) and shaped like the default model's (layers and bytes
-per token read from its config.json; 128-token blocks, bf16), and compares
+(one backing buffer) and shaped like the model's (the default model unless
+--model names another recipe; layers and bytes per token read from its
+config.json; 128-token blocks, bf16; for a model with several KV cache
+groups, the layers of one group, which is what a block and a pool row
+hold), and compares
 with numpy's copy of one contiguous buffer of the same size: the floor for
 moving those bytes. The target is 80% of it. One run, ratios measured in
 the same process (the machine is shared); memcpy is taken before and
@@ -18,11 +21,18 @@ import json
 import os
 
 import torch
-from bench_common import BLOCK_TOKENS, best_of, kv_bytes_per_token, memcpy_gbps, model_layers
+from bench_common import (
+    BLOCK_TOKENS,
+    best_of,
+    kv_bytes_per_token,
+    kv_row_bytes,
+    memcpy_gbps,
+    model_layers,
+)
 from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-from vllm_uma import default_model
+from vllm_uma import models
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover
 
@@ -31,15 +41,21 @@ TARGET = 0.8  # of memcpy, for both directions
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--model",
+        default=models.DEFAULT_MODEL_NAME,
+        choices=list(models.RECIPES),
+        help="the recipe whose KV layout is copied",
+    )
     ap.add_argument("--blocks", type=int, default=64, help="blocks per transfer")
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     n = args.blocks
-    model_dir = default_model.prepare()
-    num_layers = model_layers(model_dir)
-    page = (
-        kv_bytes_per_token(model_dir) // num_layers * BLOCK_TOKENS
-    )  # one layer's share of a block
+    model_dir = models.prepare(args.model)
+    # One layer's share of a block, and the layers a block holds: all of
+    # them, or one KV cache group's (vLLM overlays the groups).
+    page = kv_bytes_per_token(model_dir) // model_layers(model_dir) * BLOCK_TOKENS
+    num_layers = kv_row_bytes(model_dir) // page
     num_blocks = 4 * n
     # One backing buffer, each layer a view of it, as vLLM allocates the KV
     # cache (the mover then copies all layers of a block at once).
