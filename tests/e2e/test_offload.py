@@ -27,27 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.traffic import EAGER, complete, metrics
+from tests.e2e.traffic import EAGER, EVICT_AND_REVISIT, complete, metrics
 from vllm_uma.memory import parse_breakdown
 from vllm_uma.server_process import Server, metric
 
 pytestmark = pytest.mark.slow
 
 SMALL_L1 = [*EAGER, "--kv-cache-memory-bytes", "100000000", "--max-model-len", "2048"]
-# (prompt, what computes its prefix): 0 and 1 twice in a row (the second is
-# an L1 hit), then four others push them out of L1, then they come back.
-ORDER = [
-    (0, "cold"),
-    (0, "hit"),
-    (1, "cold"),
-    (1, "hit"),
-    (2, "cold"),
-    (3, "cold"),
-    (4, "cold"),
-    (5, "cold"),
-    (0, "revisit"),
-    (1, "revisit"),
-]
+ORDER = EVICT_AND_REVISIT
 BYTES_MOVED = "vllm:kv_offload_total_bytes_total"
 BLOCK_BYTES = 2_949_120  # one 128-token block of SmolLM2-135M's KV
 BURST = 8  # fresh prompts, four at a time, one token each: they finish at once

@@ -25,7 +25,7 @@ import json
 
 import pytest
 
-from tests.e2e.traffic import EAGER, complete, metrics
+from tests.e2e.traffic import EAGER, EVICT_AND_REVISIT, complete, metrics
 from vllm_uma.memory import parse_breakdown
 from vllm_uma.server_process import Server, metric
 
@@ -35,18 +35,7 @@ MODEL = "gemma-3-270m"
 GROUP_BLOCK_BYTES = 393_216  # one 128-token block of one group: 3 layers x 128 x 1,024 B
 FULL_BLOCKS = 9  # a 1,205-token prompt: 9 full blocks and a tail
 GROUPS = 6
-ORDER = [
-    (0, "cold"),
-    (0, "hit"),
-    (1, "cold"),
-    (1, "hit"),
-    (2, "cold"),
-    (3, "cold"),
-    (4, "cold"),
-    (5, "cold"),
-    (0, "revisit"),
-    (1, "revisit"),
-]
+ORDER = EVICT_AND_REVISIT
 SOURCE = "vllm:prompt_tokens_cached_by_source_total"
 BYTES_MOVED = "vllm:kv_offload_total_bytes_total"
 

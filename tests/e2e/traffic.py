@@ -10,6 +10,21 @@ MODEL = "SmolLM2-135M-Instruct"
 # tests/e2e/test_serve.py serves the compiled default too.
 EAGER = ["--enforce-eager"]
 WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
+# (prompt, what computes its prefix): 0 and 1 twice in a row (the second is
+# an L1 hit), then four others push them out of a small L1, then they come
+# back (restored from a lower tier).
+EVICT_AND_REVISIT = [
+    (0, "cold"),
+    (0, "hit"),
+    (1, "cold"),
+    (1, "hit"),
+    (2, "cold"),
+    (3, "cold"),
+    (4, "cold"),
+    (5, "cold"),
+    (0, "revisit"),
+    (1, "revisit"),
+]
 
 
 def prompt(i: int, topic: str = "Story") -> str:
