@@ -120,12 +120,6 @@ class BudgetInputs:
         return self.weights + self.activations + self.kv_offload_pool + self.min_kv_cache
 
 
-def min_kv_cache_bytes(max_model_len: int, block_size: int, per_block_bytes: int) -> int:
-    """KV bytes for one request of ``max_model_len`` tokens, in whole blocks,
-    where every layer keeps every token (full attention)."""
-    return math.ceil(max_model_len / block_size) * per_block_bytes
-
-
 def kv_cache_bytes(inputs: BudgetInputs) -> int:
     """The KV cache (L1) size the budget allows, or a MemoryBudgetError."""
     kv = inputs.budget - inputs.weights - inputs.activations - inputs.kv_offload_pool

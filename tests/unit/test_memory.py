@@ -8,7 +8,6 @@ from vllm_uma.memory import (
     MemoryBreakdown,
     MemoryBudgetError,
     kv_cache_bytes,
-    min_kv_cache_bytes,
     parse_breakdown,
 )
 
@@ -22,7 +21,7 @@ def inputs(**overrides) -> BudgetInputs:
         weights=1 * GiB,
         activations=1 * GiB,
         kv_offload_pool=0,
-        min_kv_cache=min_kv_cache_bytes(8192, 128, 128 * PER_TOKEN),
+        min_kv_cache=8192 * PER_TOKEN,  # 64 blocks of 128 tokens
         max_model_len=8192,
     )
     base.update(overrides)
@@ -53,11 +52,6 @@ def test_refusal_with_several_workers_says_so_and_scales_the_fix():
     assert "shared by 2 workers" in msg
     # each worker needs 2.18 GiB: 2 x 2.18 / 24 -> 0.19
     assert "at least 0.19" in msg
-
-
-def test_min_kv_cache_rounds_up_to_whole_blocks():
-    assert min_kv_cache_bytes(100, 16, 1000) == 7 * 1000
-    assert min_kv_cache_bytes(128, 16, 1000) == 8 * 1000
 
 
 def test_exactly_one_request_fits():
