@@ -151,16 +151,7 @@ def chat(server, question):
 
 
 def complete(server, prompt):
-    reply = server.post(
-        "/v1/completions",
-        {
-            "model": MODEL,
-            "prompt": prompt,
-            "temperature": 0,
-            "max_tokens": MAX_TOKENS,
-            "return_token_ids": True,
-        },
-    )
+    reply = server.complete(MODEL, prompt, MAX_TOKENS, return_token_ids=True)
     choice = reply["choices"][0]
     return choice["prompt_token_ids"], choice["token_ids"]
 

@@ -35,16 +35,7 @@ def prompt(i: int, topic: str = "Story") -> str:
 def complete(
     server, i: int, topic: str = "Story", max_tokens: int = 16, model: str = MODEL
 ) -> list[int]:
-    reply = server.post(
-        "/v1/completions",
-        {
-            "model": model,
-            "prompt": prompt(i, topic),
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "return_token_ids": True,
-        },
-    )
+    reply = server.complete(model, prompt(i, topic), max_tokens, return_token_ids=True)
     return reply["choices"][0]["token_ids"]
 
 
