@@ -51,26 +51,26 @@ test-unit: $(STAMP)
 
 # Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).
 bench-memory: model
-	$(BIN)/python tools/benchmark/memory_benchmark.py --startup-under-pressure 6 --out bench-out/memory_benchmark.json
+	$(BIN)/python -m tools.benchmark.memory_benchmark --startup-under-pressure 6 --out bench-out/memory_benchmark.json
 
 # KV memory that follows the working set: burst, idle, a memory hog, revisits,
 # with the release and without (figures, JSON and a PNG; about 8 minutes).
 bench-memory-pressure: model
-	$(BIN)/python tools/benchmark/memory_benchmark.py --pressure --out bench-out/memory_pressure.json
+	$(BIN)/python -m tools.benchmark.memory_benchmark --pressure --out bench-out/memory_pressure.json
 
 # KV offloading: TTFT of an L2 restore against an L1 hit and a recompute,
 # the cost with no reuse, a restart served from the disk tier, the L1<->L2
 # copy bandwidth beside memcpy, and the disk tier's restore bandwidth
 # beside the disk's own read bandwidth.
 bench-offload: model
-	$(BIN)/python tools/benchmark/kv_offload_ttft.py
-	$(BIN)/python tools/benchmark/kv_pool_bandwidth.py
-	$(BIN)/python tools/benchmark/disk_tier_bandwidth.py
+	$(BIN)/python -m tools.benchmark.kv_offload_ttft
+	$(BIN)/python -m tools.benchmark.kv_pool_bandwidth
+	$(BIN)/python -m tools.benchmark.disk_tier_bandwidth
 
 # KV offloading, four workloads x off / host pool / pool + disk tier, a
 # fresh server each: JSON, PNG chart and server logs in bench-out/.
 bench: model
-	$(BIN)/python tools/benchmark/kv_offload_benchmark.py --out bench-out/kv_offload_benchmark.json $(BENCH_ARGS)
+	$(BIN)/python -m tools.benchmark.kv_offload_benchmark --out bench-out/kv_offload_benchmark.json $(BENCH_ARGS)
 
 # Start-up, prefill, L1 hit, decode and correctness, eager against compiled.
 # Several servers behind vllm-router, one URL (docs/fleet.md): make fleet N=3
@@ -79,16 +79,16 @@ fleet: model
 	$(BIN)/vllm-uma fleet --servers $(N) $(FLEET_ARGS)
 
 bench-fleet: model
-	$(BIN)/python tools/benchmark/fleet_benchmark.py --out bench-out/fleet_benchmark.json
+	$(BIN)/python -m tools.benchmark.fleet_benchmark --out bench-out/fleet_benchmark.json
 
 bench-restore: model
-	$(BIN)/python tools/benchmark/restore_breakdown.py --out bench-out/restore_breakdown.json
+	$(BIN)/python -m tools.benchmark.restore_breakdown --out bench-out/restore_breakdown.json
 
 bench-ledger: install
-	$(BIN)/python tools/benchmark/disk_ledger_cost.py --jobs 30
+	$(BIN)/python -m tools.benchmark.disk_ledger_cost --jobs 30
 
 bench-modes: model
-	$(BIN)/python tools/benchmark/eager_vs_compiled.py
+	$(BIN)/python -m tools.benchmark.eager_vs_compiled
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

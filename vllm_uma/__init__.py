@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-PLATFORM_QUALNAME = "vllm_uma.platform.UmaPlatform"
+PLATFORM_QUALNAME = "vllm_uma.plugin.platform.UmaPlatform"
 
 
 def register() -> str | None:

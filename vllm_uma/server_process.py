@@ -1,46 +1,27 @@
 """A `vllm-uma serve` child process: start it, wait until it serves, ask it,
-read its /metrics and its model process, stop it with everything it started.
+stop it with everything it started.
 
 The runtime uses it where vllm-uma supervises servers of its own (the
-prepare-model served check, served_check.py); tests and tools use the same
+prepare-model served check, models/served_check.py; the fleet,
+fleet/supervisor.py); tests and tools use the same
 class, so they drive servers exactly as users' commands do.
 
 The server runs in its own session so that stopping it also stops vLLM's
-engine-core and worker processes; its log goes to a file. The process that
-holds the model and the KV cache is the worker ("VLLM::Worker") with vLLM's
-'mp' executor, or the engine-core process ("VLLM::EngineCore") with 'uni',
-vllm-uma's default for one worker. Tests and benchmarks read its RSS and
-VmLck.
+engine-core and worker processes; its log goes to a file. What only tests
+and tools read about a server (its model process, /metrics series, /proc
+fields) is in tools/harness/server.py.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import requests
-
-
-def model_process(server_pid: int) -> psutil.Process:
-    """The descendant of ``server_pid`` that runs the model."""
-    by_title: dict[str, psutil.Process] = {}
-    for child in psutil.Process(server_pid).children(recursive=True):
-        try:
-            by_title.setdefault(child.name(), child)
-        except psutil.Error:
-            continue
-    for prefix in ("VLLM::Worker", "VLLM::EngineCore"):
-        for title, proc in by_title.items():
-            if title.startswith(prefix):
-                return proc
-    raise LookupError(f"no VLLM::Worker or VLLM::EngineCore process under pid {server_pid}")
-
 
 READY_TIMEOUT_S = 300
 # What a stop waits before SIGKILL: vllm-uma gives the engine 20 s to write
@@ -64,7 +45,7 @@ class Server:
         port: int | None = None,
     ):
         """``exe``: the ``vllm-uma`` command, a path or an argv prefix
-        (``[python, "-m", "vllm_uma.cli"]``); ``port``: a free one if None."""
+        (``[python, "-m", "vllm_uma.commands.main"]``); ``port``: a free one if None."""
         self.port = free_port() if port is None else port
         self.log_path = log_path
         self.url = f"http://127.0.0.1:{self.port}"
@@ -97,10 +78,6 @@ class Server:
                 pass
             time.sleep(1)
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
-
-    def worker(self) -> psutil.Process:
-        """The process that runs the model (holds the weights and the KV cache)."""
-        return model_process(self.proc.pid)
 
     def post(self, path: str, payload: dict, timeout: float = 120) -> dict:
         response = requests.post(f"{self.url}{path}", json=payload, timeout=timeout)
@@ -152,18 +129,3 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def metric(text: str, name: str, label: str = "") -> float:
-    """Sum of a /metrics series over the samples whose labels contain ``label``."""
-    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
-    return sum(float(v) for labels, v in re.findall(pattern, text, re.M) if label in labels)
-
-
-def proc_status(pid: int, key: str) -> int:
-    """A kB field of /proc/PID/status, in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)

@@ -2,7 +2,7 @@
 
 Every server here runs the model in float32, so that "the same tokens" can
 be demanded exactly whatever computed a prefix: a cold prefill, an L1 hit,
-a host-pool restore, a whole or partial disk restore (vllm_uma/oracles.py).
+a host-pool restore, a whole or partial disk restore (vllm_uma/models/oracles.py).
 In bfloat16 a prefix split differently rounds differently, and a damaged
 block makes the split depend on which file was damaged. Float32 is upcast
 from the same weights and its rounding no longer reaches the argmax, on any
@@ -50,8 +50,8 @@ from tests.e2e.disk_store import (
     store_bytes,
 )
 from tests.e2e.traffic import complete, metrics
+from tools.harness.server import free_port, metric
 from vllm_uma.kv_offload.disk import block_file
-from vllm_uma.server_process import free_port, metric
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """A crash of the engine core is loud: a stack in the log, a non-zero exit.
 
 The crash is real: SIGILL sent to the engine-core process, as an AMX
-instruction without the tile permission raises it (vllm_uma/cpu_kernels.py).
+instruction without the tile permission raises it (vllm_uma/plugin/cpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.e2e.traffic import EAGER, MODEL
-from vllm_uma.server_process import Server
+from tools.harness.server import Server, model_process
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_a_dead_engine_prints_its_stack_and_the_server_exits_1(
     server = Server(vllm_uma_exe, [*EAGER, "--max-model-len", "1024"], tmp_path / "server.log")
     try:
         server.wait_ready()
-        os.kill(server.worker().pid, signal.SIGILL)
+        os.kill(model_process(server.proc.pid).pid, signal.SIGILL)
         with pytest.raises(requests.RequestException):
             server.post(
                 "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 4}, timeout=60

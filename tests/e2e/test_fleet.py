@@ -29,8 +29,8 @@ import pytest
 import requests
 
 from tests.e2e.traffic import EAGER, MODEL
-from vllm_uma import default_model
-from vllm_uma.server_process import free_port, metric
+from tools.harness.server import free_port, metric
+from vllm_uma.models import smollm2
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +111,7 @@ def fleet(vllm_uma_exe, default_model_dir, tmp_path_factory):
 def test_a_chat_through_the_router_answers(fleet):
     payload = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": default_model.CHECK_PROMPT}],
+        "messages": [{"role": "user", "content": smollm2.CHECK_PROMPT}],
         "max_tokens": 32,
         "temperature": 0,
     }

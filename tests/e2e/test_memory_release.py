@@ -8,7 +8,7 @@ the bytes of those 36 blocks, which the pool also holds, and the log and
 /metrics must say so. (The process's whole RSS also moves with code paged
 in and Python's heap: 0.3-0.5% here, too much for an exact claim.) Revisited, the prompts come
 back from the host pool, not from L1, with the L1 hit's tokens exactly: the
-fair reference in bfloat16 (same prefix/tail split; vllm_uma/oracles.py).
+fair reference in bfloat16 (same prefix/tail split; vllm_uma/models/oracles.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 import pytest
 
 from tests.e2e.traffic import EAGER, complete, metrics
-from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
+from tools.harness.server import Server, metric, model_process
 from vllm_uma.memory_release.resident import kv_resident
-from vllm_uma.server_process import Server, metric
+from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def l1_resident(server) -> int:
     """The kernel's count of the KV cache's resident pages (smaps Rss)."""
     line = next(x for x in server.log().splitlines() if BREAKDOWN_PREFIX in x)
     b = parse_breakdown(line)
-    found = kv_resident(server.worker().pid, b["kv_cache"], b["kv_offload_pool"], 1)
+    found = kv_resident(model_process(server.proc.pid).pid, b["kv_cache"], b["kv_offload_pool"], 1)
     assert found.found_l1, "no KV cache mapping of the breakdown's size in smaps"
     return found.l1
 

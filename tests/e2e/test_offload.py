@@ -4,7 +4,7 @@ L1 is made small (--kv-cache-memory-bytes: 33 blocks, 4,224 tokens) so that
 six distinct 1,200-token prompts push the first two out of it; revisiting
 them must restore from L2 (vLLM's offload metrics count the bytes).
 
-Same output, judged fairly in bfloat16 (vllm_uma/oracles.py): prompts 0 and
+Same output, judged fairly in bfloat16 (vllm_uma/models/oracles.py): prompts 0 and
 1 are each sent twice in a row first, so the second is an L1 hit, computed
 from the very KV bytes the pool then stores; their restore after eviction
 must give the L1 hit's tokens exactly (same prefix/tail split, a copy of
@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.e2e.traffic import EAGER, EVICT_AND_REVISIT, complete, metrics
-from vllm_uma.memory import parse_breakdown
-from vllm_uma.server_process import Server, metric
+from tools.harness.server import Server, metric
+from vllm_uma.plugin.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow
 

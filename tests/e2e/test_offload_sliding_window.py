@@ -11,7 +11,7 @@ blocks inside the window for the sliding groups.
   twice each (the second run is an L1 hit), four other prompts that push
   them out of L1, then 0 and 1 again: restored from the pool, they must give
   the L1 hit's tokens (same prefix split, the same KV bytes; fair in
-  bfloat16, vllm_uma/oracles.py). A stops, writing its blocks to disk.
+  bfloat16, vllm_uma/models/oracles.py). A stops, writing its blocks to disk.
 - B, a new server on the same disk tier, serves 0 and 1: restored from disk,
   the same tokens again.
 
@@ -26,8 +26,8 @@ import json
 import pytest
 
 from tests.e2e.traffic import EAGER, EVICT_AND_REVISIT, complete, metrics
-from vllm_uma.memory import parse_breakdown
-from vllm_uma.server_process import Server, metric
+from tools.harness.server import Server, metric
+from vllm_uma.plugin.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow
 

@@ -1,12 +1,12 @@
 """The real server on the real default model, over HTTP.
 
-Correctness is judged by vllm_uma/oracles.py, so that no test depends on
+Correctness is judged by vllm_uma/models/oracles.py, so that no test depends on
 which kernels this machine's CPU runs:
 - float32: greedy token ids equal transformers' float32 ones exactly;
 - bfloat16: equal until transformers' own top two candidates are within a
   near-tie, then not compared (kernels may round such ties either way);
 - the README's example: a question chosen for its margin (1.75 logits at
-  its narrowest, default_model.CHECK_PROMPT), whose exact answer must come
+  its narrowest, smollm2.CHECK_PROMPT), whose exact answer must come
   back on every kernel path.
 Kernel paths, both run here: the machine's own (oneDNN's best ISA for the
 linear layers) and ``ONEDNN_MAX_CPU_ISA=AVX2``, which makes vLLM's oneDNN
@@ -24,14 +24,15 @@ import os
 import pytest
 
 from tests.e2e.traffic import EAGER
-from vllm_uma import default_model
-from vllm_uma.memory import parse_breakdown
-from vllm_uma.oracles import TransformersReference
-from vllm_uma.server_process import Server, proc_status
+from tools.harness.reference import TransformersReference
+from tools.harness.server import Server, model_process, proc_status
+from vllm_uma import models
+from vllm_uma.models import smollm2
+from vllm_uma.plugin.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow
 
-MODEL = default_model.DEFAULT_MODEL_NAME
+MODEL = models.DEFAULT_MODEL_NAME
 CHAT_PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -128,7 +129,7 @@ def test_log_says_the_plugin_is_activated(server):
 
 
 def readme_answer(server) -> tuple[str, str]:
-    reply = server.chat(MODEL, default_model.CHECK_PROMPT, README_MAX_TOKENS)
+    reply = server.chat(MODEL, smollm2.CHECK_PROMPT, README_MAX_TOKENS)
     choice = reply["choices"][0]
     return choice["message"]["content"], choice["finish_reason"]
 
@@ -136,7 +137,7 @@ def readme_answer(server) -> tuple[str, str]:
 @pytest.mark.parametrize("name", ["server", "server_avx2", "server_compiled"])
 def test_the_readme_example_answers_as_the_readme_says(request, name):
     answer, finish = readme_answer(request.getfixturevalue(name))
-    assert (answer, finish) == (default_model.CHECK_ANSWER, "stop")
+    assert (answer, finish) == (smollm2.CHECK_ANSWER, "stop")
 
 
 def test_the_avx2_server_really_runs_other_linear_kernels(server, server_avx2):
@@ -214,7 +215,7 @@ def test_breakdown_is_consistent(server):
 
 def test_worker_rss_at_ready_is_not_the_kv_cache(server):
     b = breakdown_of(server)
-    rss = server.worker().memory_info().rss
+    rss = model_process(server.proc.pid).memory_info().rss
     assert rss <= b["weights"] + b["activations"] + 0.05 * b["kv_cache"], (rss, b)
 
 
@@ -222,17 +223,17 @@ def test_worker_rss_at_ready_is_not_the_kv_cache(server):
 def test_weights_are_wired(server):
     b = breakdown_of(server)
     assert b["wired"] >= 0.9 * b["weights"]
-    assert proc_status(server.worker().pid, "VmLck") >= 0.9 * b["wired"]
+    assert proc_status(model_process(server.proc.pid).pid, "VmLck") >= 0.9 * b["wired"]
 
 
 def test_wiring_can_be_turned_off(server_fp32):
     assert "Weights not wired (wire_weights is off)." in server_fp32.log()
     assert breakdown_of(server_fp32)["wired"] == 0
-    assert proc_status(server_fp32.worker().pid, "VmLck") == 0
+    assert proc_status(model_process(server_fp32.proc.pid).pid, "VmLck") == 0
 
 
 def test_rss_grows_with_tokens_cached(server):
-    worker = server.worker()
+    worker = model_process(server.proc.pid)
     before = worker.memory_info().rss
     # About 3,000 tokens each; the leading number makes every prompt differ
     # from its first block on, so no prefix is shared between them.

@@ -1,20 +1,21 @@
-"""prepare-model's check through the real server (vllm_uma/served_check.py)."""
+"""prepare-model's check through the real server (vllm_uma/models/served_check.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_uma import default_model
-from vllm_uma.served_check import ServedCheckError, judge_answer, served_answer
+from vllm_uma import models
+from vllm_uma.models import smollm2
+from vllm_uma.models.served_check import ServedCheckError, judge_answer, served_answer
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_check_serves_the_build_and_judges_its_answer(default_model_dir):
-    question = default_model.CHECK_PROMPT
-    answer, finish = served_answer(default_model_dir, default_model.DEFAULT_MODEL_NAME, question)
-    assert (answer, finish) == (default_model.CHECK_ANSWER, "stop")
-    judge_answer(question, answer, finish, default_model.CHECK_EXPECTED)
+    question = smollm2.CHECK_PROMPT
+    answer, finish = served_answer(default_model_dir, models.DEFAULT_MODEL_NAME, question)
+    assert (answer, finish) == (smollm2.CHECK_ANSWER, "stop")
+    judge_answer(question, answer, finish, smollm2.CHECK_EXPECTED)
     # The same real answer fails a check that expects something else.
     with pytest.raises(ServedCheckError, match="expected an answer that mentions 'Berlin'"):
         judge_answer(question, answer, finish, "Berlin")

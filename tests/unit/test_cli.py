@@ -1,8 +1,8 @@
-"""The `vllm-uma` command's dispatch (vllm_uma/cli.py)."""
+"""The `vllm-uma` command's dispatch (vllm_uma/commands/main.py)."""
 
 import pytest
 
-from vllm_uma import cli
+from vllm_uma.commands import main as cli
 
 
 def test_help_lists_the_commands(capsys):
@@ -82,7 +82,8 @@ def test_prepare_model_error_is_one_line(monkeypatch, capsys):
 
 
 def test_another_vllm_fails_serve_in_one_line_with_status_1(monkeypatch, capsys):
-    from vllm_uma import serve, vllm_version
+    from vllm_uma.commands import serve
+    from vllm_uma.plugin import vllm_version
 
     monkeypatch.setattr(vllm_version, "installed_vllm_version", lambda: "0.33.0")
     assert cli.main(["serve", "--help"]) == serve.EXIT_FAILURE == 1
@@ -94,7 +95,7 @@ def test_another_vllm_fails_serve_in_one_line_with_status_1(monkeypatch, capsys)
 def test_usage_errors_and_runtime_failures_exit_differently():
     from pydantic import BaseModel, field_validator
 
-    from vllm_uma.serve import is_usage_error
+    from vllm_uma.commands.serve import is_usage_error
 
     class Flag(BaseModel):
         size: int

@@ -1,8 +1,8 @@
-"""The plugin's --additional-config settings (vllm_uma/config.py)."""
+"""The plugin's --additional-config settings (vllm_uma/plugin/config.py)."""
 
 import pytest
 
-from vllm_uma.config import UmaConfig, UmaConfigError
+from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 
 
 def test_defaults_when_absent():
@@ -33,7 +33,7 @@ def test_namespace_must_be_an_object():
 
 
 def test_fleet_membership_is_two_whole_numbers_given_together():
-    from vllm_uma.config import UmaConfig, UmaConfigError
+    from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 
     config = UmaConfig.from_additional_config({"vllm_uma": {"fleet_member": 2, "fleet_size": 3}})
     assert (config.fleet_member, config.fleet_size) == (2, 3)
@@ -49,7 +49,7 @@ def test_fleet_membership_is_two_whole_numbers_given_together():
 
 
 def test_the_breakdown_line_says_a_server_is_a_fleet_member():
-    from vllm_uma.memory import MemoryBreakdown, parse_breakdown
+    from vllm_uma.plugin.memory import MemoryBreakdown, parse_breakdown
 
     breakdown = MemoryBreakdown(100, 50, 10, 5, 20, 5, 10, 2, 10, 1280)
     line = breakdown.log_line((1, 2))
@@ -116,7 +116,7 @@ def test_memory_pressure_must_be_psi_or_off(value):
 
 
 def test_every_choice_is_accepted():
-    from vllm_uma.config import CHOICES
+    from vllm_uma.plugin.config import CHOICES
 
     assert CHOICES == {"memory_pressure": ("psi", "off")}
     for value in CHOICES["memory_pressure"]:

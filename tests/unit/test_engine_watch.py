@@ -6,7 +6,7 @@ import logging
 
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from vllm_uma.engine_watch import EngineDeathWatch
+from vllm_uma.commands.engine_watch import EngineDeathWatch
 
 
 def test_an_engine_dead_error_is_noticed():

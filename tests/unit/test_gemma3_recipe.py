@@ -231,7 +231,7 @@ REFERENCE = [3493, 236764, 3962]
 @pytest.fixture
 def fake_check(monkeypatch):
     """check() with transformers and the server replaced by fixed answers."""
-    from vllm_uma import served_check
+    from vllm_uma.models import served_check
 
     served = {"reply": served_check.Completion(REFERENCE_PROMPT, REFERENCE, " five, six")}
     monkeypatch.setattr(gemma3, "reference_completion", lambda d, p: (REFERENCE_PROMPT, REFERENCE))
@@ -252,7 +252,7 @@ def test_the_check_passes_when_the_server_agrees(fake_check, tmp_path):
 
 
 def test_the_check_fails_when_the_server_generates_other_tokens(fake_check, tmp_path):
-    from vllm_uma.served_check import Completion
+    from vllm_uma.models.served_check import Completion
 
     fake_check["reply"] = Completion(REFERENCE_PROMPT, [3493, 236764, 9999], " five, x")
     with pytest.raises(PrepareError, match="the greedy token ids differ at position 2"):
@@ -260,7 +260,7 @@ def test_the_check_fails_when_the_server_generates_other_tokens(fake_check, tmp_
 
 
 def test_the_check_fails_when_the_server_drops_bos(fake_check, tmp_path):
-    from vllm_uma.served_check import Completion
+    from vllm_uma.models.served_check import Completion
 
     fake_check["reply"] = Completion(REFERENCE_PROMPT[1:], REFERENCE, " five, six")
     with pytest.raises(PrepareError, match="the server tokenized"):
@@ -268,7 +268,7 @@ def test_the_check_fails_when_the_server_drops_bos(fake_check, tmp_path):
 
 
 def test_a_server_that_does_not_start_fails_the_check(fake_check, tmp_path):
-    from vllm_uma.served_check import ServedCheckError
+    from vllm_uma.models.served_check import ServedCheckError
 
     fake_check["reply"] = ServedCheckError("the server did not start: exited with 1")
     with pytest.raises(PrepareError, match="did not start.*Nothing was published"):

@@ -4,16 +4,13 @@ spill sizing, traffic shape, the floor, the suspect rule, the flags."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "benchmark"))
-
-from kv_offload_client import PassResult, Reply, percentile  # noqa: E402
-from kv_offload_report import compare, expectations, summarize, table  # noqa: E402
-from kv_offload_runner import (  # noqa: E402
+from tools.benchmark.kv_offload_client import PassResult, Reply, percentile
+from tools.benchmark.kv_offload_report import compare, expectations, summarize, table
+from tools.benchmark.kv_offload_runner import (
     Runner,
     Settings,
     Sizing,
@@ -169,7 +166,7 @@ def test_failure_leads_with_the_servers_error_line():
 
 
 def test_a_pool_row_is_one_block_of_one_kv_cache_group(tmp_path):
-    from bench_common import kv_row_bytes
+    from tools.benchmark.bench_common import kv_row_bytes
 
     def model(**config):
         d = tmp_path / str(len(list(tmp_path.iterdir())))

@@ -4,15 +4,10 @@ out of the median."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "benchmark"))
-
-from kv_offload_report import compare, table  # noqa: E402
-from kv_offload_rounds import (  # noqa: E402
+from tools.benchmark.kv_offload_report import compare, table
+from tools.benchmark.kv_offload_rounds import (
     machine_probe,
     merge_rounds,
     paired_ratios,

@@ -9,7 +9,7 @@ import time
 import pytest
 from disk_tier_kit import FILE, NS, OTHER_NS, Jobs, Primary, block_files, key, make_tier
 
-from vllm_uma import cli
+from vllm_uma.commands import main as cli
 from vllm_uma.kv_offload.disk import admin
 from vllm_uma.kv_offload.disk.layout import NOINDEX
 

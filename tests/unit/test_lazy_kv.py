@@ -24,7 +24,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, Sliding
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker.utils import allocate_kv_cache
 
-from vllm_uma.lazy_kv import LazyZerosMode
+from vllm_uma.plugin.lazy_kv import LazyZerosMode
 
 MiB = 1 << 20
 L = KVCacheLayout
@@ -194,8 +194,8 @@ def test_worker_zeroes_only_when_vllm_asks(monkeypatch):
     # gets the lazy context, a mixed-precision one vLLM's context untouched.
     from vllm.v1.worker.gpu_worker import Worker
 
-    from vllm_uma.config import UmaConfig
-    from vllm_uma.worker import UmaWorker, WiringResult
+    from vllm_uma.plugin.config import UmaConfig
+    from vllm_uma.plugin.worker import UmaWorker, WiringResult
 
     base = contextlib.nullcontext()
     monkeypatch.setattr(Worker, "initialize_from_config", lambda self, config: None)

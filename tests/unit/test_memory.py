@@ -1,8 +1,8 @@
-"""Budget arithmetic and the breakdown line (vllm_uma/memory.py)."""
+"""Budget arithmetic and the breakdown line (vllm_uma/plugin/memory.py)."""
 
 import pytest
 
-from vllm_uma.memory import (
+from vllm_uma.plugin.memory import (
     BudgetInputs,
     GiB,
     MemoryBreakdown,

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_uma.config import UmaConfig
 from vllm_uma.kv_offload import metrics
 from vllm_uma.memory_release.pressure import NO_PRESSURE, Pressure
 from vllm_uma.memory_release.releaser import ReleaseReport
 from vllm_uma.memory_release.scheduler import UmaAsyncScheduler, UmaScheduler
+from vllm_uma.plugin.config import UmaConfig
 
 
 class Releaser:

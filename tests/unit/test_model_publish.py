@@ -188,14 +188,11 @@ def test_missing_smollm2_package_says_how_to_install(monkeypatch):
         smollm2.locate()
 
 
-def test_the_old_module_name_still_prepares_the_default(monkeypatch, tmp_path):
-    # tools/benchmark and older tests import vllm_uma.default_model.
-    from vllm_uma import default_model
-
+def test_prepare_without_a_name_builds_the_default(monkeypatch, tmp_path):
     asked = []
     monkeypatch.setattr(
         models, "prepare_recipe", lambda recipe, root, progress: asked.append(recipe)
     )
-    default_model.prepare(tmp_path)
-    assert [r.name for r in asked] == [default_model.DEFAULT_MODEL_NAME]
-    assert default_model.model_dir(tmp_path) == tmp_path / "models" / "SmolLM2-135M-Instruct"
+    models.prepare(None, tmp_path)
+    assert [r.name for r in asked] == [models.DEFAULT_MODEL_NAME]
+    assert models.model_dir(None, tmp_path) == tmp_path / "models" / "SmolLM2-135M-Instruct"

@@ -83,7 +83,7 @@ def test_the_same_settings_give_the_same_namespace():
 
 
 def test_the_vllm_version_changes_the_namespace(monkeypatch):
-    import vllm_uma.vllm_version as version
+    import vllm_uma.plugin.vllm_version as version
 
     monkeypatch.setattr(version, "installed_vllm_version", lambda: "0.33.0")
     assert namespace_id(config()) != BASE

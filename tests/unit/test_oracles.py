@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_uma.oracles import BF16_NEAR_TIE, exact, first_difference, until_near_tie
+from vllm_uma.models.oracles import BF16_NEAR_TIE, exact, first_difference, until_near_tie
 
 
 def logits_row(size: int, scores: dict[int, float]) -> list[float]:

@@ -1,4 +1,4 @@
-"""The platform's memory accounting and registration (vllm_uma/platform.py)."""
+"""The platform's memory accounting and registration (vllm_uma/plugin/platform.py)."""
 
 from importlib.metadata import entry_points
 from types import SimpleNamespace
@@ -7,14 +7,18 @@ import psutil
 import pytest
 
 import vllm_uma
-from vllm_uma.config import UmaConfig, UmaConfigError
-from vllm_uma.platform import UmaPlatform, keep_single_worker_in_process, use_releasing_scheduler
+from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+from vllm_uma.plugin.platform import (
+    UmaPlatform,
+    keep_single_worker_in_process,
+    use_releasing_scheduler,
+)
 
 
 def test_registered_as_a_vllm_platform_plugin():
     plugins = {ep.name: ep for ep in entry_points(group="vllm.platform_plugins")}
     assert plugins["uma"].value == "vllm_uma:register"
-    assert plugins["uma"].load()() == "vllm_uma.platform.UmaPlatform"
+    assert plugins["uma"].load()() == "vllm_uma.plugin.platform.UmaPlatform"
 
 
 def test_vllm_resolves_to_our_platform():

@@ -1,10 +1,15 @@
-"""One-line errors before vLLM starts (vllm_uma/preflight.py)."""
+"""One-line errors before vLLM starts (vllm_uma/commands/preflight.py)."""
 
 import socket
 
 import pytest
 
-from vllm_uma.preflight import PreflightError, check_model, check_port, looks_like_local_path
+from vllm_uma.commands.preflight import (
+    PreflightError,
+    check_model,
+    check_port,
+    looks_like_local_path,
+)
 
 
 @pytest.mark.parametrize(

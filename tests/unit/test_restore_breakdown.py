@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "benchmark"))
-
-from restore_breakdown import _medians, _table, transfers  # noqa: E402
+from tools.benchmark.restore_breakdown import _medians, _table, transfers
 
 BODY = """# HELP vllm:kv_offload_load_time_total Total load time
 vllm:kv_offload_load_time_total{engine="0",transfer_type="CPU_to_GPU"} 0.25

@@ -1,4 +1,4 @@
-"""How `vllm-uma serve` fills in its defaults (vllm_uma/serve.py).
+"""How `vllm-uma serve` fills in its defaults (vllm_uma/commands/serve.py).
 
 Uses vLLM's real `serve` parser, so a flag vLLM renames breaks these tests.
 The default model is not built here: a stand-in returns its directory.
@@ -6,7 +6,7 @@ The default model is not built here: a stand-in returns its directory.
 
 import pytest
 
-from vllm_uma.serve import parse_serve_args
+from vllm_uma.commands.serve import parse_serve_args
 
 DEFAULT_DIR = "/cache/models/SmolLM2-135M-Instruct"
 GEMMA_DIR = "/cache/models/gemma-3-270m"
@@ -113,7 +113,7 @@ def test_every_vllm_flag_is_accepted():
 def test_config_refusals_reach_the_user_as_one_line():
     import pydantic
 
-    from vllm_uma.serve import one_line
+    from vllm_uma.commands.serve import one_line
 
     class Config(pydantic.BaseModel):
         x: int

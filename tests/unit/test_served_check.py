@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_uma.served_check import ServedCheckError, judge_answer
+from vllm_uma.models.served_check import ServedCheckError, judge_answer
 
 Q = "What is the capital of France? Answer with one word."
 

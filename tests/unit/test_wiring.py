@@ -1,4 +1,4 @@
-"""Wiring the memory a model load creates (vllm_uma/wiring.py)."""
+"""Wiring the memory a model load creates (vllm_uma/plugin/wiring.py)."""
 
 import errno
 import mmap
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_uma import wiring
+from vllm_uma.plugin import wiring
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def test_enomem_without_a_limit_means_the_range_vanished(monkeypatch):
 
 NOBODY_SCRIPT = """
 import mmap
-from vllm_uma import wiring
+from vllm_uma.plugin import wiring
 before = wiring.read_maps()
 region = mmap.mmap(-1, 64 << 20)
 region.write(b"x" * (64 << 20))

@@ -1,10 +1,10 @@
-"""The worker's inputs to the budget (vllm_uma/worker.py), on small fakes."""
+"""The worker's inputs to the budget (vllm_uma/plugin/worker.py), on small fakes."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from vllm_uma.worker import (
+from vllm_uma.plugin.worker import (
     _rss,
     min_request_kv_bytes,
     peak_rss,

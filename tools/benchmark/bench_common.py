@@ -4,9 +4,8 @@ restore is compared with: memory copy bandwidth, and the disk read
 bandwidth measured the way the disk tier reads (block-sized O_DIRECT reads
 of separate files on as many threads, page cache dropped).
 
-The scripts beside this file import it by name: run them as
-``.venv/bin/python tools/benchmark/<script>.py`` (the script's directory is
-then on ``sys.path``).
+The benchmarks are one package: run each from the project's root as
+``.venv/bin/python -m tools.benchmark.<script>``.
 """
 
 from __future__ import annotations
@@ -38,9 +37,9 @@ def text(seed: int, tokens: int) -> str:
 def model_config(model_dir: Path | None = None) -> dict:
     """The model's config.json (the default model's when ``model_dir`` is None)."""
     if model_dir is None:
-        from vllm_uma import default_model
+        from vllm_uma import models
 
-        model_dir = default_model.prepare()
+        model_dir = models.prepare()
     return json.loads((Path(model_dir) / "config.json").read_text())
 
 

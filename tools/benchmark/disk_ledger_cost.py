@@ -1,6 +1,6 @@
 """What sharing one disk store costs: the ledger's time per store and lookup.
 
-    .venv/bin/python tools/benchmark/disk_ledger_cost.py [--dir DIR]
+    .venv/bin/python -m tools.benchmark.disk_ledger_cost [--dir DIR]
         [--jobs 40] [--servers 1,3] [--json out.json]
 
 For each count of servers in --servers, that many processes each build the
@@ -39,7 +39,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from bench_common import BLOCK_TOKENS, kv_bytes_per_token
+
+from tools.benchmark.bench_common import BLOCK_TOKENS, kv_bytes_per_token
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = BLOCK_TOKENS * kv_bytes_per_token()  # one KV block of the default model in bf16

@@ -1,6 +1,6 @@
 """L3 bandwidth: the disk tier's store and restore beside the disk's own read speed.
 
-    .venv/bin/python tools/benchmark/disk_tier_bandwidth.py [--dir DIR] [--blocks 4000]
+    .venv/bin/python -m tools.benchmark.disk_tier_bandwidth [--dir DIR] [--blocks 4000]
         [--threads 4] [--json out.json]
 
 1. The disk, two ways: a file of --seq-gib GiB read back with O_DIRECT in
@@ -34,10 +34,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from bench_common import BLOCK_TOKENS, disk_tier_read_gbps, drop_page_cache, kv_bytes_per_token
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
+from tools.benchmark.bench_common import (
+    BLOCK_TOKENS,
+    disk_tier_read_gbps,
+    drop_page_cache,
+    kv_bytes_per_token,
+)
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
 from vllm_uma.kv_offload.disk.tier import DiskTier

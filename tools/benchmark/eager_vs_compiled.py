@@ -1,7 +1,7 @@
 """Eager vs compiled (torch.compile) on this machine: what `vllm-uma serve`
 should default to, measured in one run.
 
-    .venv/bin/python tools/benchmark/eager_vs_compiled.py [--prompt-tokens 1928] [--rounds 3]
+    .venv/bin/python -m tools.benchmark.eager_vs_compiled [--prompt-tokens 1928] [--rounds 3]
 
 For each mode, a fresh server of the default model (bf16), one request at a
 time, as a user's first requests would be:
@@ -14,7 +14,7 @@ time, as a user's first requests would be:
   from (latency(129 tokens) - latency(1 token)) / 128, median;
 - correctness: the README example's answer, and greedy tokens of four chat
   prompts against transformers bf16 up to the first near-tie
-  (vllm_uma/oracles.py).
+  (vllm_uma/models/oracles.py).
 Ratios within the run are what to compare: the machine is shared.
 """
 
@@ -27,11 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import EXE, MODEL, text
-from kv_offload_env import environment
-
-from vllm_uma import default_model
-from vllm_uma.oracles import TransformersReference
+from tools.benchmark.bench_common import EXE, MODEL, text
+from tools.benchmark.kv_offload_env import environment
+from tools.harness.reference import TransformersReference
+from vllm_uma import models
+from vllm_uma.models import smollm2
 from vllm_uma.server_process import Server
 
 CHAT_PROMPTS = [
@@ -82,7 +82,7 @@ def measure(
             l1_hit_s=statistics.median(hit),
             decode_tok_s=statistics.median(decode),
         )
-        _, _, answer = chat(server, default_model.CHECK_PROMPT, MAX_TOKENS)
+        _, _, answer = chat(server, smollm2.CHECK_PROMPT, MAX_TOKENS)
         row["readme_answer"] = answer
         verdicts = []
         for question in CHAT_PROMPTS:
@@ -101,7 +101,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     env = environment(args)  # before the servers: the load then says how idle it was
-    model_dir = default_model.prepare()
+    model_dir = models.prepare()
     reference = TransformersReference(model_dir, "bfloat16")
     rows = []
     with tempfile.TemporaryDirectory(prefix="eager-vs-compiled-") as tmp:

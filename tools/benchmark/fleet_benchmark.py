@@ -1,6 +1,6 @@
 """A fleet's routing policies on the same multi-turn traffic (vllm-uma fleet).
 
-    .venv/bin/python tools/benchmark/fleet_benchmark.py --out bench-out/fleet.json
+    .venv/bin/python -m tools.benchmark.fleet_benchmark --out bench-out/fleet.json
         [--policies round_robin,cache_aware,kv_aware] [--conversations 4]
         [--turns 3] [--disk both|on|off] [--no-restart]
 
@@ -48,9 +48,9 @@ from pathlib import Path
 import psutil
 import requests
 
+from tools.harness.server import free_port, metric
 from vllm_uma.fleet.plan import FleetRequest, plan_fleet
 from vllm_uma.fleet.supervisor import Fleet
-from vllm_uma.server_process import free_port, metric
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct"
@@ -274,9 +274,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.model is None:
-        from vllm_uma import default_model
+        from vllm_uma import models
 
-        args.model = default_model.prepare()
+        args.model = models.prepare()
     work = Path(tempfile.mkdtemp(prefix="uma-fleet-bench-", dir=REPO))
     traffic = (
         f"{args.conversations} conversations x {args.turns} turns, 2 servers, "

@@ -1,6 +1,6 @@
 """What KV offloading gains on this machine: four workloads, offloading off and on.
 
-    .venv/bin/python tools/benchmark/kv_offload_benchmark.py --out bench-out/kv_offload.json
+    .venv/bin/python -m tools.benchmark.kv_offload_benchmark --out bench-out/kv_offload.json
 
 Workloads (prompts of --prompt-tokens, greedy, --concurrency in flight):
   no_reuse       distinct prompts (control: nothing to restore)
@@ -25,13 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench_common import disk_tier_read_gbps, kv_row_bytes, memcpy_gbps
-from kv_offload_client import progress
-from kv_offload_env import environment
-from kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
-from kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
-from kv_offload_runner import WORKLOADS, Runner, Settings
-
+from tools.benchmark.bench_common import disk_tier_read_gbps, kv_row_bytes, memcpy_gbps
+from tools.benchmark.kv_offload_client import progress
+from tools.benchmark.kv_offload_env import environment
+from tools.benchmark.kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
+from tools.benchmark.kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
+from tools.benchmark.kv_offload_runner import WORKLOADS, Runner, Settings
 from vllm_uma import models
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
 

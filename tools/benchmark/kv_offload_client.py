@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import requests
-from bench_common import MODEL
 
-from vllm_uma.server_process import metric
+from tools.benchmark.bench_common import MODEL
+from tools.harness.server import metric
 
 REQUEST_TIMEOUT_S = 900
 HIT_SOURCES = ("device", "host", "disk")

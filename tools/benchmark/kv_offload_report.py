@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kv_offload_client import HIT_SOURCES, PassResult, percentile
-from kv_offload_rounds import paired_ratios
+from tools.benchmark.kv_offload_client import HIT_SOURCES, PassResult, percentile
+from tools.benchmark.kv_offload_rounds import paired_ratios
 
 VARIANTS = ("off", "pool", "pool_disk")
 CONTROLS = ("no_reuse", "reuse_fits")

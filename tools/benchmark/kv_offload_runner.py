@@ -14,12 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
-from bench_common import EXE, disk_tier_args, drop_page_cache, text
-from kv_offload_client import diff, progress, run_pass, scrape, stream_completion, wait_quiet
-from kv_offload_report import summarize
 
+from tools.benchmark.bench_common import EXE, disk_tier_args, drop_page_cache, text
+from tools.benchmark.kv_offload_client import (
+    diff,
+    progress,
+    run_pass,
+    scrape,
+    stream_completion,
+    wait_quiet,
+)
+from tools.benchmark.kv_offload_report import summarize
 from vllm_uma.kv_offload.disk.layout import tree_bytes
-from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
+from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 from vllm_uma.server_process import Server
 
 GiB = 1 << 30

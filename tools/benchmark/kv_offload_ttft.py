@@ -1,7 +1,7 @@
 """TTFT of a prefix restored from the host pool (L2) or the disk tier (L3),
 against an L1 hit and a recompute.
 
-    .venv/bin/python tools/benchmark/kv_offload_ttft.py [--prompt-tokens 4000] [--rounds 3]
+    .venv/bin/python -m tools.benchmark.kv_offload_ttft [--prompt-tokens 4000] [--rounds 3]
         [--disk-dir DIR]
 
 One server with a 2 GiB pool and an L1 of about two prompts
@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_common import (
+from tools.benchmark.bench_common import (
     EXE,
     disk_tier_args,
     disk_tier_read_gbps,
@@ -38,9 +38,8 @@ from bench_common import (
     memcpy_gbps,
     text,
 )
-
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
-from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
+from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 from vllm_uma.server_process import Server
 
 COMMON = ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(220 * 10**6)]

@@ -1,6 +1,6 @@
 """L1 <-> L2 copy bandwidth of vllm-uma's mover, beside this machine's memcpy.
 
-    .venv/bin/python tools/benchmark/kv_pool_bandwidth.py [--model NAME] [--blocks 64] [--repeats N]
+    .venv/bin/python -m tools.benchmark.kv_pool_bandwidth [--model NAME] [--blocks 64] [--repeats N]
 
 Uses the real HostPool and HostPoolMover on a KV cache laid out like vLLM's
 (one backing buffer) and shaped like the model's (the default model unless
@@ -21,7 +21,10 @@ import json
 import os
 
 import torch
-from bench_common import (
+from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+from tools.benchmark.bench_common import (
     BLOCK_TOKENS,
     best_of,
     kv_bytes_per_token,
@@ -29,9 +32,6 @@ from bench_common import (
     memcpy_gbps,
     model_layers,
 )
-from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
-from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-
 from vllm_uma import models
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover

@@ -1,7 +1,7 @@
 """Worker memory of vllm-uma serve against stock vLLM CPU, same model and flags.
 
-    .venv/bin/python tools/benchmark/memory_benchmark.py [--startup-under-pressure 6]
-    .venv/bin/python tools/benchmark/memory_benchmark.py --pressure --out F.json
+    .venv/bin/python -m tools.benchmark.memory_benchmark [--startup-under-pressure 6]
+    .venv/bin/python -m tools.benchmark.memory_benchmark --pressure --out F.json
 
 --pressure runs the KV memory release benchmark instead (memory_pressure.py).
 
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import psutil
 
-from vllm_uma import default_model
-from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
-from vllm_uma.server_process import free_port, model_process
+from tools.harness.server import free_port, model_process
+from vllm_uma import models
+from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 
 GiB = 1 << 30
 VENV_BIN = Path(sys.executable).parent
-MODEL_NAME = default_model.DEFAULT_MODEL_NAME
+MODEL_NAME = models.DEFAULT_MODEL_NAME
 STOCK_KV_RE = re.compile(r"\(([\d.]+)/([\d.]+)\) GiB for KV cache")
 # Stock's refusals all start this way (cpu_worker.py, start-up and KV sizing).
 REFUSAL_RE = re.compile(r"Available memory on node .*")
@@ -74,7 +74,7 @@ def server_command(kind: str, port: int, util: float) -> tuple[list[str], dict]:
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(default_model.model_dir(default_model.default_cache_root())),
+        str(models.model_dir(None, models.default_cache_root())),
         "--served-model-name",
         MODEL_NAME,
         *common,
@@ -364,7 +364,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def pressure_main(args, out_dir: Path) -> int:
-    import memory_pressure_run
+    from tools.benchmark import memory_pressure_run
 
     result = {"environment": environment(args)}
     result["pressure"], lines = memory_pressure_run.run(args, out_dir)
@@ -378,8 +378,8 @@ def pressure_main(args, out_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        default_model.prepare()  # idempotent: returns at once once built
-    except default_model.PrepareError as exc:
+        models.prepare()  # idempotent: returns at once once built
+    except models.PrepareError as exc:
         say(f"cannot prepare the default model: {exc}")
         return 2
     # A SIGTERM to this script must still stop the servers: turn it into an

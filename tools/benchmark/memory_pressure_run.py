@@ -9,12 +9,12 @@ import json
 import shutil
 from pathlib import Path
 
-import memory_benchmark as mb
-import memory_pressure as mp
 import psutil
 
-from vllm_uma.memory import BREAKDOWN_PREFIX, parse_breakdown
-from vllm_uma.server_process import free_port, model_process
+from tools.benchmark import memory_benchmark as mb
+from tools.benchmark import memory_pressure as mp
+from tools.harness.server import free_port, model_process
+from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 
 FEATURE_OFF = {"release_free_kv": False, "memory_pressure": "off"}
 

@@ -1,7 +1,7 @@
 """Where a restore's time goes: one prefix as an L1 hit, a pool restore and a
 disk restore, each split into its parts.
 
-    .venv/bin/python tools/benchmark/restore_breakdown.py [--prompt-tokens 4000]
+    .venv/bin/python -m tools.benchmark.restore_breakdown [--prompt-tokens 4000]
         [--rounds 3] [--out bench-out/restore_breakdown.json]
 
 One server (eager, an L1 of about two prompts, a 2 GiB pool, a disk tier in
@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 
 import requests
-from bench_common import EXE, MODEL, disk_tier_args, drop_page_cache, text
 
-from vllm_uma.server_process import Server, metric
+from tools.benchmark.bench_common import EXE, MODEL, disk_tier_args, drop_page_cache, text
+from tools.harness.server import Server, metric
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--enforce-eager", "--max-model-len", "8192"]

@@ -19,8 +19,9 @@ There is no vLLM extension point for this: a fleet is processes. The
   take it out meanwhile and retry its requests on the others); on Ctrl-C or
   SIGTERM stops the router, then the servers, whose disk tiers drain.
 - relay.py carries each server's KV events to the router on 127.0.0.1
-  (the router only connects, and vLLM only listens on every interface);
-- cli.py parses ``vllm-uma fleet`` and reports errors the vLLM way.
+  (the router only connects, and vLLM only listens on every interface).
+- the command, ``vllm-uma fleet``, is commands/fleet.py: it parses the
+  flags and reports errors the vLLM way.
 
 What crosses process boundaries: command lines and environment (supervisor
 -> servers, router), HTTP (router <-> servers, health checks), ZMQ KV events

@@ -67,7 +67,7 @@ class FleetPlan:
 
 @dataclass(frozen=True)
 class FleetRequest:
-    """The user's ask, parsed (cli.py)."""
+    """The user's ask, parsed (commands/fleet.py)."""
 
     servers: int
     model: str  # the model the servers load, resolved: the router reads its tokenizer

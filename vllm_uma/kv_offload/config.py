@@ -17,7 +17,7 @@ from vllm_uma.kv_offload.disk.config import RESOLVED_KEY as DISK_TIER_KEY
 from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier, to_extra_config
 from vllm_uma.kv_offload.disk.namespace_inputs import KEY as NAMESPACE_INPUTS_KEY
 from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputsError, namespace_inputs
-from vllm_uma.memory import GiB
+from vllm_uma.plugin.memory import GiB
 
 CONNECTOR = "OffloadingConnector"
 # Set when the pool size is ours to choose: the worker sizes it again once

@@ -25,7 +25,7 @@ by a copy in flight is touched. The worker closes L1_PAGES (waiting for a
 pass in progress) before it frees the KV cache; the scheduler keeps its own
 reference to the pool until its thread has stopped.
 
-Settings (``--additional-config '{"vllm_uma": {...}}'``, config.py):
+Settings (``--additional-config '{"vllm_uma": {...}}'``, plugin/config.py):
 ``release_free_kv`` (default true), ``release_idle_seconds`` (60),
 ``memory_pressure`` ("psi" or "off"; default "psi"). docs/memory.md.
 """

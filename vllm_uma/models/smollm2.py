@@ -96,7 +96,7 @@ def check_answer(directory: Path, progress: Progress) -> None:
 def check(directory: Path, progress: Progress) -> None:
     """transformers' answer first (a broken conversion fails in seconds),
     then the real server's, which is what users get."""
-    from vllm_uma.served_check import ServedCheckError, check_served
+    from vllm_uma.models.served_check import ServedCheckError, check_served
 
     check_answer(directory, progress)
     try:

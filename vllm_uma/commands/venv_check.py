@@ -1,6 +1,6 @@
 """Is this virtual environment one vllm-uma can run in? Exit 0 if so.
 
-    python -m vllm_uma.venv_check
+    python -m vllm_uma.commands.venv_check
 
 Run by scripts/install.sh after every install, and by the tests. Checks
 what has broken real installs here: the CUDA builds of torchvision,
@@ -27,7 +27,7 @@ def problems() -> list[str]:
             f"{', '.join(present)} installed: these CUDA builds break model loading beside "
             f"the CPU torch. Remove them: pip uninstall -y {' '.join(present)}"
         )
-    from vllm_uma.vllm_version import UnsupportedVllmError, require_supported_vllm
+    from vllm_uma.plugin.vllm_version import UnsupportedVllmError, require_supported_vllm
 
     try:
         require_supported_vllm()

@@ -38,7 +38,7 @@ def serving(model_dir: Path, served_name: str, extra_args: Sequence[str] = ()) -
     """A ready ``vllm-uma serve`` of ``model_dir``, stopped on exit."""
     from vllm_uma.server_process import Server
 
-    command = [sys.executable, "-m", "vllm_uma.cli"]
+    command = [sys.executable, "-m", "vllm_uma.commands.main"]
     with tempfile.TemporaryDirectory(prefix="vllm-uma-check-") as tmp:
         log = Path(tmp) / "server.log"
         # --max-model-len bounds the KV cache; the checks need under 100 tokens.

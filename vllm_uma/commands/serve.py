@@ -25,10 +25,10 @@ import os
 import sys
 
 from vllm_uma import models
-from vllm_uma.config import NAMESPACE
-from vllm_uma.engine_watch import EngineDeathWatch
-from vllm_uma.preflight import PreflightError, check_model, check_port
-from vllm_uma.vllm_version import UnsupportedVllmError, require_supported_vllm
+from vllm_uma.commands.engine_watch import EngineDeathWatch
+from vllm_uma.commands.preflight import PreflightError, check_model, check_port
+from vllm_uma.plugin.config import NAMESPACE
+from vllm_uma.plugin.vllm_version import UnsupportedVllmError, require_supported_vllm
 
 PROG = "vllm-uma serve"
 _OTHER_RECIPES = sorted(name for name in models.RECIPES if name != models.DEFAULT_MODEL_NAME)
@@ -161,7 +161,7 @@ def is_usage_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, TypeError))
 
 
-def serve_main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
     try:
         require_supported_vllm()
     except UnsupportedVllmError as exc:

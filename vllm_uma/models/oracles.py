@@ -24,15 +24,15 @@ So each comparison is made where it is fair:
 Each comparison returns a :class:`Verdict` whose ``detail`` says where and
 by how much two runs parted, so a failing test explains itself.
 
-Runs in the test or tool process; only the transformers reference imports
-torch, lazily.
+Runs in the calling process (prepare-model's served check, tests, tools).
+The transformers reference they compare against is harness code:
+tools/harness/reference.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 # A near-tie for bfloat16 at the logit magnitudes of small models (~20-30):
 # one bfloat16 step there is 0.125, and kernels differ by a few steps.
@@ -97,45 +97,3 @@ def until_near_tie(
         f"token {i}: served {got}, reference {want}, which the reference prefers "
         f"by {gap:.3f} logits (> {tolerance}: not a near-tie)",
     )
-
-
-class TransformersReference:
-    """transformers' greedy decoding of a model directory, with its logits."""
-
-    def __init__(self, model_dir: Path | str, dtype: str):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.dtype = dtype
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=getattr(torch, dtype)
-        ).eval()
-
-    def greedy(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], list]:
-        """The greedy continuation and, per step, the logits (a float32 tensor each)."""
-        import torch
-
-        ids = torch.tensor([list(prompt_ids)])
-        eos = self.tokenizer.eos_token_id
-        with torch.no_grad():
-            out = self.model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_tokens,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        tokens = out.sequences[0][len(prompt_ids) :].tolist()
-        return tokens, [step[0].float() for step in out.logits]
-
-    def judge(self, prompt_ids: Sequence[int], served: Sequence[int], max_tokens: int) -> Verdict:
-        """Served greedy tokens against this reference: exact in float32,
-        up to the first near-tie in bfloat16."""
-        tokens, logits = self.greedy(prompt_ids, max_tokens)
-        if self.dtype == "float32":
-            return exact(tokens, served, "float32 vs transformers")
-        return until_near_tie(tokens, served, logits)

@@ -16,7 +16,7 @@ What changes from the CPU platform, and why:
   machines we run on counts only the memory touched so far (docs/memory.md).
 - One device, and no pinned memory: on one RAM there is nothing to pin for a
   faster host-to-device copy.
-- The worker is :class:`vllm_uma.worker.UmaWorker`: the memory budget as a
+- The worker is :class:`vllm_uma.plugin.worker.UmaWorker`: the memory budget as a
   ceiling, a lazily allocated KV cache, wired weights (worker.py).
 - A single worker runs in the engine-core process (executor ``uni``), where
   vLLM CPU would reserve a core for the frontend (``keep_single_worker_in_process``).
@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING
 import psutil
 from vllm.platforms.cpu import CpuPlatform
 
-from vllm_uma.config import UmaConfig, UmaConfigError
 from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.log import get_logger
-from vllm_uma.memory import fmt_gib
-from vllm_uma.vllm_version import require_supported_vllm
+from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+from vllm_uma.plugin.memory import fmt_gib
+from vllm_uma.plugin.vllm_version import require_supported_vllm
 
 # Every vLLM process imports this module first (through the entry point):
 # another vLLM version fails here, in one line, not deep inside a request.
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-WORKER_QUALNAME = "vllm_uma.worker.UmaWorker"
+WORKER_QUALNAME = "vllm_uma.plugin.worker.UmaWorker"
 
 
 def total_ram_bytes() -> int:
