@@ -13,6 +13,11 @@ HOST  ?= 127.0.0.1
 PORT  ?= 8000
 ARGS  ?=
 PYTEST_ARGS ?=
+# Two pytest workers, each running whole modules (their servers are module
+# fixtures), costliest first (tests/conftest.py). PYTEST_WORKERS=0 runs in
+# this process, one test after another.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 BENCH_ARGS ?=
 
 STAMP := $(VENV)/.vllm-uma-installed
@@ -42,12 +47,12 @@ serve: model
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
 test: model model-gemma
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; failing." >&2; fi; \
 	exit $$rc
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).
 bench-memory: model

@@ -74,38 +74,62 @@ def complete(url: str, text: str, tokens: int = 8) -> str:
 Q = "\nUser: question {0} about the list above?\nAssistant:"
 
 
-@pytest.fixture(scope="module")
-def fleet(vllm_uma_exe, default_model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("fleet")
+def start_fleet(exe: str, logs) -> dict:
+    """A two-server fleet, once its log says it serves behind the router."""
     port = free_port()
     out = open(logs / "fleet.log", "w")
-    argv = [vllm_uma_exe, "fleet", "--servers", "2", "--port", str(port)]
+    argv = [exe, "fleet", "--servers", "2", "--port", str(port)]
     argv += ["--kv-store", str(logs / "kv"), "--log-dir", str(logs), *EAGER]
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    router = f"http://127.0.0.1:{port}"
+    fleet = dict(proc=proc, out=out, router=f"http://127.0.0.1:{port}", logs=logs)
     deadline = time.monotonic() + READY_S
     try:
         while "behind vllm-router" not in (logs / "fleet.log").read_text():
             assert proc.poll() is None, (logs / "fleet.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the fleet did not start"
             time.sleep(1)
-        text = (logs / "fleet.log").read_text()
-        started = re.findall(r"server (\d) of 2 starting on (http://127\.0\.0\.1:\d+)", text)
-        servers = [url for _, url in sorted(started)]  # server 1, server 2
-        metrics = re.search(r"its metrics at (http://\S+/metrics)", text).group(1)
-        yield dict(proc=proc, router=router, servers=servers, logs=logs, metrics=metrics)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                pass
+    except BaseException:
+        stop_fleet(fleet)
+        raise
+    text = (logs / "fleet.log").read_text()
+    started = re.findall(r"server (\d) of 2 starting on (http://127\.0\.0\.1:\d+)", text)
+    fleet["servers"] = [url for _, url in sorted(started)]  # server 1, server 2
+    fleet["metrics"] = re.search(r"its metrics at (http://\S+/metrics)", text).group(1)
+    return fleet
+
+
+def stop_fleet(fleet: dict) -> None:
+    proc = fleet["proc"]
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left
-        except ProcessLookupError:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
             pass
-        out.close()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left
+    except ProcessLookupError:
+        pass
+    fleet["out"].close()
+
+
+@pytest.fixture(scope="module")
+def fleets(vllm_uma_exe, default_model_dir, tmp_path_factory):
+    """The module's fleets: one, unless a test stopped it (the SIGTERM test
+    does); every fleet still running at the end is stopped."""
+    started: list[dict] = []
+    yield started
+    for fleet in started:
+        stop_fleet(fleet)
+
+
+@pytest.fixture
+def fleet(fleets, vllm_uma_exe, tmp_path_factory):
+    """A running fleet, whatever ran before: the last one if it still runs,
+    else a new one, so that no test depends on another's order or effects."""
+    if not fleets or fleets[-1]["proc"].poll() is not None:
+        fleets.append(start_fleet(vllm_uma_exe, tmp_path_factory.mktemp("fleet")))
+    return fleets[-1]
 
 
 def test_a_chat_through_the_router_answers(fleet):

@@ -51,6 +51,13 @@ def wait_for_release(server, timeout_s: float = 60) -> re.Match:
     raise AssertionError(f"no idle release logged in {timeout_s} s:\n{server.log()[-3000:]}")
 
 
+def wait_for_pool_stores(server, blocks: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while metric(metrics(server), "vllm:kv_offload_blocks_stored_total") < blocks:
+        assert time.monotonic() < deadline, f"the pool did not store {blocks} blocks"
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def run(vllm_uma_exe, default_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("release") / "server.log"
@@ -63,8 +70,9 @@ def run(vllm_uma_exe, default_model_dir, tmp_path_factory):
             complete(srv, i, max_tokens=4)
             hits[i] = complete(srv, i, max_tokens=4)
         # The pool's stores of the last request end shortly after its reply:
-        # read the RSS once they have, well before the release.
-        time.sleep(2)
+        # read the RSS once the pool holds every full block, well before the
+        # release.
+        wait_for_pool_stores(srv, len(PROMPTS) * FULL_BLOCKS)
         busy_l1 = l1_resident(srv)
         block_bytes = int(re.search(r"per_block_bytes=(\d+)", srv.log()).group(1))
         released = wait_for_release(srv)

@@ -92,10 +92,15 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
         # 0.035 GiB holds 12 blocks: one 9-block prompt at a time.
         ("tiny", ["--kv-offloading-size", "0.035"]),
     )
-    for name, extra in variants:
-        log = tmp_path_factory.mktemp(f"offload-{name}") / "server.log"
-        srv = Server(vllm_uma_exe, SMALL_L1 + extra, log).wait_ready()
-        try:
+    # Launched at once, so that their start-ups overlap; each serves its
+    # traffic alone, one server after another.
+    launched = {}
+    try:
+        for name, extra in variants:
+            log = tmp_path_factory.mktemp(f"offload-{name}") / "server.log"
+            launched[name] = Server(vllm_uma_exe, SMALL_L1 + extra, log)
+        for name, _ in variants:
+            srv = launched[name].wait_ready()
             # The burst on a fresh server, so its counters are its own.
             burst = run_burst(srv) if name == "tiny" else None
             # Sequential first, as on the other servers, so outputs compare.
@@ -108,7 +113,9 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
                 **offload_counters(srv),
                 log=srv.log(),
             )
-        finally:
+            srv.stop()
+    finally:
+        for srv in launched.values():
             srv.stop()
     return results
 

@@ -52,66 +52,64 @@ AVX2_LINEAR = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
 TORCH_LINEAR_LOG = "Failed to create oneDNN linear, fallback to torch linear"
 
 
-def start_server(exe, tmp_path_factory, name, args, env=None):
-    log = tmp_path_factory.mktemp(name) / "server.log"
-    return Server(exe, args, log, env=env).wait_ready(timeout=900)
-
-
-def serving(exe, tmp_path_factory, name, args, env=None):
-    srv = start_server(exe, tmp_path_factory, name, args, env)
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
-def server(vllm_uma_exe, default_model_dir, tmp_path_factory):
-    yield from serving(
-        vllm_uma_exe, tmp_path_factory, "bf16", [*EAGER, "--gpu-memory-utilization", "0.5"]
-    )
-
-
-@pytest.fixture(scope="module")
-def server_avx2(vllm_uma_exe, default_model_dir, tmp_path_factory):
-    yield from serving(
-        vllm_uma_exe,
-        tmp_path_factory,
-        "bf16-avx2",
+# name -> (flags, environment). Test servers run eager to start sooner; one
+# serves `vllm-uma serve`'s own default, torch.compile.
+SERVERS = {
+    "bf16": ([*EAGER, "--gpu-memory-utilization", "0.5"], None),
+    "bf16-avx2": (
         [*EAGER, "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"],
-        env=AVX2_LINEAR,
-    )
-
-
-@pytest.fixture(scope="module")
-def server_compiled(vllm_uma_exe, default_model_dir, tmp_path_factory):
-    # `vllm-uma serve`'s own default: torch.compile.
-    yield from serving(
-        vllm_uma_exe,
-        tmp_path_factory,
-        "bf16-compiled",
-        ["--max-model-len", "2048", "--gpu-memory-utilization", "0.3"],
-    )
-
-
-@pytest.fixture(scope="module")
-def server_fp32(vllm_uma_exe, default_model_dir, tmp_path_factory):
+        AVX2_LINEAR,
+    ),
+    "bf16-compiled": (["--max-model-len", "2048", "--gpu-memory-utilization", "0.3"], None),
     # Also the server that checks --no-wire-weights, to save a start-up.
-    yield from serving(
-        vllm_uma_exe,
-        tmp_path_factory,
-        "fp32",
+    "fp32": (
         [
             *EAGER,
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "2048",
-            "--gpu-memory-utilization",
-            "0.3",
-            "--no-wire-weights",
+            *("--dtype", "float32", "--max-model-len", "2048"),
+            *("--gpu-memory-utilization", "0.3", "--no-wire-weights"),
         ],
-    )
+        None,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def launched(vllm_uma_exe, default_model_dir, tmp_path_factory):
+    """Every server of this module, launched at once: a start-up is mostly
+    one core importing Python, so theirs overlap; each is stopped at the end."""
+    servers = {}
+    try:
+        for name, (args, env) in SERVERS.items():
+            log = tmp_path_factory.mktemp(name) / "server.log"
+            servers[name] = Server(vllm_uma_exe, args, log, env=env)
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
+def ready(launched, name: str) -> Server:
+    return launched[name].wait_ready(timeout=900)
+
+
+@pytest.fixture(scope="module")
+def server(launched):
+    return ready(launched, "bf16")
+
+
+@pytest.fixture(scope="module")
+def server_avx2(launched):
+    return ready(launched, "bf16-avx2")
+
+
+@pytest.fixture(scope="module")
+def server_compiled(launched):
+    return ready(launched, "bf16-compiled")
+
+
+@pytest.fixture(scope="module")
+def server_fp32(launched):
+    return ready(launched, "fp32")
 
 
 @pytest.fixture(scope="module")

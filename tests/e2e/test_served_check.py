@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.traffic import EAGER
 from vllm_uma import models
 from vllm_uma.models import smollm2
 from vllm_uma.models.served_check import ServedCheckError, judge_answer, served_answer
@@ -12,8 +13,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_check_serves_the_build_and_judges_its_answer(default_model_dir):
+    # Eager, to start sooner: the check's own compiled default gives this
+    # answer too (test_serve.py's compiled server asks the same question).
     question = smollm2.CHECK_PROMPT
-    answer, finish = served_answer(default_model_dir, models.DEFAULT_MODEL_NAME, question)
+    name = models.DEFAULT_MODEL_NAME
+    answer, finish = served_answer(default_model_dir, name, question, EAGER)
     assert (answer, finish) == (smollm2.CHECK_ANSWER, "stop")
     judge_answer(question, answer, finish, smollm2.CHECK_EXPECTED)
     # The same real answer fails a check that expects something else.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import pytest
 from disk_tier_kit import FILE, Jobs, Primary, WarningLog, counters, key, make_tier
@@ -68,7 +67,9 @@ def test_stores_pause_on_a_real_enospc_and_resume_when_space_is_back(small_fs):
     primary = Primary()
     root = small_fs / "kv"
     # No cap: only the file system can refuse.
-    tier = make_tier(root, primary, full_disk=FullDisk(first_retry_s=0.2))
+    now = [0.0]  # the pause's clock, moved by the test instead of a sleep
+    full_disk = FullDisk(first_retry_s=5, clock=lambda: now[0])
+    tier = make_tier(root, primary, full_disk=full_disk)
     jobs = Jobs(tier)
     filler = small_fs / "someone-elses-file"
     free = os.statvfs(small_fs).f_bavail * os.statvfs(small_fs).f_frsize
@@ -84,7 +85,7 @@ def test_stores_pause_on_a_real_enospc_and_resume_when_space_is_back(small_fs):
         assert stats[(m.STORE_FAILED, ("disk_full",))] >= 2
         assert any("is full" in message for message in log.messages)
         filler.unlink()  # the other user frees space
-        time.sleep(0.3)
+        now[0] += 5  # the pause is over: the next store tries again
         resumed = jobs.stored([key(3)], [3])
     assert resumed.success
     primary.clear()

@@ -55,6 +55,7 @@ def test_a_root_others_may_write_is_refused_with_the_fix(tmp_path, mode):
     assert f"'{root}' is writable by group or others (mode {stat.S_IMODE(mode):04o})" in message
     assert f"chmod go-w {root}" in message
     assert stat.S_IMODE(root.stat().st_mode) == mode  # left as it was
+    assert list(root.iterdir()) == []  # nothing written into it
 
 
 @as_root
@@ -65,6 +66,7 @@ def test_a_root_another_user_owns_is_refused(tmp_path):
     message = refusal(root)
     assert f"'{root}' is owned by" in message and f"uid {NOBODY}" in message
     assert "Use a directory of your own" in message
+    assert list(root.iterdir()) == []  # nothing written into it
 
 
 def test_a_noindex_symlink_is_refused_and_its_target_untouched(tmp_path):

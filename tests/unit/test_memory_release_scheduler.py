@@ -25,9 +25,11 @@ class Releaser:
     def __init__(self, given_back: int = 4096):
         self.calls: list[tuple] = []
         self.given_back = given_back
+        self.idle_ran = threading.Event()
 
     def idle_pass(self) -> ReleaseReport:
         self.calls.append(("idle",))
+        self.idle_ran.set()
         return ReleaseReport(steps={"free L1 blocks": self.given_back})
 
     def pressure_pass(self, shortfall: int) -> ReleaseReport:
@@ -196,7 +198,7 @@ def test_the_release_thread_stops_once_the_worker_closed_the_kv_cache(monkeypatc
     s._stop = threading.Event()
     thread = threading.Thread(target=s._run)
     thread.start()
-    time.sleep(0.1)
+    assert s._releaser.idle_ran.wait(timeout=10)
     assert s._releaser.calls == [("idle",)]  # ran while the map was there
     registry.close()
     thread.join(timeout=2)
@@ -206,22 +208,43 @@ def test_the_release_thread_stops_once_the_worker_closed_the_kv_cache(monkeypatc
 def test_closing_the_registry_waits_for_a_pass_in_progress():
     from vllm_uma.memory_release.l1_pages import L1PageRegistry
 
+    class CountingLock:
+        """The registry's lock, counting who asked for it, so the test knows
+        that close() is waiting without sleeping."""
+
+        def __init__(self):
+            self.inner, self.asked = threading.Lock(), threading.Semaphore(0)
+
+        def __enter__(self):
+            self.asked.release()
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
     registry, order = L1PageRegistry(), []
+    registry._lock = lock = CountingLock()
     registry.set("map")
-    inside = threading.Event()
+    assert lock.asked.acquire(timeout=1)  # set()'s turn
+    inside, finish = threading.Event(), threading.Event()
 
     def a_pass():
         with registry.held() as page_map:
             inside.set()
-            time.sleep(0.2)
+            assert finish.wait(timeout=10)
             order.append(("pass ends", page_map))
+
+    def closer():
+        registry.close()
+        order.append("closed")
 
     worker = threading.Thread(target=a_pass)
     worker.start()
-    inside.wait()
-    registry.close()
-    order.append("closed")
-    worker.join()
+    assert inside.wait(timeout=10) and lock.asked.acquire(timeout=1)  # the pass holds it
+    closing = threading.Thread(target=closer)
+    closing.start()
+    assert lock.asked.acquire(timeout=10)  # close() has asked for the lock ...
+    finish.set()  # ... and only now may the pass end
+    worker.join(timeout=10)
+    closing.join(timeout=10)
     assert order == [("pass ends", "map"), "closed"]
-    with registry.held() as page_map:
-        assert page_map is None

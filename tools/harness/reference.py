@@ -26,9 +26,19 @@ class TransformersReference:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=getattr(torch, dtype)
         ).eval()
+        # Several servers are judged against one reference on the same
+        # prompts (tests/e2e/test_serve.py): its answer is computed once.
+        self._greedy: dict[tuple[tuple[int, ...], int], tuple[list[int], list]] = {}
 
     def greedy(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], list]:
         """The greedy continuation and, per step, the logits (a float32 tensor each)."""
+        key = (tuple(prompt_ids), max_tokens)
+        if key not in self._greedy:
+            self._greedy[key] = self._generate(prompt_ids, max_tokens)
+        tokens, logits = self._greedy[key]
+        return list(tokens), list(logits)
+
+    def _generate(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], list]:
         import torch
 
         ids = torch.tensor([list(prompt_ids)])

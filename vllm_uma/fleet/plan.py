@@ -86,7 +86,7 @@ def cores_for(servers: int, allowed: list[int]) -> list[tuple[int, ...]]:
     if len(allowed) < servers:
         raise FleetPlanError(
             f"--servers {servers} needs at least {servers} CPU cores, one per server, "
-            f"and this process may use {len(allowed)} ({_ranges(allowed)}). Lower "
+            f"and this process may use {len(allowed)} ({cpu_ranges(allowed)}). Lower "
             f"--servers to {len(allowed)} or less."
         )
     cpus = sorted(allowed)
@@ -99,7 +99,7 @@ def cores_for(servers: int, allowed: list[int]) -> list[tuple[int, ...]]:
     return shares
 
 
-def _ranges(cpus: list[int] | tuple[int, ...]) -> str:
+def cpu_ranges(cpus: list[int] | tuple[int, ...]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"``, the form VLLM_CPU_OMP_THREADS_BIND takes."""
     out, cpus = [], sorted(cpus)
     i = 0
@@ -183,7 +183,7 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
             "--kv-events-config",
             json.dumps(events),
         ]
-        env = {"VLLM_CPU_OMP_THREADS_BIND": _ranges(cores)}
+        env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_ranges(cores)}
         members.append(MemberPlan(i, port, cores, events_in, events_out, tuple(argv), env))
     router = _router_argv(ask, members)
     return FleetPlan(tuple(members), tuple(router), f"http://{ask.host}:{ask.port}", ask.kv_store)

@@ -54,9 +54,12 @@ def serving(model_dir: Path, served_name: str, extra_args: Sequence[str] = ()) -
             server.stop()
 
 
-def served_answer(model_dir: Path, served_name: str, question: str) -> tuple[str, str]:
-    """The server's greedy answer to ``question`` and its finish reason."""
-    with serving(model_dir, served_name) as server:
+def served_answer(
+    model_dir: Path, served_name: str, question: str, extra_args: Sequence[str] = ()
+) -> tuple[str, str]:
+    """The server's greedy answer to ``question`` and its finish reason;
+    ``extra_args`` go to ``vllm-uma serve`` (the check itself passes none)."""
+    with serving(model_dir, served_name, extra_args) as server:
         reply = server.chat(served_name, question, MAX_TOKENS)
     choice = reply["choices"][0]
     return choice["message"]["content"], choice["finish_reason"]
