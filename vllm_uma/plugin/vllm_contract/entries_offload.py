@@ -1,0 +1,300 @@
+"""Contract entries of KV offloading (kv_offload/): the connector, its metrics, the specs, L3."""
+
+from __future__ import annotations
+
+from vllm_uma.plugin.vllm_contract.kinds import (
+    Attribute,
+    Fields,
+    InstanceAttribute,
+    Method,
+    ReplacedBody,
+)
+
+OFF = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
+SCHED = f"{OFF}.scheduler:OffloadingConnectorScheduler"
+STATE = f"{OFF}.scheduler:RequestOffloadState"
+JOB = f"{OFF}.scheduler:TransferJobStatus"
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector:OffloadingConnector"
+PROM = f"{OFF}.metrics:OffloadPromMetrics"
+TIERING_SPEC = "vllm.v1.kv_offload.tiering.spec:TieringOffloadingSpec"
+PRIMARY = "vllm.v1.kv_offload.tiering.manager:CPUPrimaryTierOffloadingManager"
+SECONDARY = "vllm.v1.kv_offload.tiering.base:SecondaryTierManager"
+
+C = ("vllm_uma.kv_offload.connector",)
+RELEASE = ("vllm_uma.memory_release.scheduler",)
+BOTH = C + RELEASE
+M = ("vllm_uma.kv_offload.metrics",)
+S = ("vllm_uma.kv_offload.spec",)
+T = ("vllm_uma.kv_offload.disk.tier",)
+
+ENTRIES = (
+    # -- connector.py: UmaOffloadingConnector skips OffloadingConnector.__init__
+    ReplacedBody(
+        CONNECTOR,
+        "__init__",
+        C,
+        "UmaOffloadingConnector.__init__ redoes it with our scheduler side, so the spec's "
+        "manager (and a disk tier) is built once; anything new here must be redone there",
+        assigns=frozenset({"_canonical_layout", "connector_scheduler", "connector_worker"}),
+        calls=frozenset(
+            {
+                "super",
+                "super().__init__",
+                "build_offloading_config",
+                "OffloadingSpecFactory.create_spec",
+                "OffloadingConnectorScheduler",
+                "OffloadingConnectorWorker",
+            }
+        ),
+    ),
+    Method(
+        "vllm.distributed.kv_transfer.kv_connector.v1:KVConnectorBase_V1",
+        "__init__",
+        C,
+        "called in place of OffloadingConnector.__init__'s super().__init__",
+        params=("vllm_config", "role", "kv_cache_config"),
+    ),
+    Method(
+        f"{OFF}.config",
+        "build_offloading_config",
+        C,
+        "our __init__ calls it as vLLM's does",
+        params=("vllm_config", "kv_cache_config"),
+    ),
+    Method(
+        "vllm.v1.kv_offload.factory:OffloadingSpecFactory",
+        "create_spec",
+        C,
+        "our __init__ calls it as vLLM's does",
+        params=("config",),
+    ),
+    Method(
+        f"{OFF}.worker:OffloadingConnectorWorker",
+        "__init__",
+        C,
+        "built by our __init__ for the worker role",
+        params=("spec", "vllm_config", "kv_cache_config"),
+    ),
+    Method(CONNECTOR, "get_finished", C, "overridden: adds released holds", ("finished_req_ids",)),
+    Method(
+        CONNECTOR,
+        "build_prom_metrics",
+        C,
+        "overridden: our counters beside vLLM's",
+        params=("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),
+    ),
+    Method(
+        CONNECTOR,
+        "_get_connector_metadata",
+        C,
+        "get_finished reads the step's metadata for released holds",
+        params=(),
+    ),
+    # -- connector.py: UmaConnectorScheduler's overrides and vLLM's bookkeeping
+    Method(
+        SCHED,
+        "__init__",
+        C,
+        "UmaConnectorScheduler.__init__ passes these on",
+        params=("spec", "vllm_config", "kv_cache_config"),
+    ),
+    Method(SCHED, "request_finished", C, "overridden: holds unstored blocks", ("request",)),
+    Method(
+        SCHED,
+        "build_connector_meta",
+        C,
+        "overridden: hides held requests from finished_req_ids",
+        params=("scheduler_output",),
+    ),
+    Method(
+        SCHED,
+        "_build_store_jobs",
+        C,
+        "overridden (private): held requests' stores first",
+        params=("scheduler_output",),
+    ),
+    Method(SCHED, "has_pending_push_work", C, "overridden: holds keep the engine busy", ()),
+    Method(SCHED, "reset_cache", C, "overridden: a reset releases the holds", ()),
+    Method(
+        SCHED,
+        "update_connector_output",
+        C,
+        "overridden: counts completed stores and restores",
+        params=("connector_output",),
+    ),
+    Method(
+        SCHED,
+        "_calc_num_offloadable_tokens",
+        C,
+        "_unstored_chunks counts what _build_store_jobs would offer",
+        params=("req_status", "num_computed_tokens"),
+    ),
+    InstanceAttribute(SCHED, "_req_status", BOTH, "requests the connector tracks"),
+    InstanceAttribute(SCHED, "_jobs", BOTH, "transfer jobs in flight"),
+    InstanceAttribute(SCHED, "_connector_stats", BOTH, "where our counters go"),
+    InstanceAttribute(SCHED, "manager", BOTH, "the pool's manager (pool rows, finish signal)"),
+    InstanceAttribute(SCHED, "config", C, "kv_group_configs, blocks_per_chunk"),
+    InstanceAttribute(
+        SCHED,
+        "_block_id_to_pending_jobs",
+        RELEASE,
+        "L1 blocks a store still reads: the release skips them",
+    ),
+    Attribute(
+        f"{OFF}.scheduler:SchedulerOffloadConfig",
+        "kv_group_configs",
+        C,
+        "per-group config for storable_chunks",
+    ),
+    Attribute(
+        f"{OFF}.scheduler:SchedulerOffloadConfig",
+        "blocks_per_chunk",
+        C,
+        "blocks per counted job key",
+    ),
+    Method(
+        STATE,
+        "storable_chunks",
+        C,
+        "_unstored_chunks asks it per group",
+        params=("group_config", "group_state", "num_offloadable_tokens"),
+    ),
+    Attribute(STATE, "req", BOTH, "the request of a tracked status"),
+    Attribute(STATE, "group_states", BOTH, "per-group block ids and store progress"),
+    Attribute(STATE, "req_context", C, "passed to manager.on_request_finished"),
+    Attribute(STATE, "transfer_jobs", C, "jobs still running for a request"),
+    Attribute(STATE, "finished_signaled", C, "set by _signal_finished as vLLM does"),
+    Attribute(
+        f"{OFF}.scheduler:RequestGroupState",
+        "next_stored_chunk_idx",
+        C,
+        "chunks already handed to a store",
+    ),
+    Attribute(f"{OFF}.scheduler:RequestGroupState", "block_ids", RELEASE, "a request's L1 blocks"),
+    Attribute(JOB, "keys", C, "blocks a completed job moved (counted)"),
+    Attribute(JOB, "is_store", C, "store or load (counted apart)"),
+    Attribute(JOB, "fenced_block_ids", RELEASE, "blocks a store fenced"),
+    Attribute(JOB, "deferred_fence_block_ids", RELEASE, "blocks a store will fence"),
+    Fields(
+        f"{OFF}.common:OffloadingConnectorMetadata",
+        "",
+        C,
+        "UmaConnectorMetadata is rebuilt from these fields one by one: a new one would be lost",
+        names=("load_jobs", "store_jobs", "jobs_to_flush"),
+    ),
+    Attribute(
+        f"{OFF}.common:OffloadingWorkerMetadata",
+        "completed_jobs",
+        C,
+        "jobs done this step (counted)",
+    ),
+    Method(
+        f"{OFF}.metrics:OffloadingConnectorStats",
+        "increase_counter",
+        BOTH,
+        "our counters",
+        params=("counter_name", "counter_increase_value", "labelvalues"),
+    ),
+    # -- metrics.py: UmaOffloadPromMetrics registers ours in vLLM's two dicts
+    Method(
+        PROM,
+        "__init__",
+        M,
+        "UmaOffloadPromMetrics passes these on",
+        params=("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),
+    ),
+    InstanceAttribute(PROM, "_offloading_metric_metadata", M, "observe() checks names here"),
+    InstanceAttribute(PROM, "_offloading_metric_defs", M, "observe() finds the metric here"),
+    Method(PROM, "_create_metric", M, "builds our counters", ("metric_name", "metadata")),
+    Method(
+        PROM,
+        "_get_prometheus_metric",
+        M,
+        "shows our counters at 0 from the start",
+        params=("metric_name", "labelvalues", "engine_idx"),
+    ),
+    # -- spec.py: our specs over vLLM's CPU and tiering specs
+    InstanceAttribute(
+        "vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec",
+        "_worker",
+        S,
+        "get_worker caches our mover there, as vLLM's does",
+    ),
+    InstanceAttribute(TIERING_SPEC, "_manager", S, "get_manager caches our tiering manager there"),
+    Method(TIERING_SPEC, "get_worker", S, "overridden: our mover", ("kv_caches",)),
+    Method(
+        TIERING_SPEC,
+        "build_metric_definitions",
+        S,
+        "overridden: the disk tier's metrics instead of vLLM's fs tier's",
+        params=("extra_config",),
+    ),
+    ReplacedBody(
+        TIERING_SPEC,
+        "get_manager",
+        S,
+        "UmaTieredOffloadingSpec.get_manager builds its own tiering manager over our pool "
+        "and DiskTier; what vLLM's adds here must be weighed there",
+        assigns=frozenset({"_manager", "_scheduler_mmap"}),
+        calls=frozenset(
+            {
+                "CPUPrimaryTierOffloadingManager",
+                "SecondaryTierFactory.create_secondary_tier",
+                "SharedOffloadRegion",
+                "TieringOffloadingManager",
+                "ValueError",
+                "enumerate",
+                "int",
+                "len",
+                "logger.exception",
+                "logger.info",
+                "primary_tier.get_kv_memoryview",
+                "primary_tier.shutdown",
+                "reversed",
+                "scheduler_mmap.cleanup",
+                "secondary_tiers.append",
+                "self.extra_config.get",
+                "tier.shutdown",
+            }
+        ),
+    ),
+    Method(
+        PRIMARY,
+        "__init__",
+        S,
+        "built by _build_manager with keywords",
+        params=(
+            "num_chunks",
+            "mmap_region",
+            "cache_policy",
+            "cache_policy_module_path",
+            "enable_events",
+        ),
+    ),
+    Method(PRIMARY, "get_kv_memoryview", S, "the rows the disk tier reads and writes", ()),
+    Method(
+        "vllm.v1.kv_offload.tiering.manager:TieringOffloadingManager",
+        "__init__",
+        S,
+        "built by _build_manager with keywords",
+        params=("primary_tier", "secondary_tiers"),
+    ),
+    # -- disk/tier.py: DiskTier is a SecondaryTierManager
+    Method(
+        SECONDARY,
+        "__init__",
+        T,
+        "DiskTier passes these on",
+        params=("offloading_spec", "primary_kv_view", "tier_type", "backpressure_detector"),
+    ),
+    Method(
+        SECONDARY,
+        "build_metric_definitions",
+        T,
+        "overridden: the disk tier's metrics",
+        params=("extra_config",),
+    ),
+    Attribute(SECONDARY, "block_size_bytes", T, "a pool row's bytes (property)"),
+    Attribute(SECONDARY, "medium", T, "overridden class attribute: STORAGE"),
+    InstanceAttribute(SECONDARY, "locality", T, "set to LOCAL; sent with each KV event"),
+)
