@@ -17,6 +17,12 @@ from __future__ import annotations
 
 import logging
 
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
+
 ENGINE_DEAD = "EngineDeadError"
 MONITOR_LINE = "engine core exited unexpectedly"
 # vLLM's launcher logs this from its SIGINT/SIGTERM handler, and only there:

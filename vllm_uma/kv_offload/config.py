@@ -17,7 +17,12 @@ from vllm_uma.kv_offload.disk.config import RESOLVED_KEY as DISK_TIER_KEY
 from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier, to_extra_config
 from vllm_uma.kv_offload.disk.namespace_inputs import KEY as NAMESPACE_INPUTS_KEY
 from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputsError, namespace_inputs
+from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.memory import GiB
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 CONNECTOR = "OffloadingConnector"
 # Set when the pool size is ours to choose: the worker sizes it again once

@@ -58,6 +58,11 @@ from vllm.v1.request import RequestStatus
 from vllm_uma.kv_offload import metrics
 from vllm_uma.kv_offload.holds import AtFinish, Holds, Settled
 from vllm_uma.log import get_logger
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 logger = get_logger(__name__)
 

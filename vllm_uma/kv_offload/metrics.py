@@ -19,6 +19,12 @@ from __future__ import annotations
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadPromMetrics
 from vllm.v1.kv_offload.base import OffloadingCounterMetadata
 
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
+
 BLOCKS_STORED = "vllm:kv_offload_blocks_stored"
 BLOCKS_RESTORED = "vllm:kv_offload_blocks_restored"
 RESTORE_HITS = "vllm:kv_offload_restore_hits"

@@ -36,6 +36,11 @@ from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for,
 from vllm_uma.kv_offload.disk.namespace_inputs import KEY as NAMESPACE_INPUTS_KEY
 from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 logger = init_logger("vllm.plugins.vllm_uma.kv_offload")
 

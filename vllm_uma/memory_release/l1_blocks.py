@@ -34,6 +34,11 @@ from vllm.v1.kv_offload.base import OffloadKey, make_offload_key
 
 from vllm_uma.memory_release.l1_pages import L1PageMap
 from vllm_uma.memory_release.pages import give_back
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 
 class ReleaseError(RuntimeError):

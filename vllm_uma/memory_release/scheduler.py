@@ -46,7 +46,12 @@ from vllm_uma.memory_release.l1_pages import L1_PAGES
 from vllm_uma.memory_release.pool_rows import PoolRows
 from vllm_uma.memory_release.pressure import PressureWatch
 from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
+from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 logger = get_logger(__name__)
 

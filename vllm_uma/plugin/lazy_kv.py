@@ -27,6 +27,12 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
+
 
 class LazyZerosMode(TorchFunctionMode):
     """Within this mode, ``torch.zeros(...)`` returns ``torch.empty(...)``."""

@@ -37,6 +37,7 @@ from vllm.platforms.cpu import CpuPlatform
 
 from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.log import get_logger
+from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 from vllm_uma.plugin.memory import fmt_gib
 from vllm_uma.plugin.vllm_version import require_supported_vllm
@@ -44,6 +45,8 @@ from vllm_uma.plugin.vllm_version import require_supported_vllm
 # Every vLLM process imports this module first (through the entry point):
 # another vLLM version fails here, in one line, not deep inside a request.
 require_supported_vllm()
+# Then the internals this module relies on (plugin/vllm_contract/).
+vllm_contract.require(__name__)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -39,6 +39,7 @@ from vllm.v1.worker.gpu_worker import Worker
 from vllm_uma.kv_offload.config import configured_pool_bytes, resize_auto_pool
 from vllm_uma.log import get_logger
 from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
+from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig
 from vllm_uma.plugin.cpu_kernels import prepare_worker_process
 from vllm_uma.plugin.lazy_kv import LazyZerosMode
@@ -51,6 +52,10 @@ from vllm_uma.plugin.memory import (
 )
 from vllm_uma.plugin.platform import total_ram_bytes
 from vllm_uma.plugin.wiring import WiringResult, read_maps, wire_new_memory
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 logger = get_logger(__name__)
 

@@ -32,6 +32,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
+
 KEY = "uma_namespace_inputs"
 
 

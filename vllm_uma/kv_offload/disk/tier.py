@@ -79,6 +79,11 @@ from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger_feed import FeedBatch, LedgerFeed
 from vllm_uma.kv_offload.disk.ledger_startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
 
 # A restore that has not even started after this long is given up (a miss,
 # recomputed): recomputing a 4,000-token prompt takes about 3 s here, and a

@@ -21,6 +21,7 @@ report: the first thing to run after changing vLLM (docs/upgrading_vllm.md).
 
 from __future__ import annotations
 
+from vllm_uma.plugin import vllm_version
 from vllm_uma.plugin.vllm_contract.entries_core import ENTRIES as _CORE
 from vllm_uma.plugin.vllm_contract.entries_offload import ENTRIES as _OFFLOAD
 from vllm_uma.plugin.vllm_contract.kinds import Entry
@@ -44,9 +45,13 @@ def failure_line(entry: Entry, found: str) -> str:
 
 
 def check(entry: Entry) -> None:
-    """Raise ContractError, in one line, unless vLLM matches ``entry``."""
+    """Raise ContractError, in one line, unless vLLM matches ``entry``.
+
+    Under another vLLM version the version's own refusal comes first: it is
+    the cause, and its fix (install the pinned vLLM) is the user's."""
     found = entry.problem()
     if found is not None:
+        vllm_version.check(installed_vllm_version())
         raise ContractError(failure_line(entry, found))
 
 

@@ -114,7 +114,8 @@ class Entry:
 
     @property
     def name(self) -> str:
-        return f"{self.owner}.{self.member}" if self.member else self.owner
+        owner = self.owner.replace(":", ".")
+        return f"{owner}.{self.member}" if self.member else owner
 
     def expected(self) -> str:
         raise NotImplementedError
@@ -207,11 +208,25 @@ class Text(Entry):
         if self.member:
             source = inspect.getsource(_function(_static(resolve(self.owner), self.member)))
         else:
-            spec = importlib.util.find_spec(self.owner)
-            if spec is None or spec.origin is None:
-                return "no such module"
-            source = Path(spec.origin).read_text(encoding="utf-8")
+            path = module_file(self.owner)
+            if path is None:
+                return "no such module file"
+            source = path.read_text(encoding="utf-8")
         return None if self.text in source else "the text is not there"
+
+
+def module_file(module: str) -> Path | None:
+    """The source file of ``module``, found without importing it or its packages
+    (importing vllm.v1.engine alone takes seconds)."""
+    top, *parts = module.split(".")
+    spec = importlib.util.find_spec(top)  # a top-level name: nothing is imported
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    base = Path(next(iter(spec.submodule_search_locations)), *parts)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
 
 
 @dataclass(frozen=True)
