@@ -18,12 +18,16 @@ step (a long request is work until its last step).
 
 Why a lock: the engine's main thread changes the block pool, the pool's
 manager and the disk tier's index in ``schedule``, ``update_from_output``,
-``add_request``, ``finish_requests``, ``reset_prefix_cache`` and
-``make_stats``; each of those holds the lock, so the release thread never
-sees them half-changed. The model's forward runs outside the lock: it writes
-only the blocks of scheduled requests (``ref_cnt > 0``, never touched), and
-the stores that still read freed blocks are skipped (l1_blocks.py). Taking
-an uncontended lock costs well under a microsecond a call.
+``add_request``, ``finish_requests``, ``reset_prefix_cache``,
+``reset_connector_cache`` and ``make_stats``; each of those holds the lock,
+so the release thread never sees them half-changed. The list is
+``plugin/vllm_contract/scheduler_methods.LOCKED``, beside the reasons the
+other public methods need no lock; the contract fails this module's import
+when vLLM's Scheduler gains a public method that is in neither list. The
+model's forward runs outside the lock: it writes only the blocks of
+scheduled requests (``ref_cnt > 0``, never touched), and the stores that
+still read freed blocks are skipped (l1_blocks.py). Taking an uncontended
+lock costs well under a microsecond a call.
 
 What crosses processes: nothing. The L1 page map comes from the worker in
 this process (l1_pages.py, the 'uni' executor); counters go to /metrics
@@ -48,6 +52,7 @@ from vllm_uma.memory_release.pressure import PressureWatch
 from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig
+from vllm_uma.plugin.vllm_contract.scheduler_methods import LOCKED
 
 # vLLM internals used here, checked now: a changed one fails this import in
 # one line (plugin/vllm_contract/), not a request later.
@@ -68,6 +73,17 @@ def _locked(name: str):
     return method
 
 
+def _lock_the_rest(cls):
+    """Every LOCKED method the class does not write out itself: vLLM's, under
+    the lock. Done once, as the class is defined, from the contract's list, so
+    that the list that is checked against vLLM is the list that is locked."""
+    for name in LOCKED:
+        if name not in vars(cls):
+            setattr(cls, name, _locked(name))
+    return cls
+
+
+@_lock_the_rest
 class ReleasingScheduler:
     """The mixin; ``UmaScheduler`` and ``UmaAsyncScheduler`` below."""
 
@@ -90,11 +106,6 @@ class ReleasingScheduler:
         if self._releaser is not None:
             self._thread = threading.Thread(target=self._run, name="uma-kv-release", daemon=True)
             self._thread.start()
-
-    update_from_output = _locked("update_from_output")
-    finish_requests = _locked("finish_requests")
-    reset_prefix_cache = _locked("reset_prefix_cache")
-    make_stats = _locked("make_stats")
 
     def schedule(self, *args, **kwargs):
         with self._release_lock:
