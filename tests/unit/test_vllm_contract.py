@@ -1,0 +1,172 @@
+"""The vLLM contract (plugin/vllm_contract/): it holds here, each kind of entry can fail,
+a failure is one line naming the member, and the check stays cheap.
+
+Failures are shown with scratch entries naming members vLLM does not have,
+never by changing vLLM.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_uma.commands import engine_watch
+from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin.vllm_contract import ENTRIES, ContractError, require
+from vllm_uma.plugin.vllm_contract.__main__ import report
+from vllm_uma.plugin.vllm_contract.kinds import (
+    Attribute,
+    Fields,
+    InstanceAttribute,
+    Method,
+    PublicNames,
+    ReplacedBody,
+    Text,
+)
+from vllm_uma.plugin.vllm_version import SUPPORTED_VLLM
+
+ROOT = Path(__file__).resolve().parents[2]
+MANAGER = "vllm.v1.kv_offload.cpu.manager:CPUOffloadingManager"
+SCRATCH = ("tests.scratch",)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: f"{e.name}:{type(e).__name__}")
+def test_every_entry_holds_on_the_installed_vllm(entry):
+    assert entry.problem() is None
+
+
+BROKEN = [
+    (InstanceAttribute(MANAGER, "_free_lst", SCRATCH, "scratch"), "CPUOffloadingManager._free_lst"),
+    (Attribute(MANAGER, "_no_such_attr", SCRATCH, "scratch"), "CPUOffloadingManager._no_such_attr"),
+    (Method(MANAGER, "_free_chunk", SCRATCH, "scratch", ("block",)), "_free_chunk"),
+    (Method(MANAGER, "_free_chunks", SCRATCH, "scratch", ("chunk",)), "_free_chunks"),
+    (Text("vllm.v1.engine.core_client", "", SCRATCH, "x", text="no such line"), "core_client"),
+    (Text("vllm.v1.no_such_module", "", SCRATCH, "x", text="x"), "vllm.v1.no_such_module"),
+    (Text(MANAGER, "prepare_store", SCRATCH, "x", text="no such step"), "prepare_store"),
+    (
+        ReplacedBody(MANAGER, "__init__", SCRATCH, "x", assigns=frozenset({"_free_list"})),
+        "CPUOffloadingManager.__init__",
+    ),
+    (
+        Fields("vllm.v1.kv_offload.base:OffloadingEvent", "", SCRATCH, "x", names=("keys",)),
+        "OffloadingEvent",
+    ),
+    (
+        PublicNames("vllm.v1.core.sched.scheduler:Scheduler", "", SCRATCH, "x", names=frozenset()),
+        "Scheduler",
+    ),
+    (InstanceAttribute("vllm.v1.no_such:Thing", "x", SCRATCH, "scratch"), "vllm.v1.no_such"),
+]
+
+
+@pytest.mark.parametrize("entry, named", BROKEN, ids=lambda x: getattr(x, "name", x))
+def test_a_missing_member_fails_in_one_line_naming_it(entry, named):
+    with pytest.raises(ContractError) as failure:
+        require(SCRATCH[0], entries=(entry,))
+    message = str(failure.value)
+    assert "\n" not in message
+    assert named in message and entry.name in message
+    assert f"written against vLLM {SUPPORTED_VLLM}; installed is vLLM " in message
+    assert message.endswith("See docs/upgrading_vllm.md.")
+
+
+def test_an_entry_for_another_module_is_not_checked_by_this_one():
+    broken = InstanceAttribute(MANAGER, "_free_lst", ("tests.other",), "scratch")
+    good = InstanceAttribute(MANAGER, "_free_list", SCRATCH, "scratch")
+    require(SCRATCH[0], entries=(broken, good))
+
+
+def test_a_module_without_entries_is_told_so():
+    with pytest.raises(ValueError, match="no entry names it"):
+        require("vllm_uma.nothing_here")
+
+
+def test_the_report_prints_each_entry_and_counts_failures():
+    broken = InstanceAttribute(MANAGER, "_free_lst", SCRATCH, "scratch")
+    good = InstanceAttribute(MANAGER, "_free_list", SCRATCH, "scratch")
+    out = io.StringIO()
+    assert report((good, broken), out) == 1
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(
+        "OK    vllm.v1.kv_offload.cpu.manager.CPUOffloadingManager._free_list"
+    )
+    assert lines[1].startswith("FAIL  vLLM internal ") and "_free_lst" in lines[1]
+    assert lines[2].startswith("1 of 2 entries hold") and "1 failed" in lines[2]
+
+
+def test_the_report_command_exits_0_here():
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_uma.plugin.vllm_contract"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith(f"{len(ENTRIES)} of {len(ENTRIES)} entries hold"), last
+
+
+def _calls_require(path: Path) -> bool:
+    for node in ast.parse(path.read_text()).body:  # top level: runs at import
+        if isinstance(node, ast.Expr) and ast.unparse(node.value) == (
+            "vllm_contract.require(__name__)"
+        ):
+            return True
+    return False
+
+
+def test_every_module_an_entry_names_checks_it_at_import():
+    users = {user for entry in ENTRIES for user in entry.users}
+    missing = [u for u in sorted(users) if not _calls_require(ROOT / f"{u.replace('.', '/')}.py")]
+    assert not missing
+
+
+def test_every_module_that_checks_at_import_has_entries():
+    callers = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in (ROOT / "vllm_uma").rglob("*.py")
+        if _calls_require(path)
+    }
+    assert callers == {user for entry in ENTRIES for user in entry.users}
+
+
+def test_engine_watchs_log_lines_are_the_contracts():
+    texts = {e.text for e in vllm_contract.entries_of("vllm_uma.commands.engine_watch")}
+    assert texts == {
+        engine_watch.MONITOR_LINE,
+        engine_watch.STOP_LINE,
+        f"class {engine_watch.ENGINE_DEAD}(",
+    }
+
+
+# Modules that import no vLLM module must stay so with their contract check
+# (its texts are read from vLLM's files); and the package's own import, which
+# vLLM's plugin discovery goes through, imports none either.
+LIGHT = [
+    "vllm_uma",
+    "vllm_uma.plugin.vllm_contract",
+    "vllm_uma.commands.engine_watch",
+    "vllm_uma.memory_release.l1_pages",
+    "vllm_uma.plugin.lazy_kv",
+    "vllm_uma.kv_offload.disk.namespace_inputs",
+]
+
+
+def test_the_check_of_light_modules_imports_no_vllm_module():
+    code = (
+        "import importlib, sys\n"
+        f"for name in {LIGHT!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
