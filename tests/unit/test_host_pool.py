@@ -38,12 +38,17 @@ def test_an_empty_pool_is_refused_with_the_fix():
 def kv_caches(
     fill: bool, backing: str | None = None
 ) -> tuple[CanonicalKVCaches, list[torch.Tensor]]:
-    """Per-layer KV tensors: separate allocations (``backing`` None) or views
-    of one buffer as vLLM allocates it, ``"layer_major"`` (layer l at
-    l * NUM_BLOCKS * PAGE) or ``"block_major"`` (block b's pages of every
-    layer side by side)."""
+    """Per-layer KV tensors: not at one stride (``backing`` None: layer l at
+    l(l+1)/2 layer sizes, so that the distances grow) or views of one buffer
+    as vLLM allocates it, ``"layer_major"`` (layer l at l * NUM_BLOCKS *
+    PAGE) or ``"block_major"`` (block b's pages of every layer side by side)."""
     if backing is None:
-        layers = [torch.zeros(NUM_BLOCKS, PAGE, dtype=torch.int8) for _ in range(LAYERS)]
+        # Not separate torch.zeros: the allocator may place those at one
+        # stride by chance, and the mover then rightly copies them as one.
+        size = NUM_BLOCKS * PAGE
+        buf = torch.zeros(size * LAYERS * (LAYERS + 1) // 2, dtype=torch.int8)
+        starts = [size * layer * (layer + 1) // 2 for layer in range(LAYERS)]
+        layers = [buf[s : s + size].view(NUM_BLOCKS, PAGE) for s in starts]
     else:
         buf = torch.zeros(NUM_BLOCKS * LAYERS * PAGE, dtype=torch.int8)
         if backing == "layer_major":
