@@ -61,7 +61,7 @@ bench-memory: model
 # KV memory that follows the working set: burst, idle, a memory hog, revisits,
 # with the release and without (figures, JSON and a PNG; about 8 minutes).
 bench-memory-pressure: model
-	$(BIN)/python -m tools.benchmark.memory_benchmark --pressure --out bench-out/memory_pressure.json
+	$(BIN)/python -m tools.benchmark.memory_pressure --out bench-out/memory_pressure.json
 
 # KV offloading: TTFT of an L2 restore against an L1 hit and a recompute,
 # the cost with no reuse, a restart served from the disk tier, the L1<->L2

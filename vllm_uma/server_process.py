@@ -50,16 +50,21 @@ class Server:
         self.log_path = log_path
         self.url = f"http://127.0.0.1:{self.port}"
         prefix = [exe] if isinstance(exe, str) else list(exe)
-        cmd = [*prefix, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            cmd,
+            self.command(prefix, args),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
         )
+
+    def command(self, prefix: list[str], args: list[str]) -> list[str]:
+        """The argv started: ``prefix serve ARGS`` on this server's loopback
+        port. A subclass that starts another server (a benchmark's stock
+        vLLM) says so here and keeps the rest: readiness, requests, stop."""
+        return [*prefix, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

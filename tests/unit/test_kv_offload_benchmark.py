@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.benchmark.kv_offload_client import PassResult, Reply, percentile
+from tools.benchmark.kv_offload_client import PassResult, Reply
 from tools.benchmark.kv_offload_report import compare, expectations, summarize, table
 from tools.benchmark.kv_offload_runner import (
     Runner,
@@ -18,6 +18,7 @@ from tools.benchmark.kv_offload_runner import (
     failure,
     spill_prompts,
 )
+from tools.benchmark.lib.report import percentile
 
 BW = {"memcpy_gbps": 10.0, "disk_read_gbps": 1.0}
 
@@ -166,7 +167,7 @@ def test_failure_leads_with_the_servers_error_line():
 
 
 def test_a_pool_row_is_one_block_of_one_kv_cache_group(tmp_path):
-    from tools.benchmark.bench_common import kv_row_bytes
+    from tools.benchmark.lib.geometry import kv_row_bytes
 
     def model(**config):
         d = tmp_path / str(len(list(tmp_path.iterdir())))

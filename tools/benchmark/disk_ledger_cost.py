@@ -28,7 +28,6 @@ the absolute times, are the result (the machine is shared).
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import multiprocessing
 import shutil
@@ -40,7 +39,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from tools.benchmark.bench_common import BLOCK_TOKENS, kv_bytes_per_token
+from tools.benchmark.lib.geometry import BLOCK_TOKENS, kv_bytes_per_token
+from tools.benchmark.lib.report import Column, Table, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = BLOCK_TOKENS * kv_bytes_per_token()  # one KV block of the default model in bf16
@@ -184,6 +184,31 @@ def run(root: Path, servers: int, jobs: int) -> dict:
     )
 
 
+# One row a run: the figures run() returns, in this order, then "cap held".
+RUN_KEYS = (
+    "servers", "stores", "blocks_per_s", "ledger_cpu_per_store_us", "write_cpu_per_block_us",
+    "ledger_cpu_over_write_cpu", "ledger_per_store_p50_us", "reserve_p99_us", "commit_p99_us",
+    "write_per_block_p50_us", "lookup_ns", "feed_flush_p50_ms",
+)  # fmt: skip
+RUNS = Table(
+    [
+        Column("servers", 7),
+        Column("stores", 6),
+        Column("blocks/s", 8, "{:.0f}"),
+        Column("ledger CPU", 10, "{:.0f} us"),
+        Column("write CPU", 10, "{:.0f} us"),
+        Column("ratio", 6, "{:.1%}"),
+        Column("wall p50", 9, "{:.2f} ms", unit=1e3),
+        Column("reserve p99", 11, "{:.1f} ms", unit=1e3),
+        Column("commit p99", 10, "{:.1f} ms", unit=1e3),
+        Column("write p50", 9, "{:.2f} ms", unit=1e3),
+        Column("lookup", 7, "{:.0f} ns"),
+        Column("flush", 7, "{:.2f} ms"),
+        Column("cap held", 0, left=True),
+    ]
+)
+
+
 def _p99(values: list[float]) -> float:
     return values[int(0.99 * (len(values) - 1))]
 
@@ -204,23 +229,11 @@ def main() -> None:
             shutil.rmtree(root)
     print("CPU: the thread's own time in the calls; wall: with the waits for the")
     print("write lock (other threads and servers) and the GIL (8 I/O threads, 2 cores).")
-    print(
-        f"{'servers':>7} {'stores':>6} {'blocks/s':>8} {'ledger CPU':>10} {'write CPU':>10} "
-        f"{'ratio':>6} {'wall p50':>9} {'reserve p99':>11} {'commit p99':>10} "
-        f"{'write p50':>9} {'lookup':>7} {'flush':>7} cap held"
-    )
+    print(RUNS.header())
     for r in rows:
-        print(
-            f"{r['servers']:>7} {r['stores']:>6} {r['blocks_per_s']:>8.0f} "
-            f"{r['ledger_cpu_per_store_us']:>7.0f} us {r['write_cpu_per_block_us']:>7.0f} us "
-            f"{r['ledger_cpu_over_write_cpu']:>6.1%} "
-            f"{r['ledger_per_store_p50_us'] / 1e3:>6.2f} ms "
-            f"{r['reserve_p99_us'] / 1e3:>8.1f} ms {r['commit_p99_us'] / 1e3:>7.1f} ms "
-            f"{r['write_per_block_p50_us'] / 1e3:>6.2f} ms {r['lookup_ns']:>4.0f} ns "
-            f"{r['feed_flush_p50_ms']:>4.2f} ms {r['used_bytes_after'] <= r['cap_bytes']}"
-        )
+        print(RUNS.row([r[key] for key in RUN_KEYS] + [r["used_bytes_after"] <= r["cap_bytes"]]))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
    1 MiB requests one at a time (the disk's sequential speed, for the
    record), and block files read the way the tier reads them (O_DIRECT, as
    many at a time as the restore's threads, page cache dropped:
-   bench_common.disk_tier_read_gbps), the reference a restore is held to.
+   lib/floors.py: disk_tier_read_gbps), the reference a restore is held to.
 2. The tier: --blocks blocks of the default model's row (vLLM CPU's block of
    128 tokens, from the model's config) stored by the real DiskTier from an mmap'd primary
    tier in jobs of 9 blocks, then the page cache is dropped for every block
@@ -22,7 +22,6 @@ and are deleted at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import resource
@@ -37,12 +36,9 @@ import numpy as np
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
-from tools.benchmark.bench_common import (
-    BLOCK_TOKENS,
-    disk_tier_read_gbps,
-    drop_page_cache,
-    kv_bytes_per_token,
-)
+from tools.benchmark.lib.floors import disk_tier_read_gbps, drop_page_cache
+from tools.benchmark.lib.geometry import BLOCK_TOKENS, kv_bytes_per_token
+from tools.benchmark.lib.report import write_json
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
 from vllm_uma.kv_offload.disk.tier import DiskTier
@@ -195,7 +191,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return 0
 
 

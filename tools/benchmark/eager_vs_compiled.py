@@ -27,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.benchmark.bench_common import EXE, MODEL, text
-from tools.benchmark.kv_offload_env import environment
+from tools.benchmark.lib import servers
+from tools.benchmark.lib.environment import environment
+from tools.benchmark.lib.prompts import MODEL, text
 from tools.harness.reference import TransformersReference
 from vllm_uma import models
 from vllm_uma.models import smollm2
@@ -61,7 +62,7 @@ def measure(
 ) -> dict[str, object]:
     print(f"starting {name} ...", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    server = Server(EXE, flags, log_dir / f"{name}.log", env=env).wait_ready(timeout=900)
+    server = servers.start(flags, log_dir / f"{name}.log", env=env, timeout=900)
     row: dict[str, object] = {"mode": name, "startup_s": time.perf_counter() - started}
     try:
         cold, hit, decode = [], [], []

@@ -33,7 +33,6 @@ compare the policies' ratios, not absolute times.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -48,13 +47,14 @@ from pathlib import Path
 import psutil
 import requests
 
+from tools.benchmark.lib import client
+from tools.benchmark.lib.prompts import MODEL, document
+from tools.benchmark.lib.report import Column, Table, write_json
 from tools.harness.server import free_port, metric
 from vllm_uma.fleet.plan import FleetRequest, plan_fleet
 from vllm_uma.fleet.supervisor import Fleet
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = "SmolLM2-135M-Instruct"
-WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music", "paper", "glass"]
 # A small L1 (about 2,600 bf16 tokens each) so that other traffic evicts a
 # conversation between its turns: what then comes back from the pool or the
 # disk is visible. Eager: a fleet starts in about 40 s instead of 2 minutes.
@@ -67,47 +67,26 @@ SERVE_FLAGS = (
 )  # fmt: skip
 
 
-def text(seed: int, tokens: int) -> str:
-    return f"Document {seed}: " + " ".join(
-        WORDS[(seed * 7 + k * 3) % len(WORDS)] + str(k % 97) for k in range(tokens // 2)
-    )
-
-
 def stream_ttft(router: str, prompt: str, max_tokens: int = 8) -> tuple[float, str, dict]:
     """TTFT, the text, and the usage (prompt_tokens, cached_tokens)."""
     payload = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     payload["stream_options"] = {"include_usage": True}
-    start = time.perf_counter()
-    first, out, usage = None, [], {}
-    with requests.post(
-        f"{router}/v1/completions", json={**payload, "stream": True}, stream=True, timeout=300
-    ) as reply:
-        reply.raise_for_status()
-        for line in reply.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                details = chunk["usage"].get("prompt_tokens_details") or {}
-                usage = {
-                    "prompt_tokens": chunk["usage"]["prompt_tokens"],
-                    "cached_tokens": details.get("cached_tokens") or 0,
-                }
-            if not chunk.get("choices"):
-                continue
-            if first is None:
-                first = time.perf_counter() - start
-            out.append(chunk["choices"][0].get("text", ""))
-    return (first if first is not None else time.perf_counter() - start), "".join(out), usage
+    reply = client.stream(router, payload, timeout=300)
+    usage = {}
+    if reply.usage:
+        details = reply.usage.get("prompt_tokens_details") or {}
+        usage = {
+            "prompt_tokens": reply.usage["prompt_tokens"],
+            "cached_tokens": details.get("cached_tokens") or 0,
+        }
+    ttft = reply.ttft_s if reply.ttft_s is not None else reply.latency_s
+    return ttft, reply.text, usage
 
 
 def server_totals(url: str) -> dict[str, float]:
-    body = requests.get(f"{url}/metrics", timeout=10).text
-    src = "vllm:prompt_tokens_cached_by_source_total"
+    body = client.metrics(url, timeout=10)
     return {
-        "device": metric(body, src, 'source="device"'),
-        "host": metric(body, src, 'source="host"'),
-        "disk": metric(body, src, 'source="disk"'),
+        **client.cached_by_source(body),
         "prompt": metric(body, "vllm:prompt_tokens_total"),
         "requests": metric(body, "vllm:request_success_total"),
     }
@@ -121,8 +100,8 @@ def kill_server(url: str) -> None:
             return
 
 
-def router_lookups(metrics_url: str) -> dict[str, float]:
-    body = requests.get(metrics_url, timeout=10).text
+def router_lookups(router_metrics: str) -> dict[str, float]:
+    body = client.metrics(router_metrics, timeout=10)
     name = "vllm_router_kv_placement_lookups_total"
     return {r: metric(body, name, f'result="{r}"') for r in ("hit", "miss")}
 
@@ -146,7 +125,7 @@ def run_policy(policy: str, args, work: Path, disk: bool) -> dict:
     totals: list[dict[str, float]] = []
     carried = {key: 0.0 for key in ("device", "host", "disk", "prompt", "requests")}
     try:
-        conversations = {c: text(1000 + c, 1000) for c in range(args.conversations)}
+        conversations = {c: document(1000 + c, 1000) for c in range(args.conversations)}
         for turn in range(args.turns):
             if turn == 2 and not args.no_restart:
                 carried = server_totals(servers[1])  # its counters restart from 0
@@ -165,12 +144,12 @@ def run_policy(policy: str, args, work: Path, disk: bool) -> dict:
                 # Other traffic: one or two unrelated prompts, varying so that
                 # round_robin's rotation does not line turns up with servers.
                 for k in range(1 + (c + turn) % 2):
-                    stream_ttft(plan.router_url, text(5000 + 100 * turn + 10 * c + k, 1000), 2)
+                    stream_ttft(plan.router_url, document(5000 + 100 * turn + 10 * c + k, 1000), 2)
 
             with ThreadPoolExecutor(max_workers=args.conversations) as pool:
                 list(pool.map(one, range(args.conversations)))
         time.sleep(2)  # the last steps' metrics
-        lookups = router_lookups(f"http://127.0.0.1:{ask.metrics_port}/metrics")
+        lookups = router_lookups(f"http://127.0.0.1:{ask.metrics_port}")
         totals = [server_totals(url) for url in servers]
         totals[1] = {key: value + carried[key] for key, value in totals[1].items()}
     finally:
@@ -245,20 +224,48 @@ def chart(result: dict, path: Path) -> None:
     fig.savefig(path)
 
 
+POLICY_TABLE = Table(
+    [
+        Column("policy", 12, left=True),
+        Column("TTFT p50", 9, "{:.3f}s"),
+        Column("p99", 7, "{:.3f}s"),
+        Column("later p50", 9, "{:.3f}s"),
+        Column("device", 7, "{:.0f}"),
+        Column("host", 6, "{:.0f}"),
+        Column("disk", 6, "{:.0f}"),
+        Column("recomp", 7, "{:.0f}"),
+        # later turns mostly cached / later turns, and the mean share cached
+        Column("later cached", 12, "{0[0]:>5}/{0[1]:<2} {0[2]:>4.0%}"),
+        Column("router hit/miss", 15, "{0[0]:>7.0f}/{0[1]:<7.0f}"),
+        Column("requests/server", 0, left=True, gap=2),
+    ]
+)
+
+
 def print_table(key: str, policies: dict, settings: tuple) -> None:
     disk = key == "policies" and True in settings
     print(f"\n{'with the shared disk store' if disk else 'without a disk tier'}")
-    print(f"{'policy':12} {'TTFT p50':>9} {'p99':>7} {'later p50':>9} {'device':>7} {'host':>6} "
-          f"{'disk':>6} {'recomp':>7} {'later cached':>12} {'router hit/miss':>15}  "
-          f"requests/server")  # fmt: skip
+    print(POLICY_TABLE.header())
     for name, r in policies.items():
         h, look = r["hit_tokens"], r["router_kv_lookups"]
-        print(f"{name:12} {r['ttft_p50_s']:>8.3f}s {r['ttft_p99_s']:>6.3f}s "
-              f"{r['ttft_p50_later_turns_s']:>8.3f}s {h['device']:>7.0f} {h['host']:>6.0f} "
-              f"{h['disk']:>6.0f} {r['recomputed_tokens']:>7.0f} "
-              f"{r['later_turns_mostly_cached']:>5}/{r['later_turns']:<2} "
-              f"{r['later_turns_cached_share']:>4.0%} "
-              f"{look['hit']:>7.0f}/{look['miss']:<7.0f}  {r['requests_per_server']}")  # fmt: skip
+        cached = (r["later_turns_mostly_cached"], r["later_turns"], r["later_turns_cached_share"])
+        print(
+            POLICY_TABLE.row(
+                [
+                    name,
+                    r["ttft_p50_s"],
+                    r["ttft_p99_s"],
+                    r["ttft_p50_later_turns_s"],
+                    h["device"],
+                    h["host"],
+                    h["disk"],
+                    r["recomputed_tokens"],
+                    cached,
+                    (look["hit"], look["miss"]),
+                    str(r["requests_per_server"]),
+                ]
+            )
+        )
 
 
 def main() -> None:
@@ -296,8 +303,7 @@ def main() -> None:
     for key in ("policies", "policies_without_disk"):
         if key in result:
             print_table(key, result[key], settings)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     chart(result, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 

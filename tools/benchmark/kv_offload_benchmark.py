@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from tools.benchmark.bench_common import disk_tier_read_gbps, kv_row_bytes, memcpy_gbps
-from tools.benchmark.kv_offload_client import progress
-from tools.benchmark.kv_offload_env import environment
 from tools.benchmark.kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
 from tools.benchmark.kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
 from tools.benchmark.kv_offload_runner import WORKLOADS, Runner, Settings
+from tools.benchmark.lib.environment import environment
+from tools.benchmark.lib.floors import disk_tier_read_gbps, memcpy_gbps
+from tools.benchmark.lib.geometry import kv_row_bytes
+from tools.benchmark.lib.log import progress
+from tools.benchmark.lib.report import write_json
 from vllm_uma import models
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
 
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "sizing": runner.sizing_report(),
         "workloads": workloads,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(table(workloads))
     png = args.out.with_suffix(".png")
     title = _title(env, args) + ("\nSUSPECT: " + reasons[0][:110] if reasons else "")

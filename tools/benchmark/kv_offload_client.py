@@ -1,25 +1,20 @@
-"""The client side of the KV offloading benchmark: streamed completions over
-HTTP, a pass of them at a fixed concurrency, and the /metrics counters that
-say which tier supplied the cached prompt tokens.
+"""The client side of the KV offloading benchmark: a streamed completion's
+figures, a pass of them at a fixed concurrency, and the /metrics counters
+that say which tier supplied the cached prompt tokens (over lib/client.py).
 """
 
 from __future__ import annotations
 
-import json
-import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
-import requests
-
-from tools.benchmark.bench_common import MODEL
+from tools.benchmark.lib import client
+from tools.benchmark.lib.log import progress
+from tools.benchmark.lib.prompts import MODEL
 from tools.harness.server import metric
 
 REQUEST_TIMEOUT_S = 900
-HIT_SOURCES = ("device", "host", "disk")
-CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
 COMPUTED = "vllm:prompt_tokens_by_source_total"
 BYTES_MOVED = "vllm:kv_offload_total_bytes_total"
 
@@ -40,27 +35,13 @@ def stream_completion(url: str, prompt: str, max_tokens: int, model: str = MODEL
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
-        "stream": True,
         "stream_options": {"include_usage": True},
     }
-    start = time.perf_counter()
-    ttft = None
-    usage = None
-    with requests.post(
-        f"{url}/v1/completions", json=payload, stream=True, timeout=REQUEST_TIMEOUT_S
-    ) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if ttft is None and chunk.get("choices"):
-                ttft = time.perf_counter() - start
-            usage = chunk.get("usage") or usage
-    latency = time.perf_counter() - start
-    if ttft is None or usage is None:
+    reply = client.stream(url, payload, REQUEST_TIMEOUT_S)
+    if reply.ttft_s is None or reply.usage is None:
         raise RuntimeError(f"the stream from {url} ended without a token or without usage")
-    return Reply(ttft, latency, usage["prompt_tokens"], usage["completion_tokens"])
+    usage = reply.usage
+    return Reply(reply.ttft_s, reply.latency_s, usage["prompt_tokens"], usage["completion_tokens"])
 
 
 @dataclass(frozen=True)
@@ -96,18 +77,10 @@ def run_pass(
     return PassResult(replies, time.perf_counter() - start)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100); with fewer than two
-    values, the value itself."""
-    if len(values) < 2:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
-
-
 def scrape(url: str) -> dict[str, float]:
     """The counters the benchmark diffs around a measured pass."""
-    text = requests.get(f"{url}/metrics", timeout=30).text
-    out = {f"hit_{s}": metric(text, CACHED_BY_SOURCE, f'source="{s}"') for s in HIT_SOURCES}
+    text = client.metrics(url)
+    out = {f"hit_{s}": n for s, n in client.cached_by_source(text).items()}
     out["computed"] = metric(text, COMPUTED, 'source="local_compute"')
     for kind in ("CPU_to_GPU", "GPU_to_CPU"):
         out[f"bytes_{kind}"] = metric(text, BYTES_MOVED, f'transfer_type="{kind}"')
@@ -133,11 +106,3 @@ def wait_quiet(url: str, timeout: float = 60) -> None:
         last = now
         time.sleep(2)
     progress(f"  transfers still moving after {timeout:.0f} s; stopping anyway")
-
-
-_T0 = time.monotonic()
-
-
-def progress(message: str) -> None:
-    elapsed = int(time.monotonic() - _T0)
-    print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}", file=sys.stderr, flush=True)

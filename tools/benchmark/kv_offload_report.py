@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.benchmark.kv_offload_client import HIT_SOURCES, PassResult, percentile
+from tools.benchmark.kv_offload_client import PassResult
 from tools.benchmark.kv_offload_rounds import paired_ratios
+from tools.benchmark.lib.client import HIT_SOURCES
+from tools.benchmark.lib.report import Column, Table, percentile
 
 VARIANTS = ("off", "pool", "pool_disk")
 CONTROLS = ("no_reuse", "reuse_fits")
@@ -133,12 +135,29 @@ def _ok(fig: dict | None) -> bool:
     return fig is not None and "error" not in fig
 
 
+# The console table: one row per workload and variant.
+TABLE = Table(
+    [
+        Column("workload", 14, left=True),
+        Column("variant", 9, left=True),
+        Column("TTFT p50", 9, "{:.3f}s"),
+        Column("p99", 8, "{:.3f}s"),
+        Column("tok/s", 7, "{:.0f}"),
+        Column("hit L1", 7, "{:d}"),
+        Column("hit pool", 8, "{:d}"),
+        Column("hit disk", 8, "{:d}"),
+        Column("floor/req", 9, "{:.4f}s"),
+        Column("p50/floor", 9, "{:.0f}x"),
+        Column("vs off", 7, "{:.2f}x"),
+        Column("range", 11, "{0[0]:.2f}-{0[1]:.2f}x"),
+        Column("tok/s vs off", 12, "{:.2f}x"),
+        Column("range", 11, "{0[0]:.2f}-{0[1]:.2f}x"),
+    ]
+)
+
+
 def table(workloads: dict[str, dict[str, dict]]) -> str:
-    head = (
-        f"{'workload':14} {'variant':9} {'TTFT p50':>9} {'p99':>8} {'tok/s':>7} "
-        f"{'hit L1':>7} {'hit pool':>8} {'hit disk':>8} {'floor/req':>9} "
-        f"{'p50/floor':>9} {'vs off':>7} {'range':>11} {'tok/s vs off':>12} {'range':>11}"
-    )
+    head = TABLE.header()
     lines = [head, "-" * len(head)]
     for name, variants in workloads.items():
         for variant in VARIANTS:
@@ -148,28 +167,28 @@ def table(workloads: dict[str, dict[str, dict]]) -> str:
             if "error" in fig:
                 lines.append(f"{name:14} {variant:9} FAILED: {fig['error'].splitlines()[0][:120]}")
                 continue
-            hits = fig["hit_tokens"]
-            ratio = fig["ttft_p50_over_floor"]
-            vs = fig.get("vs_off", {})
+            hits, vs = fig["hit_tokens"], fig.get("vs_off", {})
             lines.append(
-                f"{name:14} {variant:9} {fig['ttft_p50_s']:8.3f}s {fig['ttft_p99_s']:7.3f}s "
-                f"{fig['throughput_tok_s']:7.0f} {hits['device']:7d} {hits['host']:8d} "
-                f"{hits['disk']:8d} {fig['floor_restore_s_per_request']:8.4f}s "
-                f"{_fmt(ratio, '{:8.0f}x')} {_fmt(vs.get('ttft_p50_x'), '{:6.2f}x')} "
-                f"{_range(vs.get('ttft_p50_x_range'))} "
-                f"{_fmt(vs.get('throughput_x'), '{:11.2f}x')} "
-                f"{_range(vs.get('throughput_x_range'))}"
+                TABLE.row(
+                    [
+                        name,
+                        variant,
+                        fig["ttft_p50_s"],
+                        fig["ttft_p99_s"],
+                        fig["throughput_tok_s"],
+                        hits["device"],
+                        hits["host"],
+                        hits["disk"],
+                        fig["floor_restore_s_per_request"],
+                        fig["ttft_p50_over_floor"],
+                        vs.get("ttft_p50_x"),
+                        vs.get("ttft_p50_x_range"),
+                        vs.get("throughput_x"),
+                        vs.get("throughput_x_range"),
+                    ]
+                )
             )
     return "\n".join(lines)
-
-
-def _range(pair: list[float] | None) -> str:
-    return "-".rjust(11) if pair is None else f"{pair[0]:.2f}-{pair[1]:.2f}x".rjust(11)
-
-
-def _fmt(value, pattern: str) -> str:
-    width = len(pattern.format(0))
-    return "-".rjust(width) if value is None else pattern.format(value)
 
 
 def chart(workloads: dict[str, dict[str, dict]], path: Path, title: str) -> None:

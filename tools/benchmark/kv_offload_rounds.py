@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 
-from tools.benchmark.bench_common import best_of, memcpy_gbps
+from tools.benchmark.lib.floors import best_of, memcpy_gbps
 
 PROBE_TOLERANCE = 0.5  # a probe moving more than this: the machine changed
 PROBE_BYTES = 256 << 20

@@ -15,18 +15,14 @@ from pathlib import Path
 
 import requests
 
-from tools.benchmark.bench_common import EXE, disk_tier_args, drop_page_cache, text
-from tools.benchmark.kv_offload_client import (
-    diff,
-    progress,
-    run_pass,
-    scrape,
-    stream_completion,
-    wait_quiet,
-)
+from tools.benchmark.kv_offload_client import diff, run_pass, scrape, stream_completion, wait_quiet
 from tools.benchmark.kv_offload_report import summarize
+from tools.benchmark.lib import servers
+from tools.benchmark.lib.floors import drop_page_cache
+from tools.benchmark.lib.log import progress
+from tools.benchmark.lib.prompts import text
+from tools.benchmark.lib.servers import disk_tier_args
 from vllm_uma.kv_offload.disk.layout import tree_bytes
-from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 from vllm_uma.server_process import Server
 
 GiB = 1 << 30
@@ -232,13 +228,9 @@ class Runner:
 
     def start(self, args: list[str], name: str) -> tuple[Server, dict[str, int]]:
         progress(f"{name}: starting a fresh server")
-        server = Server(EXE, args, self.log_dir / f"{name}.log")
+        server = servers.start(args, self.log_dir / f"{name}.log")
         try:
-            server.wait_ready()
-            line = next((x for x in server.log().splitlines() if BREAKDOWN_PREFIX in x), None)
-            if line is None:
-                raise RuntimeError(f"no '{BREAKDOWN_PREFIX}' line in {server.log_path}")
-            breakdown = parse_breakdown(line)
+            breakdown = servers.breakdown(server)
             self._size_from(breakdown, args)
             # First-request set-up, unmeasured.
             stream_completion(server.url, "Hello", 2, self.s.model)

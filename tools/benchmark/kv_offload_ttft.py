@@ -30,16 +30,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tools.benchmark.bench_common import (
-    EXE,
-    disk_tier_args,
-    disk_tier_read_gbps,
-    drop_page_cache,
-    memcpy_gbps,
-    text,
-)
+from tools.benchmark.lib import servers
+from tools.benchmark.lib.floors import disk_tier_read_gbps, drop_page_cache, memcpy_gbps
+from tools.benchmark.lib.prompts import MODEL, text
+from tools.benchmark.lib.report import Column, Table
+from tools.benchmark.lib.servers import disk_tier_args
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
-from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 from vllm_uma.server_process import Server
 
 COMMON = ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(220 * 10**6)]
@@ -47,21 +43,18 @@ COMMON = ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(220 * 10**6)
 
 def ttft(server, prompt: str) -> float:
     start = time.perf_counter()
-    server.post(
-        "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 1}
-    )
+    server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
     return time.perf_counter() - start
 
 
 def start(args: list[str], log_dir: Path, name: str) -> Server:
     print(f"starting {name} ...", file=sys.stderr, flush=True)
-    return Server(EXE, COMMON + args, log_dir / f"{name}.log").wait_ready()
+    return servers.start(COMMON + args, log_dir / f"{name}.log")
 
 
 def kv_geometry(server: Server) -> tuple[int, int]:
     """(KV bytes per token, bytes per block) as the server reports them."""
-    line = next(x for x in server.log().splitlines() if BREAKDOWN_PREFIX in x)
-    b = parse_breakdown(line)
+    b = servers.breakdown(server)
     # Every KV cache group holds a block per block_size tokens of a prefix.
     per_token = b["per_block_bytes"] * b["kv_groups"] // b["block_size"]
     return per_token, b["per_block_bytes"]
@@ -148,9 +141,10 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     restore_bytes = args.prompt_tokens * per_token
     floor = restore_bytes / (memcpy_gbps(restore_bytes) * 1e9)
-    print(f"{'case':12} {'median TTFT s':>14}")
+    cases = Table([Column("case", 12, left=True), Column("median TTFT s", 14, "{:.3f}")])
+    print(cases.header())
     for k, v in med.items():
-        print(f"{k:12} {v:14.3f}")
+        print(cases.row([k, v]))
     print(f"floor for restoring {restore_bytes / 2**20:.0f} MiB at memcpy speed: {floor:.3f} s")
     print(f"l2_restore / l1_hit = {med['l2_restore'] / med['l1_hit']:.2f} (target <= 1.5)")
     print(f"recompute / l2_restore = {med['recompute'] / med['l2_restore']:.1f} (target >= 10)")

@@ -24,12 +24,11 @@ import torch
 from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-from tools.benchmark.bench_common import (
+from tools.benchmark.lib.floors import best_of, memcpy_gbps
+from tools.benchmark.lib.geometry import (
     BLOCK_TOKENS,
-    best_of,
     kv_bytes_per_token,
     kv_row_bytes,
-    memcpy_gbps,
     model_layers,
 )
 from vllm_uma import models

@@ -1,4 +1,8 @@
-"""`memory_benchmark.py --pressure`: KV memory that follows the working set.
+"""KV memory that follows the working set: the release benchmark.
+
+    .venv/bin/python -m tools.benchmark.memory_pressure [--out bench-out/memory_pressure.json]
+
+(also run as `memory_benchmark --pressure`, the Makefile's bench-memory-pressure).
 
 Phases on one `vllm-uma serve` (default model, utilization 0.5, a host pool
 and a disk tier; the release settings as given, idle release after
@@ -26,110 +30,151 @@ vllm:prompt_tokens_cached_by_source_total over the revisits.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import subprocess
+import shutil
 import sys
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 
-from vllm_uma.memory_release.pressure import read_psi_some_total
-from vllm_uma.memory_release.resident import kv_resident
+from tools.benchmark.lib import client, servers
+from tools.benchmark.lib.environment import environment
+from tools.benchmark.lib.prompts import MODEL, prompt_ids
+from tools.benchmark.lib.report import GiB
+from tools.benchmark.memory_common import finish, prepared, ram_holder, say, send_prompts, server
+from tools.benchmark.memory_pressure_report import draw, figures, verdicts
+from tools.benchmark.memory_pressure_sampler import Sampler, oom_kills, seconds_to_give_back
+from tools.harness.server import model_process
+from vllm_uma.server_process import Server
 
-GiB = 1 << 30
-PSI_MEMORY = Path("/proc/pressure/memory")
 KEPT_RE = re.compile(r"KV memory: .* KV kept: ([\d.]+) GiB")
-SOURCE_RE = re.compile(
-    r'^vllm:prompt_tokens_cached_by_source_total\{.*source="(\w+)"\} ([\d.e+]+)$'
-)
+FEATURE_OFF = {"release_free_kv": False, "memory_pressure": "off"}
 
 
-class Sampler(threading.Thread):
-    """Samples the server's resident KV, its RSS and MemAvailable every
-    0.5 s, with the phase. Resident KV: the kernel's page count of the KV
-    cache's and the pool's mappings (vllm_uma.memory_release.resident)."""
-
-    def __init__(self, pid: int, breakdown: dict, row_bytes: int):
-        super().__init__(daemon=True)
-        self.process = psutil.Process(pid)
-        self.kv = (breakdown["kv_cache"], breakdown["kv_offload_pool"], row_bytes)
-        self.phase = "ready"
-        self.samples: list[dict] = []
-        self._halt = threading.Event()
-        self.t0 = time.monotonic()
-        first = kv_resident(pid, *self.kv)
-        if not (first.found_l1 and first.found_pool):
-            raise RuntimeError(f"KV mappings not found in /proc/{pid}/smaps: {first}")
-
-    def run(self) -> None:
-        while not self._halt.wait(0.5):
-            self.samples.append(self.sample())
-
-    def sample(self) -> dict:
-        kv = kv_resident(self.process.pid, *self.kv)
-        return {
-            "t": round(time.monotonic() - self.t0, 2),
-            "phase": self.phase,
-            "l1": kv.l1,
-            "pool": kv.pool,
-            "kv": kv.total,
-            "rss": self.process.memory_info().rss,
-            "available": psutil.virtual_memory().available,
-            "psi_some_us": read_psi_some_total(PSI_MEMORY),
-        }
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
+def pressure_server(name: str, args, out_dir: Path, uma: dict) -> Server:
+    """The plugin server at 0.5, with a pool, a fresh disk tier and ``uma``."""
+    disk = out_dir / f"pressure-disk-{name}"
+    shutil.rmtree(disk, ignore_errors=True)  # revisits must not find an earlier run's blocks
+    extra = ["--kv-offloading-size", str(args.pool_gib)]
+    extra += servers.disk_tier_args(disk, 16)
+    extra += ["--additional-config", json.dumps({"vllm_uma": uma})]
+    return server("plugin", 0.5, out_dir / f"pressure-{name}.log", tuple(extra))
 
 
-def oom_kills() -> int:
-    for line in Path("/proc/vmstat").read_text().splitlines():
-        if line.startswith("oom_kill "):
-            return int(line.split()[1])
-    return 0
+def one_server(name: str, args, out_dir: Path, uma: dict, hog: bool) -> dict:
+    srv = pressure_server(name, args, out_dir, uma)
+    result: dict = {"server": name, "command": srv.proc.args, "log": str(srv.log_path)}
+    say(f"pressure/{name}: starting on port {srv.port} (log {srv.log_path})")
+    with servers.running(srv):
+        if not servers.ready(srv, args.ready_timeout):
+            raise RuntimeError(f"{name} server exited before ready; see {srv.log_path}")
+        breakdown = servers.breakdown(srv)
+        result["breakdown"] = breakdown
+        sampler = Sampler(model_process(srv.proc.pid).pid, breakdown, breakdown["per_block_bytes"])
+        sampler.start()
+        try:
+            phases(name, args, srv, sampler, result, hog)
+        finally:
+            sampler.stop()
+        result["samples"] = sampler.samples
+    return result
 
 
-def cached_by_source(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        text = r.read().decode()
-    return {m.group(1): float(m.group(2)) for m in map(SOURCE_RE.match, text.splitlines()) if m}
+def phases(name: str, args, srv: Server, sampler: Sampler, result: dict, hog: bool) -> None:
+    count = -(-args.burst_tokens // args.prompt_tokens)
+    sampler.phase = "burst"
+    say(f"pressure/{name}: burst of {count} prompts x {args.prompt_tokens} tokens")
+    result["burst_tokens"] = send_prompts(srv, 0, count, args.prompt_tokens, 2)
+    sampler.phase = "idle"
+    time.sleep(args.idle_seconds + 10)
+    idle = sampler.sample()
+    kept = KEPT_RE.findall(srv.log())
+    result["kv_resident_after_burst_bytes"] = idle["kv"]
+    result["idle_kv_resident_bytes"] = idle["kv"]
+    result["live_kv_bytes"] = int(float(kept[-1]) * GiB) if kept else None
+    oom_before = oom_kills()
+    if hog:
+        hog_phase(args, sampler, result)
+    result["oom_kills"] = oom_kills() - oom_before
+    result["server_alive"] = srv.proc.poll() is None
+    sampler.phase = "revisit"
+    revisit(srv, args, result)
 
 
-def complete(port: int, model: str, prompt: list[int], max_tokens: int = 8) -> tuple[list, int]:
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "logprobs": 0,
-        }
-    ).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+def hog_phase(args, sampler: Sampler, result: dict) -> None:
+    """MemAvailable minus --hog-leave-gib taken by a helper for --hog-seconds."""
+    sampler.phase = "hog"
+    start = len(sampler.samples)
+    want = int(psutil.virtual_memory().available - args.hog_leave_gib * GiB)
+    say(f"hog: allocating {want / GiB:.2f} GiB, holding {args.hog_seconds:.0f} s")
+    hog_proc = ram_holder(want, args.hog_seconds)
+    held = hog_proc.stdout.readline().strip() == "held"
+    time.sleep(max(0.0, args.hog_seconds - 2))  # near the end of the hold
+    under = sampler.sample()
+    hog_proc.wait()
+    result["hog_held"] = held
+    result["kv_resident_under_hog_bytes"] = under["kv"]
+    result["seconds_to_give_back"] = seconds_to_give_back(
+        sampler.samples[start:], result["idle_kv_resident_bytes"]
     )
-    with urllib.request.urlopen(req, timeout=600) as r:
-        out = json.load(r)
-    return out["choices"][0]["logprobs"]["tokens"], out["usage"]["prompt_tokens"]
+    sampler.phase = "after hog"
+    time.sleep(5)
 
 
-def run_hog(leave_gib: float, hold_s: float, say) -> subprocess.Popen:
-    """Allocate MemAvailable - leave_gib in 256 MiB steps (touched), hold, exit."""
-    want = int(psutil.virtual_memory().available - leave_gib * GiB)
-    code = (
-        "import time\n"
-        f"want = {want}; step = 256 << 20; held = []\n"
-        "while sum(map(len, held)) < want:\n"
-        "    held.append(bytearray(b'\\x01') * min(step, want - sum(map(len, held))))\n"
-        "print('held', flush=True)\n"
-        f"time.sleep({hold_s})\n"
-    )
-    say(f"hog: allocating {want / GiB:.2f} GiB, holding {hold_s:.0f} s")
-    return subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+def revisit(srv: Server, args, result: dict) -> None:
+    """The first --revisit prompts again: which tier served them, and their tokens."""
+    before = client.cached_by_source(client.metrics(srv.url))
+    outputs, prompt_tokens = [], 0
+    for i in range(args.revisit):
+        payload = {"model": MODEL, "prompt": prompt_ids(i, args.prompt_tokens), "max_tokens": 8}
+        reply = srv.post("/v1/completions", {**payload, "temperature": 0, "logprobs": 0}, 600)
+        outputs.append(reply["choices"][0]["logprobs"]["tokens"])
+        prompt_tokens += reply["usage"]["prompt_tokens"]
+    after = client.cached_by_source(client.metrics(srv.url))
+    hits = {k: int(after[k] - before[k]) for k in ("device", "host", "disk")}
+    result["revisit_outputs"] = outputs
+    result["revisit_hit_tokens"] = hits
+    result["revisit_recomputed_tokens"] = prompt_tokens - sum(hits.values())
+
+
+def run(args, out_dir: Path) -> tuple[dict, list[str]]:
+    """Both servers' phases; the figures the issue lists, and the verdict lines."""
+    reference = one_server("reference", args, out_dir, FEATURE_OFF, hog=False)
+    uma = {"release_idle_seconds": args.idle_seconds, "memory_pressure": "psi"}
+    feature = one_server("feature", args, out_dir, uma, hog=True)
+    result = figures(feature, reference)
+    png = out_dir / "memory_pressure.png"
+    draw(feature["samples"], png)
+    result["png"] = str(png)
+    result["servers"] = {"feature": feature, "reference": reference}
+    return result, verdicts(result)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompt-tokens", type=int, default=2000, help="tokens per prompt")
+    p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for /health")
+    p.add_argument("--burst-tokens", type=int, default=100_000, help="burst size")
+    p.add_argument("--idle-seconds", type=int, default=20, help="release_idle_seconds")
+    p.add_argument("--pool-gib", type=float, default=4, help="--kv-offloading-size")
+    p.add_argument("--hog-leave-gib", type=float, default=0.5, help="RAM the hog leaves")
+    p.add_argument("--hog-seconds", type=float, default=20, help="how long it holds")
+    p.add_argument("--revisit", type=int, default=8, help="first prompts revisited")
+    p.add_argument("--out", type=Path, default=Path("bench-out/memory_pressure.json"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not prepared(args.out):
+        return 2
+    result = {"environment": environment(args)}
+    result["pressure"], lines = run(args, args.out.parent)
+    return finish(args.out, result, lines, f"{args.out} and {result['pressure']['png']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,7 +31,6 @@ Medians over the rounds, printed as a table and written as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -39,9 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
-
-from tools.benchmark.bench_common import EXE, MODEL, disk_tier_args, drop_page_cache, text
+from tools.benchmark.lib import client, servers
+from tools.benchmark.lib.floors import drop_page_cache
+from tools.benchmark.lib.prompts import MODEL, text
+from tools.benchmark.lib.report import Column, Table, write_json
+from tools.benchmark.lib.servers import disk_tier_args
 from tools.harness.server import Server, metric
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,19 +71,13 @@ def transfers(body: str) -> dict[str, float]:
 def measure(server: Server, prompt: str) -> dict[str, float]:
     url = server.url
     start = time.perf_counter()
-    requests.post(f"{url}/tokenize", json={"model": MODEL, "prompt": prompt}, timeout=60)
+    server.post("/tokenize", {"model": MODEL, "prompt": prompt}, timeout=60)
     tokenize = time.perf_counter() - start
-    before = requests.get(f"{url}/metrics", timeout=10).text
-    payload = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "stream": True}
-    start = time.perf_counter()
-    first = None
-    with requests.post(f"{url}/v1/completions", json=payload, stream=True, timeout=300) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if first is None and line.startswith(b"data: {"):
-                first = time.perf_counter() - start
+    before = client.metrics(url, timeout=10)
+    payload = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+    first = client.stream(url, payload, timeout=300).ttft_s
     time.sleep(0.5)  # the step's metrics reach the API server
-    after = requests.get(f"{url}/metrics", timeout=10).text
+    after = client.metrics(url, timeout=10)
     parts = {"tokenize": tokenize, "client": first}
     for key, name in HISTOGRAMS.items():
         parts[key] = metric(after, name) - metric(before, name)
@@ -91,16 +86,15 @@ def measure(server: Server, prompt: str) -> dict[str, float]:
         delta = value - moved_before.get(key, 0.0)
         if delta:
             parts[key] = delta
-    hits = "vllm:prompt_tokens_cached_by_source_total"
-    for source in ("device", "host", "disk"):
-        label = f'source="{source}"'
-        parts[f"hit_{source}"] = metric(after, hits, label) - metric(before, hits, label)
+    hit_before, hit_after = client.cached_by_source(before), client.cached_by_source(after)
+    for source, tokens in hit_after.items():
+        parts[f"hit_{source}"] = tokens - hit_before[source]
     return parts
 
 
 def start(args: list[str], log_dir: Path, name: str) -> Server:
     print(f"starting {name} ...", file=sys.stderr, flush=True)
-    return Server(EXE, COMMON + args, log_dir / f"{name}.log").wait_ready()
+    return servers.start(COMMON + args, log_dir / f"{name}.log")
 
 
 def main() -> int:
@@ -138,7 +132,7 @@ def main() -> int:
     result = {case: _medians(runs) for case, runs in cases.items()}
     result["prompt_tokens"] = args.prompt_tokens
     result["rounds"] = args.rounds
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(_table(result))
     print(f"wrote {args.out}")
     return 0
@@ -154,16 +148,17 @@ def _table(result: dict) -> str:
     keys = ["tokenize", "queue", "prefill", "server", "client"]
     keys += sorted({k for c in cases for k in result[c] if k.startswith("load_")})
     keys += ["hit_device", "hit_host", "hit_disk"]
-    lines = [f"{'part':44}" + "".join(f"{c:>11}" for c in cases)]
+    table = Table([Column("part", 44, left=True)] + [Column(c, 11, gap=0) for c in cases])
+    lines = [table.header()]
     for key in keys:
         cells = []
         for case in cases:
             value = result[case].get(key, 0.0)
             if key.startswith(("hit_", "load_bytes")):
-                cells.append(f"{value:>11.0f}")
+                cells.append(f"{value:.0f}")
             else:
-                cells.append(f"{value * 1000:>9.1f}ms")
-        lines.append(f"{key[:44]:44}" + "".join(cells))
+                cells.append(f"{value * 1000:.1f}ms")
+        lines.append(table.row([key[:44], *cells]))
     return "\n".join(lines)
 
 

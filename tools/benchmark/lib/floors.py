@@ -1,75 +1,19 @@
-"""Helpers the KV benchmarks share: prompt text, best-of-N timing, a model's
-KV bytes (from its config, never a constant), and the two references a
-restore is compared with: memory copy bandwidth, and the disk read
-bandwidth measured the way the disk tier reads (block-sized O_DIRECT reads
-of separate files on as many threads, page cache dropped).
+"""The floors a restore is compared with: memory copy and disk read bandwidth.
 
-The benchmarks are one package: run each from the project's root as
-``.venv/bin/python -m tools.benchmark.<script>``.
+The disk read is measured the way the disk tier reads (block-sized O_DIRECT
+reads of separate files on as many threads, page cache dropped); timings
+are best-of-N, the figure least disturbed on a shared machine.
 """
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
-EXE = str(Path(sys.executable).parent / "vllm-uma")
-MODEL = "SmolLM2-135M-Instruct"
-BLOCK_TOKENS = 128  # vLLM CPU's KV block
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
-WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
-
-
-def text(seed: int, tokens: int) -> str:
-    """About ``tokens`` tokens of plain words (one token each for this
-    tokenizer), led by the seed so that two seeds differ from the first
-    block on (prefix caching hashes chain from the first block)."""
-    return f"{seed} " + " ".join(WORDS[(seed * 7 + k) % 8] for k in range(tokens - 2))
-
-
-def model_config(model_dir: Path | None = None) -> dict:
-    """The model's config.json (the default model's when ``model_dir`` is None)."""
-    if model_dir is None:
-        from vllm_uma import models
-
-        model_dir = models.prepare()
-    return json.loads((Path(model_dir) / "config.json").read_text())
-
-
-def model_layers(model_dir: Path | None = None) -> int:
-    return model_config(model_dir)["num_hidden_layers"]
-
-
-def kv_bytes_per_token(model_dir: Path | None = None, dtype: str = "bfloat16") -> int:
-    """K and V of every layer for one token, from the model's config.json
-    (the default model when ``model_dir`` is None): what a running server
-    prints as per_block_bytes / block size in its breakdown line."""
-    config = model_config(model_dir)
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
-    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
-
-
-def kv_row_bytes(model_dir: Path | None = None, dtype: str = "bfloat16") -> int:
-    """Bytes of one host-pool row (one disk block file's KV): one block of
-    one KV cache group. vLLM puts every layer in one group when all layers
-    are alike; when they mix kinds (Gemma 3: 5 sliding-window layers to 1
-    full), it makes groups of as many layers as the rarest kind has, one
-    group per kind and repeat, and a block is one group's layers."""
-    config = model_config(model_dir)
-    layers = config["num_hidden_layers"]
-    kinds = config.get("layer_types") or []
-    per_group = layers
-    if len(set(kinds)) > 1:
-        per_group = min(kinds.count(kind) for kind in set(kinds))
-    return BLOCK_TOKENS * kv_bytes_per_token(model_dir, dtype) // layers * per_group
 
 
 def best_of(repeats: int, fn) -> float:
@@ -157,10 +101,3 @@ def disk_tier_read_gbps(directory: Path, row_bytes: int, nbytes: int, threads: i
         for path in work.glob("*"):
             path.unlink()
         work.rmdir()
-
-
-def disk_tier_args(root_dir: Path, cap_gib: float) -> list[str]:
-    """The `vllm-uma serve` flags of a disk tier (L3) at ``root_dir``."""
-    tier = {"type": "fs", "root_dir": str(root_dir), "max_size_gib": cap_gib}
-    config = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
-    return ["--kv-transfer-config", json.dumps(config)]

@@ -1,4 +1,5 @@
-"""Where a KV offloading benchmark ran: versions, machine, load, settings."""
+"""Where a benchmark ran: versions, machine, load, settings (one record for
+every benchmark's JSON)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import psutil
+
+NODE0_MEMINFO = Path("/sys/devices/system/node/node0/meminfo")
 
 
 def environment(args: argparse.Namespace) -> dict:
@@ -30,6 +33,11 @@ def environment(args: argparse.Namespace) -> dict:
         "cpu_model": _cpu_model(),
         "ram_bytes": psutil.virtual_memory().total,
         "ram_available_bytes": psutil.virtual_memory().available,
+        # NUMA node 0's MemTotal, MemFree, MemUsed: on a multi-node host, the
+        # RAM vLLM's CPU worker binds to.
+        "numa_node0_meminfo": (
+            NODE0_MEMINFO.read_text().splitlines()[:3] if NODE0_MEMINFO.exists() else None
+        ),
         "loadavg_before": list(os.getloadavg()),
         "kernel": platform.release(),
         "settings": {
