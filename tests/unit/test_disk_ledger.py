@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_uma.kv_offload.disk.index import BlockState, Refusal
+from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.index import Refusal
 from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout
 from vllm_uma.kv_offload.disk.ledger import Ledger, LedgerError
 from vllm_uma.kv_offload.disk.ledger_startup import open_ledger, reconcile
@@ -242,7 +243,9 @@ def test_a_deletion_left_by_a_dead_process_is_finished_or_undone_at_start(tmp_pa
     stored(ledger, 0, 100)
     stored(ledger, 1, 200)
     db = sqlite3.connect(ledger.path)
-    db.execute("UPDATE blocks SET state=2, writer_pid=999999999")  # no such pid
+    db.execute(
+        "UPDATE blocks SET state=?, writer_pid=999999999", (BlockState.DELETING,)
+    )  # no such pid
     db.commit()
     db.close()
     # Block 0's file was not unlinked yet: a block again. Block 1's was.
@@ -285,3 +288,20 @@ def test_a_failed_commit_leaves_the_connection_usable(ledger):
     assert not db.in_transaction
     stored(ledger, 0, 100)  # the next transaction starts cleanly
     assert ledger.used_bytes() == 10
+
+
+def test_block_states_keep_their_numbers_in_the_ledger(ledger):
+    # The numbers are the ledger's on-disk format, shared by every server on
+    # the store (an older one among them): renumbering would misread rows.
+    assert [(s.name, int(s)) for s in BlockState] == [
+        ("WRITING", 0),
+        ("PRESENT", 1),
+        ("DELETING", 2),
+    ]
+    assert ledger.reserve(ref(0), 10, 100, None, "w1", never, Unlinks()) == []
+    with ledger.transaction() as db:
+        assert db.execute("SELECT state FROM blocks").fetchall() == [(0,)]
+    ledger.commit(ref(0), 10, 100, "w1")
+    with ledger.transaction() as db:
+        assert db.execute("SELECT state FROM blocks").fetchall() == [(1,)]
+    assert ledger.snapshot(NS)[0] == [(ref(0).key, 10)]

@@ -23,12 +23,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
 
+from vllm_uma.kv_offload.disk.block_state import BlockState
+
 Name = TypeVar("Name", bound=Hashable)
-
-
-class BlockState(Enum):
-    WRITING = "writing"  # reserved, bytes on their way to a temp file
-    PRESENT = "present"  # the final file exists and may be loaded
 
 
 class Refusal(Enum):

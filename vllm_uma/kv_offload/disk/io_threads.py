@@ -43,7 +43,8 @@ from vllm_uma.kv_offload.disk.block_file import (
     read_block,
     write_block,
 )
-from vllm_uma.kv_offload.disk.index import BlockState, Refusal
+from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.index import Refusal
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger import Ledger
 

@@ -27,11 +27,11 @@ Invariants, at every commit:
   deleted included; ``meta.deleting`` the sum over rows being deleted;
 - after a reservation ``used`` <= the reserving server's cap (servers on one
   store should give the same cap; if not, each store obeys its own);
-- a row being written (state 0) is never a victim; one whose writer's
+- a row being written (WRITING) is never a victim; one whose writer's
   process is gone, or that is over an hour old, is reclaimed when room is
   short (its temp file is the start-up scan's to remove);
 - a victim stays in the ledger, counted and its name taken, as "being
-  deleted" (state 2) until its file is unlinked: the unlink happens outside
+  deleted" (DELETING) until its file is unlinked: the unlink happens outside
   the write lock, and no store can land under the name before it.
 """
 
@@ -47,7 +47,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from vllm_uma.kv_offload.disk.index import BlockState, Refusal
+from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.index import Refusal
 from vllm_uma.kv_offload.disk.layout import BlockRef, pid_is_alive
 
 LEDGER_FILE = "ledger.sqlite3"
@@ -61,7 +62,7 @@ _PAGE = 256  # victim candidates read per query
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (
     ns BLOB NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL,
-    state INTEGER NOT NULL,          -- 0 being written, 1 present, 2 being deleted
+    state INTEGER NOT NULL,          -- a BlockState's int value (block_state.py)
     last_use INTEGER NOT NULL,       -- ns since the epoch: the LRU order
     writer TEXT NOT NULL, writer_pid INTEGER NOT NULL, since REAL NOT NULL,
     PRIMARY KEY (ns, key)) WITHOUT ROWID;
@@ -80,14 +81,10 @@ class LedgerError(RuntimeError):
     """The ledger cannot be used; the message names the file and the fix."""
 
 
-# blocks.state
-WRITING, PRESENT, DELETING = 0, 1, 2
-
-
 class _Victim(NamedTuple):
     ref: BlockRef
     size: int
-    state: int  # PRESENT, or an abandoned WRITING / DELETING row
+    state: BlockState  # PRESENT, or an abandoned WRITING / DELETING row
 
 
 class Change(NamedTuple):
@@ -189,25 +186,34 @@ class Ledger:
                 "SELECT state FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key)
             ).fetchone()
             if row is not None:  # present, or being written or deleted
-                return BlockState.PRESENT if row[0] == PRESENT else BlockState.WRITING
+                return BlockState.PRESENT if row[0] == BlockState.PRESENT else BlockState.WRITING
             victims = self._make_room(db, size, cap, protected)
             if victims is None:
                 return Refusal.NO_ROOM
             doomed = self._condemn(db, victims, writer)
             db.execute(
                 "INSERT INTO blocks VALUES (?,?,?,?,?,?,?,?)",
-                (ref.namespace, ref.key, size, WRITING, stamp, writer, os.getpid(), time.time()),
+                (
+                    ref.namespace,
+                    ref.key,
+                    size,
+                    BlockState.WRITING,
+                    stamp,
+                    writer,
+                    os.getpid(),
+                    time.time(),
+                ),
             )
             add_used(db, size)
         self._delete_files(doomed, writer, unlink)
-        return [(v.ref, v.size) for v in victims if v.state == PRESENT]
+        return [(v.ref, v.size) for v in victims if v.state is BlockState.PRESENT]
 
     def commit(self, ref: BlockRef, size: int, stamp: int, writer: str) -> None:
         """Our write is complete under its final name: present for all."""
         with self.transaction() as db:
             done = db.execute(
                 "UPDATE blocks SET state=? WHERE ns=? AND key=? AND writer=? AND state=?",
-                (PRESENT, ref.namespace, ref.key, writer, WRITING),
+                (BlockState.PRESENT, ref.namespace, ref.key, writer, BlockState.WRITING),
             ).rowcount
             if not done:
                 taken = db.execute(
@@ -223,7 +229,7 @@ class Ledger:
                         ref.namespace,
                         ref.key,
                         size,
-                        PRESENT,
+                        BlockState.PRESENT,
                         stamp,
                         writer,
                         os.getpid(),
@@ -241,7 +247,7 @@ class Ledger:
             with self.transaction() as db:
                 size = db.execute(
                     "SELECT size FROM blocks WHERE ns=? AND key=? AND writer=? AND state=?",
-                    (ref.namespace, ref.key, writer, WRITING),
+                    (ref.namespace, ref.key, writer, BlockState.WRITING),
                 ).fetchone()
                 if size is not None:
                     db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
@@ -266,10 +272,10 @@ class Ledger:
             for ref in refs:
                 size = db.execute(
                     "SELECT size FROM blocks WHERE ns=? AND key=? AND state=?",
-                    (ref.namespace, ref.key, PRESENT),
+                    (ref.namespace, ref.key, BlockState.PRESENT),
                 ).fetchone()
                 if size is not None:
-                    gone.append(_Victim(ref, size[0], PRESENT))
+                    gone.append(_Victim(ref, size[0], BlockState.PRESENT))
             doomed = self._condemn(db, gone, writer)
         self._delete_files(doomed, writer, unlink)
         return [v.ref for v in gone]
@@ -284,7 +290,7 @@ class Ledger:
             victims = self._make_room(db, 0, cap, protected, partial=True) or []
             doomed = self._condemn(db, victims, writer)
         self._delete_files(doomed, writer, unlink)
-        return [(v.ref, v.size) for v in victims if v.state == PRESENT]
+        return [(v.ref, v.size) for v in victims if v.state is BlockState.PRESENT]
 
     def _make_room(
         self,
@@ -305,7 +311,7 @@ class Ledger:
             return chosen
         freed = 0
         for victim in self._candidates(db):
-            if victim.state == PRESENT and protected(victim.ref):
+            if victim.state is BlockState.PRESENT and protected(victim.ref):
                 continue
             chosen.append(victim)
             freed += victim.size
@@ -321,20 +327,20 @@ class Ledger:
             page = db.execute(
                 "SELECT ns, key, size, last_use FROM blocks WHERE state=? "
                 "AND (last_use, ns, key) > (?, ?, ?) ORDER BY last_use, ns, key LIMIT ?",
-                (PRESENT, *after, _PAGE),
+                (BlockState.PRESENT, *after, _PAGE),
             ).fetchall()
             for ns, key, size, _ in page:
-                yield _Victim(BlockRef(ns, key), size, PRESENT)
+                yield _Victim(BlockRef(ns, key), size, BlockState.PRESENT)
             if len(page) < _PAGE:
                 break
             after = (page[-1][3], page[-1][0], page[-1][1])
         now = time.time()
         for ns, key, size, state, pid, since in db.execute(
             "SELECT ns, key, size, state, writer_pid, since FROM blocks WHERE state!=?",
-            (PRESENT,),
+            (BlockState.PRESENT,),
         ).fetchall():
             if now - since > STALE_WRITE_S or not pid_is_alive(pid):
-                yield _Victim(BlockRef(ns, key), size, state)
+                yield _Victim(BlockRef(ns, key), size, BlockState(state))
 
     def _condemn(
         self, db: sqlite3.Connection, victims: list[_Victim], writer: str
@@ -346,15 +352,15 @@ class Ledger:
         doomed = []
         for victim in victims:
             ref = victim.ref
-            if victim.state == WRITING:
+            if victim.state is BlockState.WRITING:
                 db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
                 add_used(db, -victim.size)
                 continue
             db.execute(
                 "UPDATE blocks SET state=?, writer=?, writer_pid=?, since=? WHERE ns=? AND key=?",
-                (DELETING, writer, os.getpid(), time.time(), ref.namespace, ref.key),
+                (BlockState.DELETING, writer, os.getpid(), time.time(), ref.namespace, ref.key),
             )
-            if victim.state == PRESENT:
+            if victim.state is BlockState.PRESENT:
                 log_change(db, ref, victim.size, added=False, writer=writer)
                 add_used(db, victim.size, "deleting")
             doomed.append(victim)
@@ -375,7 +381,7 @@ class Ledger:
                 ref = victim.ref
                 gone = db.execute(
                     "DELETE FROM blocks WHERE ns=? AND key=? AND state=? AND writer=?",
-                    (ref.namespace, ref.key, DELETING, writer),
+                    (ref.namespace, ref.key, BlockState.DELETING, writer),
                 ).rowcount
                 if gone:
                     add_used(db, -victim.size)
@@ -411,8 +417,8 @@ class Ledger:
         db.execute("BEGIN")
         try:
             rows = db.execute(
-                "SELECT key, size FROM blocks WHERE ns=? AND state=1 ORDER BY last_use",
-                (namespace,),
+                "SELECT key, size FROM blocks WHERE ns=? AND state=? ORDER BY last_use",
+                (namespace, BlockState.PRESENT),
             ).fetchall()
             seq = db.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0]
         finally:

@@ -21,15 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout, pid_is_alive
-from vllm_uma.kv_offload.disk.ledger import (
-    DELETING,
-    LEDGER_FILE,
-    PRESENT,
-    STALE_WRITE_S,
-    Ledger,
-    log_change,
-)
+from vllm_uma.kv_offload.disk.ledger import LEDGER_FILE, STALE_WRITE_S, Ledger, log_change
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 
 
@@ -77,14 +71,17 @@ def reconcile(
             ref = BlockRef(ns, key)
             known.add(ref)
             on_disk = ref in files or exists(ref)
-            if state != PRESENT:
+            if state != BlockState.PRESENT:
                 # Being written or deleted: its owner finishes it. A gone
                 # owner's file (renamed, or not yet unlinked) is a block.
                 ours_before = pid == os.getpid()  # an earlier tier of this process
                 if pid_is_alive(pid) and not ours_before and now - since < STALE_WRITE_S:
                     continue
                 if on_disk:
-                    db.execute("UPDATE blocks SET state=? WHERE ns=? AND key=?", (PRESENT, ns, key))
+                    db.execute(
+                        "UPDATE blocks SET state=? WHERE ns=? AND key=?",
+                        (BlockState.PRESENT, ns, key),
+                    )
                     log_change(
                         db, ref, files[ref].size if ref in files else 0, added=True, writer=writer
                     )
@@ -98,8 +95,16 @@ def reconcile(
         for ref, block in files.items():
             if ref not in known:
                 db.execute(
-                    "INSERT INTO blocks VALUES (?,?,?,1,?,?,0,?)",
-                    (ref.namespace, ref.key, block.size, block.mtime_ns, writer, now),
+                    "INSERT INTO blocks VALUES (?,?,?,?,?,?,0,?)",
+                    (
+                        ref.namespace,
+                        ref.key,
+                        block.size,
+                        BlockState.PRESENT,
+                        block.mtime_ns,
+                        writer,
+                        now,
+                    ),
                 )
                 log_change(db, ref, block.size, added=True, writer=writer)
                 added += 1
@@ -109,6 +114,6 @@ def reconcile(
         db.execute(
             "UPDATE meta SET value=(SELECT coalesce(sum(size), 0) FROM blocks WHERE state=?) "
             "WHERE name='deleting'",
-            (DELETING,),
+            (BlockState.DELETING,),
         )
     return Reconciled(added, forgotten, reclaimed)

@@ -57,9 +57,10 @@ from vllm_uma.kv_offload.disk.block_file import (
     is_direct_capable,
     probe_direct,
 )
+from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
-from vllm_uma.kv_offload.disk.index import BlockState, DiskIndex, Refusal
+from vllm_uma.kv_offload.disk.index import DiskIndex, Refusal
 from vllm_uma.kv_offload.disk.io_threads import (
     DEFAULT_IO_THREADS,
     BlockIO,
@@ -256,7 +257,7 @@ class DiskTier(SecondaryTierManager):
         if ref in self._deleting:
             return "deleting"  # wait for the unlink, or it could hit the new file
         state = self._index.state(ref)
-        return None if state is None else state.value
+        return None if state is None else state.label
 
     def _store_failed(self, job: PendingJob, key: OffloadKey, reason: str) -> None:
         job.failed.append(key)
@@ -367,7 +368,7 @@ class DiskTier(SecondaryTierManager):
         if outcome.taken is not None:
             # Another server stores (or stored) the same block: nothing to write.
             self._index.abort(ref)
-            self._stats.count(m.STORE_SKIPPED, reason=outcome.taken.value)
+            self._stats.count(m.STORE_SKIPPED, reason=outcome.taken.label)
             if outcome.taken is BlockState.PRESENT:
                 self._index.add_present(ref, self._file_bytes)
                 job.written.append(ref.key)  # restorable from here too: announce
