@@ -31,7 +31,7 @@ import pytest
 from tests.e2e.disk_store import BLOCK_FILE_BYTES, BLOCK_TOKENS, disk_args, start, store_bytes
 from tests.e2e.traffic import complete, metrics
 from tools.harness.server import metric
-from vllm_uma.kv_offload.disk.ledger import LEDGER_FILE
+from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE
 
 pytestmark = pytest.mark.slow
 

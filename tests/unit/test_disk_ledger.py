@@ -1,4 +1,4 @@
-"""L3 shared ledger (disk/ledger.py, ledger_startup.py): one cap, one LRU
+"""L3 shared ledger (disk/ledger/): one cap, one LRU
 order and one change feed for every server on a store."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from vllm_uma.kv_offload.disk.block_state import BlockState
-from vllm_uma.kv_offload.disk.index import Refusal
 from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout
-from vllm_uma.kv_offload.disk.ledger import Ledger, LedgerError
-from vllm_uma.kv_offload.disk.ledger_startup import open_ledger, reconcile
+from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
+from vllm_uma.kv_offload.disk.ledger.db import LedgerError
+from vllm_uma.kv_offload.disk.ledger.room import Refusal
+from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 
 NS = b"\x11" * 16

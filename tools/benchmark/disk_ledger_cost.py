@@ -69,9 +69,10 @@ def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessin
     from vllm.v1.kv_offload.base import LookupResult, ReqContext
     from vllm.v1.kv_offload.tiering.base import TransferJob
 
-    from vllm_uma.kv_offload.disk import io_threads, ledger_feed
+    from vllm_uma.kv_offload.disk import io_threads
     from vllm_uma.kv_offload.disk.config import DiskTierConfig
-    from vllm_uma.kv_offload.disk.ledger import Ledger
+    from vllm_uma.kv_offload.disk.ledger import feed as ledger_feed
+    from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
     from vllm_uma.kv_offload.disk.tier import DiskTier
 
     reserve_s: list[float] = []
@@ -150,7 +151,7 @@ def run(root: Path, servers: int, jobs: int) -> dict:
     for p in procs:
         p.join()
     # The store at rest, every server gone: what the cap is about.
-    from vllm_uma.kv_offload.disk.ledger import Ledger
+    from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 
     ledger = Ledger(root / ".noindex")
     used_at_rest = ledger.used_bytes()

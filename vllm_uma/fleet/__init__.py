@@ -7,7 +7,7 @@ There is no vLLM extension point for this: a fleet is processes. The
                           ^                              |
                           +-- ZMQ KV events (relay.py) --+
                                                          |
-                       one shared disk store (L3) <------+  (disk/ledger.py)
+                       one shared disk store (L3) <------+  (disk/ledger/)
 
 - plan.py decides, as a pure function of the flags and the machine: each
   server's port, its cores (``VLLM_CPU_OMP_THREADS_BIND``, disjoint ranges),

@@ -12,7 +12,7 @@ A server's share:
 - KV events through its own loopback relay (relay.py): the server
   publishes to 127.0.0.1:in, the router subscribes at 127.0.0.1:out;
 - a host pool (``--kv-offloading-size``, default 1 GiB each) and the shared
-  disk store, one ``root_dir`` for all (its cap shared, disk/ledger.py).
+  disk store, one ``root_dir`` for all (its cap shared, disk/ledger/).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ servers use the store, because of how the tier treats the files:
   load finds it MISSING, counts it and recomputes the block): never wrong
   data, and a load already reading the file finishes from its open handle;
 - every deletion also removes the block's row from the store's shared
-  ledger (ledger.py), in one transaction, so servers see it go and the
+  ledger (ledger/), in one transaction, so servers see it go and the
   bytes counted toward the cap stay right;
 - temp files (``*.tmp``) are writes in flight, a server's or a crashed one's:
   this command never deletes them (a server's start-up removes its own
@@ -38,7 +38,8 @@ from vllm_uma.kv_offload.disk.block_file import (
     read_block,
 )
 from vllm_uma.kv_offload.disk.layout import NAMESPACE_FILE, NOINDEX, BlockRef, Layout
-from vllm_uma.kv_offload.disk.ledger import LEDGER_FILE, Ledger
+from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
+from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE
 
 NAMESPACE_HEX = 32
 

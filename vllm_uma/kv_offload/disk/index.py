@@ -4,7 +4,7 @@ Pure Python, no I/O: the disk tier keeps one ``DiskIndex`` on the scheduler
 thread of the engine-core process and applies every change there (the I/O
 threads and the ledger feed only report), so it needs no lock.
 
-It mirrors the shared ledger (ledger.py) for this tier's namespace: what is
+It mirrors the shared ledger (ledger/) for this tier's namespace: what is
 present (lookups answer from it), what this server is writing (a second
 store of the same block is skipped), and which blocks a load of ours is
 reading (``pinned``: stores of this process never evict them). The cap and
@@ -20,19 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
-from enum import Enum
 from typing import Generic, TypeVar
 
 from vllm_uma.kv_offload.disk.block_state import BlockState
 
 Name = TypeVar("Name", bound=Hashable)
-
-
-class Refusal(Enum):
-    """Why a store cannot get room (also the metric label)."""
-
-    TOO_BIG = "too_big"  # the block alone is larger than the cap
-    NO_ROOM = "no_room"  # the rest is pinned or being written right now
 
 
 @dataclass(slots=True)

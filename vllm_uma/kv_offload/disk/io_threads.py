@@ -44,9 +44,9 @@ from vllm_uma.kv_offload.disk.block_file import (
     write_block,
 )
 from vllm_uma.kv_offload.disk.block_state import BlockState
-from vllm_uma.kv_offload.disk.index import Refusal
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
-from vllm_uma.kv_offload.disk.ledger import Ledger
+from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
+from vllm_uma.kv_offload.disk.ledger.room import Refusal
 
 DEFAULT_IO_THREADS = 8
 # The longest a stop waits for the I/O threads to finish the file they are on.

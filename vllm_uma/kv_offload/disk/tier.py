@@ -7,9 +7,9 @@ I/O threads (io_threads.py), and ``get_finished_jobs`` applies their outcomes
 to the index on the scheduler thread, so the index needs no lock.
 
 Several servers may share one store: the cap, the eviction order and which
-blocks exist are kept in a SQLite ledger beside the files (ledger.py). The
+blocks exist are kept in a SQLite ledger beside the files (ledger/). The
 I/O threads reserve room in it before a store (evicting any server's least
-recent blocks) and commit after; a feed thread (ledger_feed.py) writes the
+recent blocks) and commit after; a feed thread (ledger/feed.py) writes the
 scheduler's touches there and brings other servers' changes to our
 namespace back as outcomes, so a block a peer stored becomes a hit here and
 one a peer evicted a miss. Loads never touch the ledger.
@@ -60,7 +60,7 @@ from vllm_uma.kv_offload.disk.block_file import (
 from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
-from vllm_uma.kv_offload.disk.index import DiskIndex, Refusal
+from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_threads import (
     DEFAULT_IO_THREADS,
     BlockIO,
@@ -77,8 +77,9 @@ from vllm_uma.kv_offload.disk.io_threads import (
 )
 from vllm_uma.kv_offload.disk.jobs import PendingJob
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
-from vllm_uma.kv_offload.disk.ledger_feed import FeedBatch, LedgerFeed
-from vllm_uma.kv_offload.disk.ledger_startup import open_ledger, reconcile
+from vllm_uma.kv_offload.disk.ledger.feed import FeedBatch, LedgerFeed
+from vllm_uma.kv_offload.disk.ledger.room import Refusal
+from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 from vllm_uma.plugin import vllm_contract
 

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout, pid_is_alive
-from vllm_uma.kv_offload.disk.ledger import LEDGER_FILE, STALE_WRITE_S, Ledger, log_change
+from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
+from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE, insert_block, log_change
+from vllm_uma.kv_offload.disk.ledger.room import STALE_WRITE_S
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 
 
@@ -94,17 +96,9 @@ def reconcile(
                 forgotten += 1
         for ref, block in files.items():
             if ref not in known:
-                db.execute(
-                    "INSERT INTO blocks VALUES (?,?,?,?,?,?,0,?)",
-                    (
-                        ref.namespace,
-                        ref.key,
-                        block.size,
-                        BlockState.PRESENT,
-                        block.mtime_ns,
-                        writer,
-                        now,
-                    ),
+                # No writer process: the file is complete, found on disk.
+                insert_block(
+                    db, ref, block.size, BlockState.PRESENT, block.mtime_ns, writer, 0, now
                 )
                 log_change(db, ref, block.size, added=True, writer=writer)
                 added += 1

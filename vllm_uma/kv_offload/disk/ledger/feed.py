@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from vllm_uma.kv_offload.disk.layout import BlockRef
-from vllm_uma.kv_offload.disk.ledger import Ledger
+from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
