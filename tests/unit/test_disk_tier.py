@@ -43,7 +43,7 @@ def primary():
 def test_store_then_restore_the_exact_bytes_into_other_rows(tmp_path, aligned):
     primary = Primary(aligned)
     tier = make_tier(tmp_path, primary)
-    assert tier._direct is aligned  # ext4 and tmpfs >= 6.6 take O_DIRECT
+    assert tier._store.direct is aligned  # ext4 and tmpfs >= 6.6 take O_DIRECT
     jobs = Jobs(tier)
     data = [primary.fill(row, seed=row + 1) for row in range(3)]
     assert jobs.stored([key(0), key(1), key(2)], [0, 1, 2]).success

@@ -207,7 +207,7 @@ def measure(work: Path, args, kind: str) -> dict:
     tier = make_tier(work / "tier", view, threads[0])
     stored = run_jobs(tier, args.blocks, load=False)
     tier.shutdown()
-    io = "O_DIRECT" if tier._direct else "buffered"
+    io = "O_DIRECT" if tier._store.direct else "buffered"
     print(f"disk, O_DIRECT 1 MiB sequential write: {seq_write / 1e9:.2f} GB/s")
     print(f"store: {nbytes / stored / 1e9:.2f} GB/s ({stored:.2f} s, {threads[0]} threads, {io})")
     report: dict = {

@@ -37,7 +37,7 @@ LAZY = ("vllm_uma.plugin.lazy_kv",)
 WATCH = ("vllm_uma.commands.engine_watch",)
 NAMESPACE = ("vllm_uma.kv_offload.disk.namespace_inputs",)
 OFFLOAD_CONFIG = ("vllm_uma.kv_offload.config",)
-TIER = ("vllm_uma.kv_offload.disk.tier",)
+TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
 
 ENTRIES = (
     # -- memory_release/pool_rows.py: evicts pool rows the way the manager does
@@ -73,11 +73,11 @@ ENTRIES = (
     Attribute(CHUNK, "ref_cnt", ROWS, "0 means idle"),
     Attribute(CHUNK, "chunk_id", ROWS, "the row number"),
     Attribute(CHUNK, "is_ready", ROWS, "written and readable"),
-    Attribute(EVENT, "keys", ROWS + TIER, "built by keyword"),
-    Attribute(EVENT, "medium", ROWS + TIER, "built by keyword"),
-    Attribute(EVENT, "removed", ROWS + TIER, "built by keyword"),
-    Attribute(EVENT, "locality", TIER, "built by keyword"),
-    Attribute(EVENT, "ownership", TIER, "built by keyword"),
+    Attribute(EVENT, "keys", ROWS + TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "medium", ROWS + TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "removed", ROWS + TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "locality", TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "ownership", TIER_REPORTS, "built by keyword"),
     # -- memory_release/scheduler.py: the release lock over vLLM's Scheduler
     PublicNames(
         SCHEDULER,

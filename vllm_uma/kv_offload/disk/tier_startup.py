@@ -1,0 +1,120 @@
+"""L3 start-up: open a store for a disk tier, and find what it holds already.
+
+Engine-core process, once, while vLLM builds the tier (before serving), so
+blocking I/O is fine here: the namespace's directories, the O_DIRECT probe,
+the shared ledger (created, or a damaged one moved aside), the scan of the
+block files, the ledger reconciled with them and brought within the cap,
+then this namespace's blocks into the tier's index.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk.block_file import (
+    DIRECT_ALIGN,
+    file_bytes,
+    is_direct_capable,
+    probe_direct,
+)
+from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.index import DiskIndex
+from vllm_uma.kv_offload.disk.io_threads import unlinker
+from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
+from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
+from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
+from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
+from vllm_uma.kv_offload.disk.reports import TierReports
+
+
+@dataclass(frozen=True)
+class OpenStore:
+    """A store opened for one tier: its files, its ledger, and the primary
+    tier's rows the blocks move between."""
+
+    layout: Layout
+    ledger: Ledger
+    # This tier's name in the shared ledger: its own changes come back
+    # through the feed and are skipped.
+    writer: str
+    rows: memoryview  # row c = bytes [c*row_bytes, (c+1)*row_bytes)
+    row_bytes: int
+    direct: bool  # O_DIRECT: aligned rows and a file system that takes it
+    file_bytes: int  # one block file's size on disk
+
+    def row(self, chunk: Any) -> memoryview:
+        start = int(chunk) * self.row_bytes
+        return self.rows[start : start + self.row_bytes]
+
+
+def open_store(
+    config: DiskTierConfig,
+    namespace_id: bytes,
+    namespace_info: dict[str, Any],
+    primary_kv_view: memoryview,
+    row_bytes: int,
+    warnings: DiskWarnings,
+) -> OpenStore:
+    layout = Layout(config.root_dir)
+    error = layout.prepare(namespace_id, namespace_info)
+    if error is not None:
+        warnings.namespace_file(error)
+    rows = primary_kv_view.cast("B")
+    direct = (
+        row_bytes % DIRECT_ALIGN == 0
+        and is_direct_capable(rows)
+        and probe_direct(layout.namespace_dir(namespace_id))
+    )
+    writer = f"{os.getpid()}-{secrets.token_hex(4)}"
+    ledger = open_ledger(layout, warnings)
+    return OpenStore(layout, ledger, writer, rows, row_bytes, direct, file_bytes(row_bytes))
+
+
+@dataclass(frozen=True)
+class Existing:
+    """What the store held for this tier when it started."""
+
+    seq: int  # the ledger's last change the index includes: the feed's start
+    used_bytes: int  # the store's bytes, all servers
+
+
+def load_existing(
+    store: OpenStore,
+    config: DiskTierConfig,
+    namespace_id: bytes,
+    index: DiskIndex[BlockRef],
+    reports: TierReports,
+    warnings: DiskWarnings,
+    io_threads: int,
+) -> Existing:
+    """Scan, reconcile and evict to the cap; this namespace's blocks into
+    ``index``, announced as KV events; the start-up line logged."""
+    # A large store takes a while to walk: say so first (log_startup
+    # then says what was found).
+    warnings.scanning()
+    found, temps = store.layout.scan()
+    reconcile(store.ledger, found, store.layout.exists, store.writer)
+    errors: list[str] = []
+    victims = store.ledger.evict_to_cap(  # the cap may have been lowered
+        config.cap_bytes,
+        store.writer,
+        lambda ref: False,
+        unlinker(store.layout, errors),
+    )
+    for error in errors:
+        warnings.unlink(error)
+    reports.stats.count(m.EVICTED_BLOCKS, len(victims))
+    present, seq = store.ledger.snapshot(namespace_id)
+    for key, size in present:
+        index.add_present(BlockRef(namespace_id, key), size)
+    # Announce what this server can restore from the start (least recent
+    # first), so that a KV-aware router learns it too.
+    reports.event([key for key, _ in present], removed=False)
+    used_bytes = store.ledger.used_bytes()
+    io = f"{'O_DIRECT' if store.direct else 'buffered'} I/O on {io_threads} threads"
+    log_startup(config, len(found), len(present), used_bytes, len(victims), temps, io)
+    return Existing(seq, used_bytes)
