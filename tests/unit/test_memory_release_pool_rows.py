@@ -1,6 +1,7 @@
 """Host-pool rows by value (vllm_uma/memory_release/pool_rows.py), on vLLM's real
 CPUOffloadingManager (LRU, with events) and a real HostPool; and the disk
-tier's ``holds`` (vllm_uma/kv_offload/disk/tier.py).
+tier's ``holds`` (vllm_uma/kv_offload/disk/tier.py): both answer
+memory_release/tiers.py's BlockHolder.
 
 Set-up (memory_release_kit.PoolWorld, 8 rows of 4 OS pages): keys k0..k5
 stored in that order (rows 0..5), k0 then touched, so the LRU order is
@@ -22,6 +23,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm_uma.kv_offload.disk import metrics as disk_metrics
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.memory_release.pool_rows import PoolRows
+from vllm_uma.memory_release.tiers import BlockHolder
 
 
 @pytest.fixture
@@ -138,6 +140,18 @@ def test_disk_tier_holds_a_block_once_written(tmp_path, monkeypatch):
     assert disk_metrics.LOOKUP_HITS not in data  # holds is not a lookup
     tier.lookup(disk_key(0), DISK_CTX)
     assert disk_metrics.LOOKUP_HITS in tier.get_stats().data["data"]
+
+
+def test_the_pool_and_the_disk_tier_answer_the_releasers_one_question(tmp_path):
+    # The scheduler picks the disk tier out of vLLM's secondary tiers by
+    # this interface (memory_release/tiers.py), not by probing attributes.
+    pool = PoolWorld()
+    assert isinstance(pool.rows, BlockHolder)
+    pool.host.close()
+    tier = make_tier(tmp_path, Primary())
+    assert isinstance(tier, BlockHolder)
+    tier.shutdown()
+    assert not isinstance(object(), BlockHolder)
     tier.shutdown()
 
 

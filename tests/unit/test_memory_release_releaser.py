@@ -101,6 +101,16 @@ class FakePool:
 ON_DISK = {"b", "d", "e"}
 
 
+class FakeDisk:
+    """The disk tier as the releaser sees it (tiers.BlockHolder)."""
+
+    def __init__(self, keys):
+        self.keys = set(keys)
+
+    def holds(self, key) -> bool:
+        return key in self.keys
+
+
 def fakes(pool: bool = True, disk: bool = True) -> tuple[Memory, Releaser]:
     memory = Memory()
     free = [(1, None), (2, None), (3, "a"), (4, "d"), (5, "x"), (6, "y"), (7, "z")]
@@ -109,7 +119,7 @@ def fakes(pool: bool = True, disk: bool = True) -> tuple[Memory, Releaser]:
     releaser = Releaser(
         l1,
         rows if pool else None,
-        (lambda key: key in ON_DISK) if disk else None,
+        FakeDisk(ON_DISK) if disk else None,
     )
     return memory, releaser
 
@@ -240,7 +250,7 @@ class Real:
         self.pool.manager.complete_store([k(102)], CTX, success=False)
         assert self.pool.prepare([k(103)]) == [5]  # a store in flight
         self.on_disk = {self.l1.key(self.l1.b, 0), k(101)}
-        self.releaser = Releaser(self.l1.l1, self.pool.rows, self.on_disk.__contains__)
+        self.releaser = Releaser(self.l1.l1, self.pool.rows, FakeDisk(self.on_disk))
 
 
 BLOCK_BYTES = LAYERS * BLOCK_PAGE

@@ -12,6 +12,8 @@ Where each piece runs (all in the engine-core process, the 'uni' executor):
     l1_pages.py: block -> byte ranges  l1_blocks.py: free L1 blocks, by value
         |  (addresses only)            pool_rows.py: free / idle pool rows
         +---------> L1_PAGES ------->  releaser.py:  idle pass, pressure pass
+                                       tiers.py:     BlockHolder, the question
+                                                     asked of the pool and disk
                                        pressure.py:  PSI, MemAvailable, cgroup
                                        scheduler.py: the release thread
     pages.py: madvise (DONTNEED for L1, REMOVE for the shmem pool),

@@ -102,7 +102,7 @@ class PoolRows:
         return [key for key, chunk in chunks.items() if chunk.ref_cnt == 0]
 
     def holds(self, key: OffloadKey) -> bool:
-        """The pool has this block, written and readable."""
+        """The pool has this block, written and readable (tiers.BlockHolder)."""
         chunk = self._manager._policy.get(key)
         return chunk is not None and chunk.is_ready
 

@@ -40,13 +40,13 @@ which would count pages already given back.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import OffloadKey
 
 from vllm_uma.memory_release.l1_blocks import L1Blocks
 from vllm_uma.memory_release.pool_rows import PoolRows
+from vllm_uma.memory_release.tiers import BlockHolder
 
 
 @dataclass
@@ -74,16 +74,16 @@ class Releaser:
         self,
         l1: L1Blocks,
         pool: PoolRows | None = None,
-        on_disk: Callable[[OffloadKey], bool] | None = None,
+        disk: BlockHolder | None = None,
     ):
         self.l1 = l1
         self.pool = pool
-        self.on_disk = on_disk
+        self.disk = disk
+        # Pool first: a row is the cheaper restore (tiers.py).
+        self._below: list[BlockHolder] = [t for t in (pool, disk) if t is not None]
 
     def held_below(self, key: OffloadKey) -> bool:
-        return (self.pool is not None and self.pool.holds(key)) or (
-            self.on_disk is not None and self.on_disk(key)
-        )
+        return any(tier.holds(key) for tier in self._below)
 
     def idle_pass(self) -> ReleaseReport:
         report = ReleaseReport()
@@ -101,10 +101,12 @@ class Releaser:
         free = self.l1.free_blocks(self.held_below)
         self._l1_step(report, "free L1 blocks", free.uncached)
         self._pool_free_step(report)
-        if self.pool is not None and self.on_disk is not None:
-            on_disk = self.on_disk
+        if self.pool is not None and self.disk is not None:
+            disk = self.disk
             everything = self.pool.rows_in_use()
-            self._pool_evict_step(report, "pool rows on disk", everything, lambda k: not on_disk(k))
+            self._pool_evict_step(
+                report, "pool rows on disk", everything, lambda k: not disk.holds(k)
+            )
         free = self.l1.free_blocks(self.held_below)  # pool rows just left
         self._l1_step(report, "L1 blocks held below", free.held_below)
         # Lossy (a later hit recomputes): only as far as the shortfall needs.

@@ -50,6 +50,7 @@ from vllm_uma.memory_release.l1_pages import L1_PAGES
 from vllm_uma.memory_release.pool_rows import PoolRows
 from vllm_uma.memory_release.pressure import PressureWatch
 from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
+from vllm_uma.memory_release.tiers import BlockHolder
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig
 from vllm_uma.plugin.vllm_contract.scheduler_methods import LOCKED
@@ -141,7 +142,7 @@ class ReleasingScheduler:
         offload = getattr(self.connector, "connector_scheduler", None)
         busy = (lambda: blocks_in_transfer(offload)) if offload is not None else frozenset
         l1 = L1Blocks(self.kv_cache_manager.block_pool, page_map, busy)
-        pool_rows, on_disk = None, None
+        pool_rows, disk = None, None
         if offload is not None:
             manager = offload.manager
             primary = getattr(manager, "primary_tier", manager)
@@ -154,9 +155,9 @@ class ReleasingScheduler:
                 pool = SHARED_POOLS.open(engine_id, existing.num_rows, existing.row_bytes)
                 self._pool_engine_id = engine_id
                 pool_rows = PoolRows(primary, pool)
-            holders = [t.holds for t in tiers if hasattr(t, "holds")]
+            holders = [t for t in tiers if isinstance(t, BlockHolder)]
             if holders:
-                on_disk = holders[0]
+                disk = holders[0]
         logger.info(
             "KV memory release: %s; memory pressure watch %s.",
             f"free KV blocks given back after {self._uma.release_idle_seconds} s idle"
@@ -164,7 +165,7 @@ class ReleasingScheduler:
             else "idle release off",
             "on (PSI, MemAvailable, cgroup)" if self._uma.memory_pressure == "psi" else "off",
         )
-        return Releaser(l1, pool_rows, on_disk)
+        return Releaser(l1, pool_rows, disk)
 
     # -- the release thread ---------------------------------------------------
 

@@ -190,7 +190,8 @@ class DiskTier(SecondaryTierManager):
 
     def holds(self, key: OffloadKey) -> bool:
         """A block file of this key is written and readable (no side effect,
-        unlike lookup: the KV memory release asks before giving RAM back)."""
+        unlike lookup: the KV memory release asks before giving RAM back,
+        memory_release/tiers.py's BlockHolder)."""
         return self._index.is_present(BlockRef(self._ns, key))
 
     def touch(self, keys, req_context: ReqContext) -> None:
