@@ -50,3 +50,17 @@ def test_no_runtime_module_imports_test_or_tool_code():
                 if n.split(".")[0] in ("tools", "tests")
             ]
     assert offenders == []
+
+
+def test_the_disk_tiers_packages_list_every_module_they_hold():
+    # The map in each __init__ docstring is where a reader starts: a module
+    # added without a line there is invisible from it.
+    import ast
+
+    for package in ("vllm_uma/kv_offload/disk", "vllm_uma/kv_offload/disk/ledger"):
+        directory = ROOT / package
+        doc = ast.get_docstring(ast.parse((directory / "__init__.py").read_text())) or ""
+        listed = {line.split()[0] for line in doc.splitlines() if line.startswith("    ")}
+        modules = {p.name for p in directory.glob("*.py") if p.name != "__init__.py"}
+        modules |= {p.name + "/" for p in directory.iterdir() if (p / "__init__.py").exists()}
+        assert modules <= listed, f"{package}/__init__.py does not list {sorted(modules - listed)}"

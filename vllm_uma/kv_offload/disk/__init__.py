@@ -5,14 +5,29 @@ Engine-core process. vLLM's tiering (``vllm/v1/kv_offload/tiering/``) loads
 hands it the pool's memory; blocks move between pool rows and files on the
 tier's own I/O threads, so serving never waits on the disk.
 
+The tier vLLM calls (scheduler thread):
+    tier.py              DiskTier: lookups, store and load submission, life cycle
+    tier_startup.py      open the store, load what it holds (once, before serving)
+    completion.py        the I/O's outcomes applied to the index; jobs finished
+    jobs.py              one vLLM transfer job in flight, until its JobResult
+    index.py             which blocks are on disk, for lookups without a syscall
+    block_state.py       WRITING / PRESENT / DELETING, for the index and the ledger
+    full_disk.py         a full volume: stores paused, retried, resumed
+    reports.py           KV events and metric counts for vLLM
+    metrics.py           the /metrics counters: names and definitions
+    messages.py          what the tier logs: start-up, full disk, bad blocks, stop
+The files (I/O threads, start-up):
+    block_file.py        one block per file: format, atomic write, checked read
+    layout.py            directories under root_dir, walked safely; the start-up scan
+    io_threads.py        the threads and tasks that read and write block files
+    trust.py             who could have written the store, checked at start-up
+    progress.py          a long start-up step that says how far it got
+The store shared by every server on it:
+    ledger/              the SQLite ledger: one cap, one LRU order, a change feed
+Settings and identity (API server and engine core):
     config.py            the fs tier's JSON, checked once (cap, root_dir)
     namespace.py         what shapes the KV bytes -> a 16-byte namespace id
-    layout.py            directories under root_dir; the start-up scan
-    block_file.py        one block per file: format, atomic write, checked read
-    index.py             which blocks are on disk, LRU, cap, pins (scheduler side)
-    io_threads.py        the threads that read and write block files
-    jobs.py              a store or load job across its blocks
-    tier.py              the tier vLLM calls: lookups, stores, loads, eviction
-    metrics.py           its /metrics counters
-    messages.py          what the tier logs: start-up, full disk, bad blocks, stop
+    namespace_inputs.py  those inputs, read once from the server's configuration
+The administrator's process:
+    admin.py             ``vllm-uma kv-store``: ls, du, verify, prune, clear
 """
