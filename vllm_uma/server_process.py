@@ -15,6 +15,7 @@ fields) is in tools/harness/server.py.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,12 +28,53 @@ READY_TIMEOUT_S = 300
 # What a stop waits before SIGKILL: vllm-uma gives the engine 20 s to write
 # pending KV blocks to the disk tier (kv_offload/config.py), plus a margin.
 STOP_TIMEOUT_S = 30
+# A server whose port was taken between free_port() and its own bind starts
+# again on another port, this many times at most (see Server.wait_ready).
+PORT_TAKEN_RETRIES = 3
+PORT_TAKEN = "is already in use"  # commands/preflight.py's refusal
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000
+_handed_out: set[int] = set()
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port no one listens on, never the same twice in a process.
+
+    Drawn outside the kernel's ephemeral range: a bind to port 0 anywhere
+    on the machine (vLLM's get_open_port for torch.distributed, every
+    outgoing connection) takes ports from that range, so a port drawn from
+    it can be taken in the seconds before the server binds it. That is how
+    a second server once found its port held by another server's engine
+    core.
+    """
+    low, high = _ephemeral_range()
+    outside = [*range(LOWEST_PORT, low), *range(high + 1, 65_536)]
+    for port in random.sample(outside, min(200, len(outside))):
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    with socket.socket() as s:  # no room outside the range: the kernel's pick
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    _handed_out.add(port)
+    return port
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32_768, 60_999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class Server:
@@ -46,17 +88,24 @@ class Server:
     ):
         """``exe``: the ``vllm-uma`` command, a path or an argv prefix
         (``[python, "-m", "vllm_uma.commands.main"]``); ``port``: a free one if None."""
-        self.port = free_port() if port is None else port
+        self._chose_port = port is None
         self.log_path = log_path
-        self.url = f"http://127.0.0.1:{self.port}"
-        prefix = [exe] if isinstance(exe, str) else list(exe)
-        self._log = open(log_path, "w")
+        self._prefix = [exe] if isinstance(exe, str) else list(exe)
+        self._args = args
+        self._env = {**os.environ, **(env or {})}
+        self._port_retries = PORT_TAKEN_RETRIES
+        self._start(free_port() if port is None else port)
+
+    def _start(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            self.command(prefix, args),
+            self.command(self._prefix, self._args),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            env=self._env,
             start_new_session=True,
         )
 
@@ -73,6 +122,11 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._port_was_taken():
+                    self._log.close()
+                    self._port_retries -= 1
+                    self._start(free_port())
+                    continue
                 raise RuntimeError(
                     f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
                 )
@@ -83,6 +137,17 @@ class Server:
                 pass
             time.sleep(1)
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
+
+    def _port_was_taken(self) -> bool:
+        """The server refused a port it was given by free_port() because
+        another process bound it meanwhile: worth one more start, on a new
+        port. A port the caller chose is the caller's to fix."""
+        return (
+            self._chose_port
+            and self._port_retries > 0
+            and self.proc.returncode == 2
+            and PORT_TAKEN in self.log()
+        )
 
     def post(self, path: str, payload: dict, timeout: float = 120) -> dict:
         response = requests.post(f"{self.url}{path}", json=payload, timeout=timeout)

@@ -1,0 +1,111 @@
+"""Server's ports: free_port() stays out of the kernel's ephemeral range and
+never repeats; a server whose self-chosen port was taken before it bound it
+starts again on another port, a bounded number of times, and a port the
+caller chose is refused, not replaced.
+
+The "server" here is a small script that runs vllm-uma's real port check
+(commands/preflight.py) and then answers /health, so the retry is driven by
+the same refusal a real `vllm-uma serve` prints.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import textwrap
+
+import pytest
+
+from vllm_uma import server_process
+from vllm_uma.server_process import Server, free_port
+
+FAKE_SERVE = textwrap.dedent(
+    """
+    import http.server, sys
+    from vllm_uma.commands.preflight import PreflightError, check_port
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    try:
+        check_port("127.0.0.1", port)
+    except PreflightError as exc:
+        print(f"vllm-uma serve: error: {exc}", flush=True)
+        sys.exit(2)
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+    """
+)
+
+
+@pytest.fixture()
+def fake_serve(tmp_path):
+    script = tmp_path / "fake_serve.py"
+    script.write_text(FAKE_SERVE)
+    return [sys.executable, str(script)]
+
+
+def listener() -> socket.socket:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", free_port()))
+    holder.listen()
+    return holder
+
+
+def test_free_port_is_outside_the_ephemeral_range_and_never_repeats():
+    low, high = server_process._ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(not low <= port <= high for port in ports)
+
+
+def test_a_taken_port_is_replaced_by_a_new_one(fake_serve, tmp_path, monkeypatch):
+    taken = listener()
+    picks = iter([taken.getsockname()[1]])
+    real = server_process.free_port
+    monkeypatch.setattr(server_process, "free_port", lambda: next(picks, None) or real())
+    server = Server(fake_serve, [], tmp_path / "server.log")
+    try:
+        server.wait_ready(timeout=30)
+        assert server.port != taken.getsockname()[1]
+    finally:
+        server.stop()
+        taken.close()
+
+
+def test_the_retries_are_bounded(fake_serve, tmp_path, monkeypatch):
+    holders = [listener() for _ in range(server_process.PORT_TAKEN_RETRIES + 1)]
+    picks = iter([h.getsockname()[1] for h in holders])
+    monkeypatch.setattr(server_process, "free_port", lambda: next(picks))
+    server = Server(fake_serve, [], tmp_path / "server.log")
+    try:
+        with pytest.raises(RuntimeError, match="is already in use"):
+            server.wait_ready(timeout=30)
+    finally:
+        server.stop()
+        for holder in holders:
+            holder.close()
+
+
+def test_a_port_the_caller_chose_is_not_replaced(fake_serve, tmp_path):
+    taken = listener()
+    server = Server(fake_serve, [], tmp_path / "server.log", port=taken.getsockname()[1])
+    try:
+        with pytest.raises(RuntimeError, match="is already in use"):
+            server.wait_ready(timeout=30)
+    finally:
+        server.stop()
+        taken.close()
+
+
+def test_the_refusal_text_is_the_one_preflight_prints():
+    from vllm_uma.commands.preflight import PreflightError, check_port
+
+    taken = listener()
+    try:
+        with pytest.raises(PreflightError, match=server_process.PORT_TAKEN):
+            check_port("127.0.0.1", taken.getsockname()[1])
+    finally:
+        taken.close()
