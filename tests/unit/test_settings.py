@@ -181,3 +181,31 @@ def test_a_pool_is_settled_once():
     settled.record("e", oc.PoolSize(10, "x", True))  # the same result again is no conflict
     with pytest.raises(ValueError, match="settled at 10 bytes and again at 11"):
         settled.record("e", oc.PoolSize(11, "x", True))
+
+
+@pytest.mark.parametrize("left, expected", [(1_000_000_000, 250_000_000), (20 * GiB, None)])
+def test_the_worker_records_its_settled_pool_and_edits_no_dict(monkeypatch, left, expected):
+    from vllm_uma.plugin import worker
+
+    cfg = engine_config(ktc=connector("OffloadingConnector"))
+    settings = st.settings_for_hook(cfg, 24 * GiB)
+    extra = cfg.kv_transfer_config.kv_connector_extra_config
+    before = copy.deepcopy((extra, cfg.additional_config))
+    settled = SettledPools()
+    monkeypatch.setattr(worker, "SETTLED_POOLS", settled)
+    fake = SimpleNamespace(settings=settings, vllm_config=cfg)
+    expected = 2 * 8192 * PER_TOKEN if expected is None else expected
+    assert worker.UmaWorker._settle_pool(fake, left) == expected
+    assert settled.get("engine-0").bytes == expected
+    assert (extra, cfg.additional_config) == before
+
+
+def test_a_worker_with_a_given_pool_size_records_nothing(monkeypatch):
+    from vllm_uma.plugin import worker
+
+    cfg = engine_config(size=1, ktc=connector(None))
+    settled = SettledPools()
+    monkeypatch.setattr(worker, "SETTLED_POOLS", settled)
+    fake = SimpleNamespace(settings=st.settings_for_hook(cfg, 24 * GiB), vllm_config=cfg)
+    assert worker.UmaWorker._settle_pool(fake, 1_000_000) == 1 * GiB
+    assert settled.get("engine-0") is None
