@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -137,20 +136,6 @@ def test_tier_events_without_the_global_switch_warn(tmp_path):
 def test_a_non_boolean_event_switch_is_refused(tmp_path):
     with pytest.raises(dc.DiskTierConfigError, match="enable_kv_events='yes' is invalid"):
         parse(tier(tmp_path, max_size_gib=1, enable_kv_events="yes"))
-
-
-def test_the_resolved_settings_travel_to_the_engine_without_io(tmp_path):
-    tier = {"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 2}
-    parsed, _ = dc.parse_disk_tier([tier], kv_events_enabled=True)
-    raw = json.loads(json.dumps(dc.to_extra_config(parsed)))  # as vLLM ships it
-    # The engine reads it even if the directory went away: no I/O there.
-    (tmp_path / "kv").rmdir()
-    assert dc.from_extra_config(raw) == parsed
-
-
-def test_resolved_settings_not_written_by_the_platform_are_refused():
-    with pytest.raises(dc.DiskTierConfigError, match="was not written by the vllm-uma platform"):
-        dc.from_extra_config({"root_dir": "/x"})
 
 
 def test_a_root_dir_in_ram_is_warned_about(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 from pathlib import Path
@@ -154,3 +155,33 @@ def test_the_relay_passes_placeable_events_and_drops_the_rest_keeping_the_sequen
     for sock in (pub, sub):
         sock.close(linger=0)
     ctx.term()
+
+
+@pytest.mark.parametrize(
+    "argv, present",
+    [
+        (("--served-model-name", "m"), True),
+        (("--served-model-name=m",), True),
+        (("--served-model-names", "m"), False),  # another flag with that prefix
+        (("--dtype", "--served-model-name"), True),
+        ((), False),
+    ],
+)
+def test_fleet_and_serve_read_a_flags_presence_through_one_function(argv, present):
+    """The fleet keeps a flag it finds given, and serve honours the same flag,
+    both through commands/argv.given: they cannot disagree on the forms."""
+    from vllm_uma.commands import argv as shared
+    from vllm_uma.commands import serve
+    from vllm_uma.fleet import plan
+
+    assert plan.given is shared.given and serve.given is shared.given
+    assert shared.given(argv, "--served-model-name") is present
+    # serve names the served model after the recipe unless the same flag is given.
+    args = argparse.Namespace(served_model_name=None, model_tag=None, model="/m")
+    serve.apply_defaults(args, list(argv), recipe="SmolLM2-135M-Instruct")
+    assert (args.served_model_name is None) is present
+
+
+def test_a_flag_without_its_value_is_refused_by_the_fleet():
+    with pytest.raises(FleetPlanError, match="--additional-config needs a value"):
+        plan_fleet(ask(serve_flags=("--additional-config",)), [0, 1], ports())

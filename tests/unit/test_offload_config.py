@@ -101,7 +101,6 @@ def test_off_when_neither_flag_is_given():
     cfg = vllm_config()
     assert oc.translate(cfg, 24 * GiB) is None
     assert cfg.kv_transfer_config is None
-    assert oc.configured_pool_bytes(cfg) == 0
 
 
 def test_size_flag_points_the_connector_at_our_spec():
@@ -133,7 +132,9 @@ def test_connector_without_size_gets_two_requests_of_kv():
     assert pool.bytes == 2 * 8192 * PER_TOKEN
     assert "2 x max_model_len=8192" in pool.reason
     assert "at most, settled once the weights load" in pool.reason  # the worker resizes it
-    assert oc.configured_pool_bytes(cfg) == pool.bytes
+    assert pool.auto
+    # vLLM's spec needs a size to start: the provisional one.
+    assert cfg.kv_transfer_config.kv_connector_extra_config["cpu_bytes_to_use"] == pool.bytes
 
 
 @pytest.mark.parametrize("cache_dtype, per_token", [("auto", PER_TOKEN), ("fp8", PER_TOKEN // 2)])
@@ -152,25 +153,16 @@ def test_the_worker_resizes_an_automatic_pool_from_what_is_left():
     # A 24 GiB budget would allow 2 x 8192 tokens (377 MB); with 1 GB left
     # after weights and activations a quarter of that is the pool.
     cfg = vllm_config(ktc=connector("OffloadingConnector"))
-    assert oc.translate(cfg, 24 * GiB).pool.bytes == 2 * 8192 * PER_TOKEN
-    pool = oc.resize_auto_pool(cfg, left=1_000_000_000)
-    assert pool.bytes == 250_000_000
+    plan = oc.translate(cfg, 24 * GiB)
+    assert plan.pool.bytes == 2 * 8192 * PER_TOKEN
+    pool = oc.resize_auto_pool(cfg, plan, left=1_000_000_000)
+    assert pool.bytes == 250_000_000 and pool.auto
     assert "1/4 of the budget left after weights and activations" in pool.reason
-    assert oc.configured_pool_bytes(cfg) == 250_000_000
     # Room enough: two full-length requests, as before.
-    assert oc.resize_auto_pool(cfg, left=20 * GiB).bytes == 2 * 8192 * PER_TOKEN
+    assert oc.resize_auto_pool(cfg, plan, left=20 * GiB).bytes == 2 * 8192 * PER_TOKEN
     # Nothing left: an empty pool, which the spec then refuses with its fix.
-    assert oc.resize_auto_pool(cfg, left=-5).bytes == 0
-
-
-def test_the_engine_core_rerun_keeps_the_pool_automatic():
-    # vLLM re-runs the platform hook in the engine core on the same config:
-    # the size written by the first run is not taken for the user's own.
-    cfg = vllm_config(ktc=connector("OffloadingConnector"))
-    oc.translate(cfg, 24 * GiB)
-    again = oc.translate(cfg, 24 * GiB).pool
-    assert "max_model_len" in again.reason
-    assert oc.resize_auto_pool(cfg, left=1_000_000_000) is not None
+    assert oc.resize_auto_pool(cfg, plan, left=-5).bytes == 0
+    assert oc.resize_auto_pool(cfg, None, left=20 * GiB) is None  # offloading off
 
 
 @pytest.mark.parametrize(
@@ -179,9 +171,9 @@ def test_the_engine_core_rerun_keeps_the_pool_automatic():
 )
 def test_a_pool_size_the_user_gave_is_not_resized(kwargs):
     cfg = vllm_config(**kwargs)
-    before = oc.translate(cfg, 24 * GiB).pool.bytes
-    assert oc.resize_auto_pool(cfg, left=1_000_000) is None
-    assert oc.translate(cfg, 24 * GiB).pool.bytes == before
+    plan = oc.translate(cfg, 24 * GiB)
+    assert not plan.pool.auto
+    assert oc.resize_auto_pool(cfg, plan, left=1_000_000) is None
 
 
 def test_explicit_cpu_bytes_in_the_json_is_kept():

@@ -25,6 +25,7 @@ import os
 import sys
 
 from vllm_uma import models
+from vllm_uma.commands.argv import given
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
 from vllm_uma.plugin.config import NAMESPACE
@@ -44,20 +45,15 @@ Search by using: `--help=<ConfigGroup>` to explore options by section (e.g.,
 """
 
 
-def _given(argv: list[str], *flags: str) -> bool:
-    """True if any of ``flags`` appears in ``argv`` (``--f`` or ``--f=x``)."""
-    return any(arg == flag or arg.startswith(flag + "=") for arg in argv for flag in flags)
-
-
 def names_a_model(argv: list[str], parse) -> bool:
     """True if the command line names a model (positionally or with --model).
 
     ``parse`` is vLLM's serve parser. vLLM refuses --served-model-name unless
     the model comes first, so that case is settled before parsing.
     """
-    if _given(argv, "--model"):
+    if given(argv, "--model"):
         return True
-    if (not argv or argv[0].startswith("-")) and _given(argv, "--served-model-name"):
+    if (not argv or argv[0].startswith("-")) and given(argv, "--served-model-name"):
         return False
     return parse(argv).model_tag is not None
 
@@ -68,7 +64,7 @@ def apply_defaults(args: argparse.Namespace, argv: list[str], recipe: str | None
     ``recipe`` is the name of the recipe whose directory ``args`` serves
     (the default model when the command line named none), else None.
     """
-    if recipe is not None and not _given(argv, "--served-model-name"):
+    if recipe is not None and not given(argv, "--served-model-name"):
         args.served_model_name = [recipe]
     if args.model_tag is not None:
         # vLLM's serve command gives the positional MODEL precedence too.

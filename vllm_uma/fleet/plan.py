@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_uma.commands.argv import FlagValueMissing, given, take
+
 DEFAULT_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 DEFAULT_POOL_GIB = 1.0
 BLOCK_TOKENS = 128  # vLLM CPU's KV block, the router must hash the same
@@ -113,49 +115,37 @@ def cpu_ranges(cpus: list[int] | tuple[int, ...]) -> str:
 
 
 def _take(flags: list[str], name: str) -> str | None:
-    """Remove ``name VALUE`` or ``name=VALUE`` from ``flags``; its value."""
-    for i, flag in enumerate(flags):
-        if flag == name:
-            if i + 1 >= len(flags):
-                raise FleetPlanError(f"{name} needs a value.")
-            value = flags[i + 1]
-            del flags[i : i + 2]
-            return value
-        if flag.startswith(name + "="):
-            del flags[i]
-            return flag.split("=", 1)[1]
-    return None
-
-
-def _given(flags: list[str], name: str) -> bool:
-    return any(f == name or f.startswith(name + "=") for f in flags)
+    try:
+        return take(flags, name)
+    except FlagValueMissing as exc:
+        raise FleetPlanError(str(exc)) from None
 
 
 def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPlan:
     flags = list(ask.serve_flags)
     for owned in OWNED_FLAGS:
-        if _given(flags, owned):
+        if given(flags, owned):
             raise FleetPlanError(
                 f"{owned} is set by `vllm-uma fleet` for each server; remove it "
                 f"(the router's address is --host/--port of the fleet)."
             )
     utilization = _utilization(_take(flags, "--gpu-memory-utilization"))
     additional = _additional_config(_take(flags, "--additional-config"))
-    if ask.policy in TOKEN_POLICIES and not _given(flags, "--enable-scale-out"):
+    if ask.policy in TOKEN_POLICIES and not given(flags, "--enable-scale-out"):
         # The router tokenizes each request through the server's
         # /v1/completions/render (and the chat one); vLLM answers 403
         # there unless scale-out endpoints are on, and both prefix policies
         # then route by load alone ("missing_tokens" in the router's metrics).
         flags.append("--enable-scale-out")
-    if not _given(flags, "--kv-offloading-size") and not _given(flags, "--kv-transfer-config"):
+    if not given(flags, "--kv-offloading-size") and not given(flags, "--kv-transfer-config"):
         flags += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]
-    if ask.kv_store is not None and _given(flags, "--kv-transfer-config"):
+    if ask.kv_store is not None and given(flags, "--kv-transfer-config"):
         raise FleetPlanError(
             "--kv-transfer-config and the fleet's shared disk store (--kv-store) "
             "both configure offloading: remove one (--kv-store none turns the "
             "store off)."
         )
-    if not _given(flags, "--kv-transfer-config"):
+    if not given(flags, "--kv-transfer-config"):
         # Pool and disk events with their tokens and parent: without them
         # the router can place L1 blocks only (router_admission.py).
         extra: dict = {"self_describing_kv_events": True}

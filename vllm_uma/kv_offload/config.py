@@ -7,16 +7,23 @@ any weights load and before vLLM's own ``_post_init_kv_transfer_config``
 (``kv_connector_module_path``), our spec's name in
 ``kv_connector_extra_config``, the pool size when only the connector is
 named, and a clear refusal for what the host pool does not support.
+
+What vLLM reads stays in ``kv_connector_extra_config``; what only we read
+(the pool is ours to settle, the resolved disk tier, the namespace inputs)
+is returned in the :class:`OffloadPlan`, which travels in the plugin's one
+settings plan (plugin/settings.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_uma.kv_offload.disk.config import RESOLVED_KEY as DISK_TIER_KEY
-from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier, to_extra_config
-from vllm_uma.kv_offload.disk.namespace_inputs import KEY as NAMESPACE_INPUTS_KEY
-from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputsError, namespace_inputs
+from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier
+from vllm_uma.kv_offload.disk.namespace_inputs import (
+    NamespaceInputs,
+    NamespaceInputsError,
+    namespace_inputs,
+)
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.memory import GiB
 
@@ -25,9 +32,6 @@ from vllm_uma.plugin.memory import GiB
 vllm_contract.require(__name__)
 
 CONNECTOR = "OffloadingConnector"
-# Set when the pool size is ours to choose: the worker sizes it again once
-# the weights and activations are measured (resize_auto_pool).
-AUTO_POOL_KEY = "vllm_uma_auto_pool"
 # Our subclass of it (no block lost when the pool is full). vLLM resets the
 # connector name from --kv-offloading-size after the platform hook but
 # keeps the module path, and looks the name up there.
@@ -47,9 +51,6 @@ KNOWN_EXTRA_KEYS = frozenset(
         # size and parent, so a router can place them (docs/fleet.md).
         "self_describing_kv_events",
         "secondary_tiers",  # the disk tier, checked by disk/config.py
-        NAMESPACE_INPUTS_KEY,  # ours: set below for the disk tier
-        AUTO_POOL_KEY,  # ours: the pool size is automatic (resized by the worker)
-        DISK_TIER_KEY,  # ours: the disk tier's resolved settings
     }
 )
 SPEC_MODULE = "vllm_uma.kv_offload.spec"
@@ -65,12 +66,18 @@ class OffloadingConfigError(ValueError):
 class PoolSize:
     bytes: int
     reason: str  # for the log: where the size came from
+    # The size is ours to choose (the user gave none): the worker sizes it
+    # again once the weights and activations are measured (resize_auto_pool).
+    auto: bool = False
 
 
 @dataclass(frozen=True)
 class OffloadPlan:
+    spec_name: str  # POOL_SPEC or TIERED_SPEC
     pool: PoolSize
     disk: DiskTierConfig | None
+    # What of the server's configuration shapes its KV (with a disk tier).
+    namespace_inputs: NamespaceInputs | None
     warnings: tuple[str, ...]  # for the log
 
 
@@ -100,21 +107,21 @@ def auto_pool_size(
     )
 
 
-def resize_auto_pool(vllm_config, left: int) -> PoolSize | None:
+def resize_auto_pool(vllm_config, offload: OffloadPlan | None, left: int) -> PoolSize | None:
     """The automatic pool size again, from ``left``: the budget left once the
     weights and the activations' peak are measured (the worker, before the
-    engine core builds the connector that reads ``cpu_bytes_to_use``).
-    None when the size was given by the user, or offloading is off."""
-    ktc = vllm_config.kv_transfer_config
-    if ktc is None or not ktc.kv_connector_extra_config.get(AUTO_POOL_KEY):
+    engine core builds the connector). A result, not an edit of vLLM's
+    config: the worker records it (pool_size.py) and the connector sizes the
+    spec from it. None when the size was given by the user, or offloading is
+    off."""
+    if offload is None or not offload.pool.auto:
         return None
     model, cache = vllm_config.model_config, vllm_config.cache_config
     per_token = kv_bytes_per_token(model, vllm_config.parallel_config, cache.cache_dtype)
     size = auto_pool_size(
         per_token, model.max_model_len, left, "the budget left after weights and activations"
     )
-    ktc.kv_connector_extra_config["cpu_bytes_to_use"] = size.bytes
-    return size
+    return PoolSize(size.bytes, size.reason, auto=True)
 
 
 def offloading_requested(vllm_config) -> bool:
@@ -273,18 +280,22 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
     disk, warnings = parse_disk_tier(
         extra.get("secondary_tiers"), kv_events_enabled=kv_events_enabled(vllm_config)
     )
-    pool = _translate_pool(vllm_config, total_ram, TIERED_SPEC if disk else POOL_SPEC)
+    spec_name = TIERED_SPEC if disk else POOL_SPEC
+    pool = _translate_pool(vllm_config, total_ram, spec_name)
+    inputs = None
     if disk is not None:
+        # The engine's namespace covers them (disk/namespace_inputs.py).
         try:
-            inputs = namespace_inputs(vllm_config)
+            inputs = NamespaceInputs.of(namespace_inputs(vllm_config))
         except NamespaceInputsError as exc:
             raise OffloadingConfigError(str(exc)) from None
-        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-        # The engine's namespace covers them (disk/namespace_inputs.py).
-        extra[NAMESPACE_INPUTS_KEY] = inputs
-        # Checked and measured here once; the engine reads the result.
-        extra[DISK_TIER_KEY] = to_extra_config(disk)
-    return OffloadPlan(pool=pool, disk=disk, warnings=tuple(warnings))
+    return OffloadPlan(
+        spec_name=spec_name,
+        pool=pool,
+        disk=disk,
+        namespace_inputs=inputs,
+        warnings=tuple(warnings),
+    )
 
 
 def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
@@ -302,7 +313,7 @@ def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
         return PoolSize(int(cache.kv_offloading_size * GiB), "--kv-offloading-size")
     extra = ktc.kv_connector_extra_config
     explicit = extra.get("cpu_bytes_to_use")
-    if explicit and not extra.get(AUTO_POOL_KEY):
+    if explicit:
         return PoolSize(int(explicit), "cpu_bytes_to_use in --kv-transfer-config")
     model = vllm_config.model_config
     per_token = kv_bytes_per_token(model, vllm_config.parallel_config, cache.cache_dtype)
@@ -310,9 +321,10 @@ def _translate_pool(vllm_config, total_ram: int, spec_name: str) -> PoolSize:
     # Provisional: a quarter of the whole budget at most; the worker sizes it
     # again from what is left after weights and activations.
     size = auto_pool_size(per_token, model.max_model_len, kv_budget)
+    # vLLM's spec refuses to start without a size; the connector gives it
+    # the worker's settled one (pool_size.py).
     extra["cpu_bytes_to_use"] = size.bytes
-    extra[AUTO_POOL_KEY] = True
-    return PoolSize(size.bytes, f"{size.reason}; at most, settled once the weights load")
+    return PoolSize(size.bytes, f"{size.reason}; at most, settled once the weights load", True)
 
 
 # How long a stopping server may take to write its pending KV blocks to the
@@ -339,14 +351,3 @@ def flush_on_stop(vllm_config, plan: OffloadPlan) -> str | None:
         f"stopping server finishes its requests and writes their KV blocks to the disk "
         f"tier (pass --shutdown-timeout N to choose another limit)."
     )
-
-
-def configured_pool_bytes(vllm_config) -> int:
-    """The pool size the platform settled on (0 when offloading is off)."""
-    ktc = vllm_config.kv_transfer_config
-    if ktc is None or ktc.kv_connector_extra_config.get("spec_name") not in (
-        POOL_SPEC,
-        TIERED_SPEC,
-    ):
-        return 0
-    return int(ktc.kv_connector_extra_config.get("cpu_bytes_to_use") or 0)

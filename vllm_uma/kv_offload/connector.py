@@ -53,13 +53,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
     OffloadingConnector as VllmOffloadingConnector,
 )
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.request import RequestStatus
 
 from vllm_uma.kv_offload import metrics
 from vllm_uma.kv_offload.holds import AtFinish, Holds, Settled
+from vllm_uma.kv_offload.pool_size import spec_config
+from vllm_uma.kv_offload.spec import make_spec
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin.settings import read_settings
 
 # vLLM internals used here, checked now: a changed one fails this import in
 # one line (plugin/vllm_contract/), not a request later.
@@ -233,9 +235,17 @@ class UmaOffloadingConnector(VllmOffloadingConnector):
         # records the attributes it assigns and what it calls, and fails this
         # import when either changes.
         KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
-        offloading_config = build_offloading_config(vllm_config, kv_cache_config)
+        offload = read_settings(vllm_config).offload
+        if offload is None:
+            raise ValueError(
+                "UmaOffloadingConnector was named, but the vllm-uma platform planned no "
+                "KV offloading: enable it with --kv-offloading-size N (GiB)."
+            )
+        # Sized from the worker's settled pool, in a copy (pool_size.py).
+        built = build_offloading_config(vllm_config, kv_cache_config)
+        offloading_config = spec_config(built, offload)
         self._canonical_layout = offloading_config.canonical_layout
-        spec = OffloadingSpecFactory.create_spec(offloading_config)
+        spec = make_spec(offloading_config, offload)
         self.connector_scheduler = None
         self.connector_worker = None
         if role == KVConnectorRole.SCHEDULER:

@@ -3,7 +3,11 @@
 Named in ``kv_connector_extra_config`` by ``spec_name``/``spec_module_path``
 (the platform writes both, see config.py): ``UmaOffloadingSpec`` for the
 host pool alone (L2), ``UmaTieredOffloadingSpec`` when a disk tier (L3) is
-configured. vLLM builds the spec twice: in the scheduler (which calls
+configured. Our connector builds them with :func:`make_spec`, which hands
+each the offloading part of the plugin's settings plan (plugin/settings.py):
+the disk tier and the namespace inputs the API server resolved.
+
+vLLM builds the spec twice: in the scheduler (which calls
 ``get_manager``) and in the worker (``get_worker``); with the in-process
 'uni' worker both live in the engine-core process and share one HostPool
 through ``SHARED_POOLS``.
@@ -23,17 +27,16 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.manager import (
     CPUPrimaryTierOffloadingManager,
     TieringOffloadingManager,
 )
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from vllm_uma.kv_offload.disk.config import RESOLVED_KEY as DISK_TIER_KEY
-from vllm_uma.kv_offload.disk.config import from_extra_config
+from vllm_uma.kv_offload.config import OffloadPlan
 from vllm_uma.kv_offload.disk.layout import NOINDEX, Layout
 from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
-from vllm_uma.kv_offload.disk.namespace_inputs import KEY as NAMESPACE_INPUTS_KEY
 from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
 from vllm_uma.plugin import vllm_contract
@@ -43,6 +46,9 @@ from vllm_uma.plugin import vllm_contract
 vllm_contract.require(__name__)
 
 logger = init_logger("vllm.plugins.vllm_uma.kv_offload")
+# vLLM's factory logs the spec it creates; make_spec does its work, so it
+# says so in the factory's own words.
+factory_logger = init_logger("vllm.v1.kv_offload.factory")
 
 
 def check_layout(spec: CPUOffloadingSpec) -> None:
@@ -64,6 +70,21 @@ def make_mover(spec: CPUOffloadingSpec, kv_caches: CanonicalKVCaches) -> HostPoo
         raise
 
 
+def make_spec(config, offload: OffloadPlan):
+    """vLLM's ``OffloadingSpecFactory.create_spec``, with the plan's
+    offloading part passed to our spec (vLLM's factory passes the config only)."""
+    spec_cls = OffloadingSpecFactory.get_spec_cls(config.extra_config)
+    if not issubclass(spec_cls, HostPoolWorkerMixin):
+        raise ValueError(
+            f"spec_name={config.extra_config.get('spec_name')!r} is not a vllm-uma spec: "
+            f"remove 'spec_name' and 'spec_module_path' from kv_connector_extra_config "
+            f"(the vllm-uma platform sets them)."
+        )
+    spec_name = config.extra_config.get("spec_name", "CPUOffloadingSpec")
+    factory_logger.info("Creating offloading spec with name: %s", spec_name)
+    return spec_cls(config, offload)
+
+
 class HostPoolWorkerMixin:
     """The worker side both specs share: our mover over the shared host pool."""
 
@@ -76,7 +97,7 @@ class HostPoolWorkerMixin:
 class UmaOffloadingSpec(HostPoolWorkerMixin, CPUOffloadingSpec):
     """L2 only: vLLM's CPUOffloadingManager decides, our mover copies."""
 
-    def __init__(self, config):
+    def __init__(self, config, offload: OffloadPlan | None = None):
         super().__init__(config)
         check_layout(self)
 
@@ -119,9 +140,10 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
         metrics.update(DiskTier.build_metric_definitions(extra_config))
         return metrics
 
-    def __init__(self, config):
+    def __init__(self, config, offload: OffloadPlan | None = None):
         super().__init__(config)
         check_layout(self)
+        self._offload = offload
 
     def get_manager(self) -> OffloadingManager:
         # Replaces vLLM's get_manager, body and all (it would build vLLM's own
@@ -138,17 +160,18 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
 
         # Resolved by the API server (created, checked, cap measured); read
         # here without I/O, on the scheduler side only.
-        if DISK_TIER_KEY not in self.extra_config:
+        offload = self._offload
+        if offload is None or offload.disk is None:
             raise ValueError(
                 f"{type(self).__name__} needs a disk tier in 'secondary_tiers', set up "
                 f"by the vllm-uma platform; without one, use UmaOffloadingSpec."
             )
-        disk = from_extra_config(self.extra_config[DISK_TIER_KEY])
+        disk = offload.disk
         noindex = disk.root_dir / NOINDEX
         store = Layout(disk.root_dir)
         store.ensure_store_dir()  # for the fingerprint cache
         store.close()
-        inputs = dict(self.extra_config.get(NAMESPACE_INPUTS_KEY) or {})
+        inputs = offload.namespace_inputs.values() if offload.namespace_inputs else {}
         fingerprint = weights_fingerprint(
             self.config.model.name,
             noindex / FINGERPRINTS_FILE,

@@ -52,7 +52,7 @@ from vllm_uma.memory_release.pressure import PressureWatch
 from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
 from vllm_uma.memory_release.tiers import BlockHolder
 from vllm_uma.plugin import vllm_contract
-from vllm_uma.plugin.config import UmaConfig
+from vllm_uma.plugin.settings import read_settings
 from vllm_uma.plugin.vllm_contract.scheduler_methods import LOCKED
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -92,7 +92,7 @@ class ReleasingScheduler:
         # Reentrant: update_from_output calls make_stats.
         self._release_lock = threading.RLock()
         super().__init__(*args, **kwargs)
-        self._uma = UmaConfig.from_additional_config(self.vllm_config.additional_config)
+        self._uma = read_settings(self.vllm_config).uma
         # Last step or request arrival: idleness counts from the end of the
         # work, not from when the last request came in.
         self._last_active = time.monotonic()

@@ -24,8 +24,11 @@ What changes from the CPU platform, and why:
   raises one line naming both (vllm_version.py).
 - The scheduler is vLLM's with a thread that gives free KV memory back
   (memory_release/scheduler.py), unless that is turned off.
-- ``--additional-config '{"vllm_uma": {...}}'`` is validated here, in the
-  API-server process, before any weights load (config.py).
+- Every setting the plugin acts on (``--additional-config '{"vllm_uma":
+  {...}}'``, the offloading flags) is validated here, in the API-server
+  process, before any weights load, into one plan that the engine reads
+  (settings.py). vLLM runs this hook again in the engine core on the same
+  config; that run reads the plan instead of parsing the flags again.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 from vllm_uma.plugin.memory import fmt_gib
+from vllm_uma.plugin.settings import settings_for_hook
 from vllm_uma.plugin.vllm_version import require_supported_vllm
 
 # Every vLLM process imports this module first (through the entry point):
@@ -140,9 +144,10 @@ class UmaPlatform(CpuPlatform):
             "machine's RAM (%.1f GiB), 1 device, no pinned memory.",
             total_ram_bytes() / 2**30,
         )
-        # Checked here, in the API server, before any weights load.
-        uma = UmaConfig.from_additional_config(vllm_config.additional_config)
-        plan = offload_config.translate(vllm_config, total_ram_bytes())
+        # Checked here, in the API server, before any weights load; read
+        # back when vLLM runs the hook again (settings.py).
+        settings = settings_for_hook(vllm_config, total_ram_bytes())
+        plan = settings.offload
         if plan is not None:
             logger.info_once(
                 "KV offloading: host pool of %s (%s).", fmt_gib(plan.pool.bytes), plan.pool.reason
@@ -166,4 +171,4 @@ class UmaPlatform(CpuPlatform):
         super().check_and_update_config(vllm_config)
         keep_single_worker_in_process(parallel_config, requested_executor)
         diffusion = getattr(vllm_config, "diffusion_config", None) is not None
-        use_releasing_scheduler(vllm_config.scheduler_config, uma, diffusion)
+        use_releasing_scheduler(vllm_config.scheduler_config, settings.uma, diffusion)

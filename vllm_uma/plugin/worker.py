@@ -12,7 +12,7 @@ Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
   budget is a ceiling over the whole RAM (memory.py);
 - the KV cache size is ``budget - weights - activations - pool``; an
   automatic pool size is settled here, from the budget left after weights
-  and activations (kv_offload/config.py);
+  and activations, and recorded for the connector (kv_offload/pool_size.py);
 - the KV buffer is allocated lazily (lazy_kv.py) unless vLLM says the layout
   needs zeroing;
 - the weights are locked in RAM after loading (wiring.py);
@@ -36,11 +36,11 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_uma.kv_offload.config import configured_pool_bytes, resize_auto_pool
+from vllm_uma.kv_offload.config import resize_auto_pool
+from vllm_uma.kv_offload.pool_size import SETTLED_POOLS
 from vllm_uma.log import get_logger
 from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
 from vllm_uma.plugin import vllm_contract
-from vllm_uma.plugin.config import UmaConfig
 from vllm_uma.plugin.cpu_kernels import prepare_worker_process
 from vllm_uma.plugin.lazy_kv import LazyZerosMode
 from vllm_uma.plugin.memory import (
@@ -51,6 +51,7 @@ from vllm_uma.plugin.memory import (
     kv_cache_bytes,
 )
 from vllm_uma.plugin.platform import total_ram_bytes
+from vllm_uma.plugin.settings import read_settings
 from vllm_uma.plugin.wiring import WiringResult, read_maps, wire_new_memory
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -141,7 +142,8 @@ class UmaWorker(CPUWorker):
             is_driver_worker=is_driver_worker,
         )
         self.parallel_config.disable_custom_all_reduce = True
-        self.uma_config = UmaConfig.from_additional_config(vllm_config.additional_config)
+        self.settings = read_settings(vllm_config)
+        self.uma_config = self.settings.uma
         self.weights_bytes = 0
         self.wiring = WiringResult(0, None)
         self.budget: BudgetInputs | None = None
@@ -182,15 +184,13 @@ class UmaWorker(CPUWorker):
         total, utilization = total_ram_bytes(), self.cache_config.gpu_memory_utilization
         workers = workers_sharing_ram(self.parallel_config)
         left = int(total * utilization) // workers - weights - activations
-        pool = resize_auto_pool(self.vllm_config, left)
-        if pool is not None:
-            logger.info("KV offloading: host pool of %s (%s).", fmt_gib(pool.bytes), pool.reason)
+        pool_bytes = self._settle_pool(left)
         self.budget = BudgetInputs(
             total=total,
             utilization=utilization,
             weights=weights,
             activations=activations,
-            kv_offload_pool=configured_pool_bytes(self.vllm_config),
+            kv_offload_pool=pool_bytes,
             min_kv_cache=min_request_kv_bytes(specs, self.vllm_config),
             max_model_len=max_model_len,
             workers=workers,
@@ -209,6 +209,17 @@ class UmaWorker(CPUWorker):
             raise
         self._warn_if_budget_exceeds_free_ram(kv)
         return kv
+
+    def _settle_pool(self, left: int) -> int:
+        """The host pool's bytes: an automatic size settled from ``left`` and
+        recorded for the connector (pool_size.py), else the planned size."""
+        offload = self.settings.offload
+        pool = resize_auto_pool(self.vllm_config, offload, left)
+        if pool is None:
+            return self.settings.pool_bytes
+        logger.info("KV offloading: host pool of %s (%s).", fmt_gib(pool.bytes), pool.reason)
+        SETTLED_POOLS.record(self.vllm_config.kv_transfer_config.engine_id, pool)
+        return pool.bytes
 
     def _activation_high_water(self) -> int:
         """The RSS the profile run peaked at (VmHWM since the weights were

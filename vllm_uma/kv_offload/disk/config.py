@@ -11,9 +11,9 @@ any weights load: a typo, a refused tier type, a directory that cannot be
 written or a volume too small for the default cap fails start-up there, with
 one line naming the value, the rule and the fix. A root_dir another user
 owns or may write is refused here too (trust.py). The resolved
-``DiskTierConfig`` travels to the engine-core process in
-``kv_connector_extra_config`` under RESOLVED_KEY (``to_extra_config``), so
-the directory is created, probed and measured once, in one process.
+``DiskTierConfig`` travels to the engine-core process in the plugin's
+settings plan (plugin/settings.py), so the directory is created, probed and
+measured once, in one process.
 
 The cap is resolved here too, so that every later reader sees bytes:
 ``max_size_gib`` unset means 10% of the volume's size (refused if the volume
@@ -53,40 +53,6 @@ class DiskTierConfig:
     enable_kv_events: bool
     # For the log: where the cap came from.
     cap_reason: str
-
-
-# Where the API server leaves the resolved settings for the engine core,
-# inside kv_connector_extra_config (JSON, like the rest of that dict).
-RESOLVED_KEY = "uma_disk_tier"
-
-
-def to_extra_config(config: DiskTierConfig) -> dict[str, Any]:
-    return {
-        "root_dir": str(config.root_dir),
-        "cap_bytes": config.cap_bytes,
-        "enable_kv_events": config.enable_kv_events,
-        "cap_reason": config.cap_reason,
-    }
-
-
-def from_extra_config(raw: Any) -> DiskTierConfig:
-    """The settings the API server resolved (no I/O: checked there once)."""
-    if not isinstance(raw, dict) or set(raw) != {
-        "root_dir",
-        "cap_bytes",
-        "enable_kv_events",
-        "cap_reason",
-    }:
-        raise DiskTierConfigError(
-            f"kv_connector_extra_config {RESOLVED_KEY!r}={raw!r} was not written by the "
-            f"vllm-uma platform: remove it and name the tier in 'secondary_tiers'."
-        )
-    return DiskTierConfig(
-        root_dir=Path(raw["root_dir"]),
-        cap_bytes=None if raw["cap_bytes"] is None else int(raw["cap_bytes"]),
-        enable_kv_events=bool(raw["enable_kv_events"]),
-        cap_reason=str(raw["cap_reason"]),
-    )
 
 
 def parse_disk_tier(

@@ -5,8 +5,8 @@ server computes for the same tokens could change. The engine-core process,
 where the namespace is made, sees only vLLM's OffloadingConfig (a model
 name, a dtype, the layout); the rest lives in the API server's VllmConfig.
 So the API server reads it here, once, while the platform checks the flags,
-and passes the result to the engine inside ``kv_connector_extra_config``
-under :data:`KEY` (JSON, like the rest of that dict):
+and passes the result to the engine in the plugin's settings plan
+(plugin/settings.py) as :class:`NamespaceInputs`:
 
 - the model as vLLM loads it: name or path, ``--revision``,
   ``--download-dir`` (another snapshot is other weights);
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,21 @@ from vllm_uma.plugin import vllm_contract
 # one line (plugin/vllm_contract/), not a request later.
 vllm_contract.require(__name__)
 
-KEY = "uma_namespace_inputs"
+
+@dataclass(frozen=True)
+class NamespaceInputs:
+    """The inputs, frozen as their canonical JSON text (their values nest:
+    a tuple of items would still hold mutable dicts)."""
+
+    text: str
+
+    @classmethod
+    def of(cls, values: dict[str, Any]) -> "NamespaceInputs":
+        return cls(json.dumps(values, sort_keys=True))
+
+    def values(self) -> dict[str, Any]:
+        """A fresh dict each call: the reader may keep or change it."""
+        return json.loads(self.text)
 
 
 class NamespaceInputsError(ValueError):

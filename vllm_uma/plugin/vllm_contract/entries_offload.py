@@ -61,12 +61,21 @@ ENTRIES = (
         "our __init__ calls it as vLLM's does",
         params=("vllm_config", "kv_cache_config"),
     ),
-    Method(
+    # -- spec.py: make_spec redoes the factory's create_spec with the plan
+    ReplacedBody(
         "vllm.v1.kv_offload.factory:OffloadingSpecFactory",
         "create_spec",
-        C,
-        "our __init__ calls it as vLLM's does",
-        params=("config",),
+        S,
+        "make_spec redoes it, passing our spec the settings plan's offloading part; "
+        "anything new here (and its log line) must be redone there",
+        calls=frozenset({"config.extra_config.get", "cls.get_spec_cls", "spec_cls", "logger.info"}),
+    ),
+    Method(
+        "vllm.v1.kv_offload.factory:OffloadingSpecFactory",
+        "get_spec_cls",
+        S,
+        "make_spec resolves spec_name/spec_module_path through it, as create_spec does",
+        params=("extra_config",),
     ),
     Method(
         f"{OFF}.worker:OffloadingConnectorWorker",

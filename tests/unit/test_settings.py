@@ -1,0 +1,211 @@
+"""The settings plan (vllm_uma/plugin/settings.py): built once, carried under
+one key, read back unchanged, and nothing of vLLM's edited after start-up.
+
+The configs are the small stand-ins of test_offload_config.py, with the
+``additional_config`` vLLM gives every config.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import pickle
+from types import SimpleNamespace
+
+import pytest
+from test_offload_config import PER_TOKEN, GiB, connector, vllm_config
+
+from vllm_uma.kv_offload import config as oc
+from vllm_uma.kv_offload.pool_size import SettledPools, spec_config
+from vllm_uma.plugin import settings as st
+from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+
+
+def engine_config(additional=None, **kwargs):
+    cfg = vllm_config(**kwargs)
+    cfg.additional_config = {} if additional is None else additional
+    if cfg.kv_transfer_config is not None:
+        cfg.kv_transfer_config.engine_id = "engine-0"
+    return cfg
+
+
+def with_disk(tmp_path, **kwargs):
+    tiers = [{"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 2}]
+    return engine_config(ktc=connector(None, secondary_tiers=tiers), size=1, **kwargs)
+
+
+def test_the_plan_round_trips_through_its_serialised_form(tmp_path):
+    cfg = with_disk(tmp_path, additional={"vllm_uma": {"wire_weights": False}})
+    built = st.settings_for_hook(cfg, 24 * GiB)
+    text = cfg.additional_config[st.PLAN_KEY]
+    assert isinstance(text, st.PlanText)
+    assert st.loads(text) == built
+    assert built.uma == UmaConfig(wire_weights=False)
+    assert built.offload.disk.root_dir == tmp_path / "kv"
+    assert built.offload.namespace_inputs.values()["model"] == "/models/smol"
+    # Across processes vLLM pickles the config, and copies it in places.
+    for carried in (pickle.loads(pickle.dumps(cfg.additional_config)), copy.deepcopy(cfg)):
+        additional = getattr(carried, "additional_config", carried)
+        assert isinstance(additional[st.PLAN_KEY], st.PlanText)
+        assert st.read_settings(SimpleNamespace(additional_config=additional)) == built
+
+
+def test_the_plan_is_canonical_so_identical_runs_hash_alike(tmp_path):
+    # vLLM hashes additional_config into the compile-cache key.
+    first, second = with_disk(tmp_path), with_disk(tmp_path)
+    st.settings_for_hook(first, 24 * GiB)
+    st.settings_for_hook(second, 24 * GiB)
+    assert first.additional_config == second.additional_config
+    text = first.additional_config[st.PLAN_KEY]
+    assert json.dumps(json.loads(text), sort_keys=True, separators=(",", ":")) == text
+
+
+def test_the_hook_run_again_reads_the_plan_without_parsing_or_io(tmp_path, monkeypatch):
+    cfg = with_disk(tmp_path)
+    built = st.settings_for_hook(cfg, 24 * GiB)
+    (tmp_path / "kv").rename(tmp_path / "moved")  # the engine does no I/O of its own
+    monkeypatch.setattr(st, "translate", lambda *a: pytest.fail("parsed again"))
+    monkeypatch.setattr(UmaConfig, "from_additional_config", lambda *a: pytest.fail("again"))
+    assert st.settings_for_hook(cfg, 24 * GiB) == built
+
+
+def test_the_users_additional_config_is_not_edited():
+    mine = {"vllm_uma": {"release_idle_seconds": 5}, "other_plugin": 1}
+    cfg = engine_config(additional=mine)
+    st.settings_for_hook(cfg, 24 * GiB)
+    assert mine == {"vllm_uma": {"release_idle_seconds": 5}, "other_plugin": 1}
+    assert st.read_settings(cfg).uma.release_idle_seconds == 5
+    assert cfg.additional_config["other_plugin"] == 1
+
+
+@pytest.mark.parametrize(
+    "given", ['{"version": 1}', {"version": 1, "uma": {}, "offload": None}, "anything"]
+)
+def test_a_plan_the_user_gives_is_refused(given):
+    cfg = engine_config(additional={st.PLAN_KEY: given})
+    with pytest.raises(st.SettingsPlanError, match="is written by the vllm-uma platform"):
+        st.settings_for_hook(cfg, 24 * GiB)
+
+
+def test_a_plan_of_another_version_or_shape_is_refused():
+    plain = st.to_plain(st.Settings(uma=UmaConfig(), offload=None))
+    with pytest.raises(st.SettingsPlanError, match="has version 2, and this vllm-uma reads"):
+        st.from_plain({**plain, "version": 2})
+    with pytest.raises(st.SettingsPlanError, match="uma in the vllm-uma plan has the keys"):
+        st.from_plain({**plain, "uma": {"wire_weights": True}})
+    with pytest.raises(st.SettingsPlanError, match="not JSON"):
+        st.loads("{")
+
+
+def test_readers_refuse_a_config_the_platform_never_saw():
+    with pytest.raises(st.SettingsPlanError, match="did not run on this config"):
+        st.read_settings(engine_config())
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        (dict(additional={"vllm_uma": {"wire_weight": False}}), UmaConfigError, "unknown key"),
+        (dict(additional={"vllm_uma": True}), UmaConfigError, "must be a JSON object"),
+        (dict(size=0), oc.OffloadingConfigError, "--kv-offloading-size=0 is invalid"),
+        (
+            dict(ktc=connector("OffloadingConnector", uma_disk_tier={})),
+            oc.OffloadingConfigError,
+            "unknown key(s) ['uma_disk_tier']",  # our old private keys are no user keys
+        ),
+    ],
+)
+def test_refusals_are_raised_where_the_plan_is_built(kwargs, error, fragment):
+    cfg = engine_config(**kwargs)
+    with pytest.raises(error) as err:
+        st.settings_for_hook(cfg, 24 * GiB)
+    assert fragment in str(err.value)
+    assert st.PLAN_KEY not in cfg.additional_config
+
+
+def test_a_non_dict_additional_config_is_refused_with_the_fix():
+    cfg = engine_config()
+    cfg.additional_config = SimpleNamespace(compute_hash=lambda: "x")
+    with pytest.raises(UmaConfigError, match="additional_config is a SimpleNamespace, not a dict"):
+        st.settings_for_hook(cfg, 24 * GiB)
+
+
+# -- the worker's pool resize: a result, not an edit --------------------------
+
+
+def offloading_config(extra):
+    """The two fields of vLLM's OffloadingConfig that spec_config reads."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Offloading:
+        extra_config: dict
+        engine_id: str = "engine-0"
+
+    return Offloading(extra_config=extra)
+
+
+def test_the_workers_resize_edits_none_of_vllms_config_dicts():
+    cfg = engine_config(ktc=connector("OffloadingConnector"))
+    offload = st.settings_for_hook(cfg, 24 * GiB).offload
+    extra = cfg.kv_transfer_config.kv_connector_extra_config
+    before = copy.deepcopy((extra, cfg.additional_config))
+    settled = SettledPools()
+    pool = oc.resize_auto_pool(cfg, offload, left=1_000_000_000)
+    settled.record("engine-0", pool)
+    built = spec_config(offloading_config(extra), offload, settled)
+    assert (extra, cfg.additional_config) == before
+    assert extra["cpu_bytes_to_use"] == 2 * 8192 * PER_TOKEN  # the provisional size
+    assert built.extra_config["cpu_bytes_to_use"] == 250_000_000  # the worker's
+    assert built.extra_config is not extra
+
+
+def test_without_the_worker_in_this_process_the_spec_gets_the_planned_size():
+    cfg = engine_config(ktc=connector("OffloadingConnector"))
+    offload = st.settings_for_hook(cfg, 24 * GiB).offload
+    extra = cfg.kv_transfer_config.kv_connector_extra_config
+    built = spec_config(offloading_config(extra), offload, SettledPools())
+    assert built.extra_config["cpu_bytes_to_use"] == offload.pool.bytes
+
+
+def test_a_size_the_user_gave_reaches_the_spec_as_vllm_wrote_it():
+    cfg = engine_config(size=1.5, ktc=connector(None))
+    offload = st.settings_for_hook(cfg, 24 * GiB).offload
+    given = offloading_config({"cpu_bytes_to_use": 1.5 * GiB})
+    assert spec_config(given, offload, SettledPools()) is given
+
+
+def test_a_pool_is_settled_once():
+    settled = SettledPools()
+    settled.record("e", oc.PoolSize(10, "x", True))
+    settled.record("e", oc.PoolSize(10, "x", True))  # the same result again is no conflict
+    with pytest.raises(ValueError, match="settled at 10 bytes and again at 11"):
+        settled.record("e", oc.PoolSize(11, "x", True))
+
+
+@pytest.mark.parametrize("left, expected", [(1_000_000_000, 250_000_000), (20 * GiB, None)])
+def test_the_worker_records_its_settled_pool_and_edits_no_dict(monkeypatch, left, expected):
+    from vllm_uma.plugin import worker
+
+    cfg = engine_config(ktc=connector("OffloadingConnector"))
+    settings = st.settings_for_hook(cfg, 24 * GiB)
+    extra = cfg.kv_transfer_config.kv_connector_extra_config
+    before = copy.deepcopy((extra, cfg.additional_config))
+    settled = SettledPools()
+    monkeypatch.setattr(worker, "SETTLED_POOLS", settled)
+    fake = SimpleNamespace(settings=settings, vllm_config=cfg)
+    expected = 2 * 8192 * PER_TOKEN if expected is None else expected
+    assert worker.UmaWorker._settle_pool(fake, left) == expected
+    assert settled.get("engine-0").bytes == expected
+    assert (extra, cfg.additional_config) == before
+
+
+def test_a_worker_with_a_given_pool_size_records_nothing(monkeypatch):
+    from vllm_uma.plugin import worker
+
+    cfg = engine_config(size=1, ktc=connector(None))
+    settled = SettledPools()
+    monkeypatch.setattr(worker, "SETTLED_POOLS", settled)
+    fake = SimpleNamespace(settings=st.settings_for_hook(cfg, 24 * GiB), vllm_config=cfg)
+    assert worker.UmaWorker._settle_pool(fake, 1_000_000) == 1 * GiB
+    assert settled.get("engine-0") is None

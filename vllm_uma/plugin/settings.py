@@ -1,0 +1,218 @@
+"""The plugin's settings, parsed once: one frozen plan, one key, read everywhere.
+
+Where they are parsed. In the API-server process, in the platform's
+``check_and_update_config`` (platform.py), before any weights load:
+:func:`build_settings` reads what we act on from vLLM's parsed config, the
+``"vllm_uma"`` object of ``--additional-config`` (plugin/config.py), vLLM's
+offloading flags and ``kv_connector_extra_config`` (kv_offload/config.py,
+which also resolves the disk tier and reads the namespace inputs), and
+raises every refusal there, so a bad flag fails start-up in one line.
+
+The plan. :class:`Settings`, a frozen dataclass of frozen parts: ``uma``
+(wiring, fleet membership and the KV memory release: today's UmaConfig, the
+user's ``"vllm_uma"`` keys as typed) and ``offload`` (None when offloading
+is off, else the spec, the host pool's size and whether it is ours to
+settle, the resolved disk tier, the namespace inputs, the warnings to log).
+
+The key. ``additional_config["vllm_uma_plan"]`` (:data:`PLAN_KEY`), the
+plan as JSON text. Why there: ``additional_config`` is vLLM's channel for
+platform plugins and is always present (``kv_transfer_config`` is None
+without offloading); it travels to the engine core and every worker inside
+the pickled VllmConfig (and survives ``dataclasses.replace`` and deepcopy,
+which vLLM uses on it). vLLM's ``compute_hash`` hashes ``additional_config``
+into the compile-cache key (json.dumps, sorted keys), so the text is
+canonical JSON of values that depend only on the flags and the machine (no
+pid, time or engine id): identical runs keep hitting the same cache. The
+text is a :class:`PlanText`, a ``str`` subclass only this module makes:
+JSON and pickle carry it as a string and as that type, while anything a user
+writes in ``--additional-config`` is parsed JSON, so a plain value under the
+key is refused instead of being trusted as validated.
+
+The keys vLLM itself reads (``spec_name``, ``spec_module_path``,
+``cpu_bytes_to_use``, ``secondary_tiers``, ...) stay in
+``kv_connector_extra_config``; none of ours ride there, and nothing edits
+that dict after the platform hook.
+
+Who reads it, with :func:`read_settings` (shape and version checked, user
+input not validated again): the platform hook when vLLM runs it again on
+the same config (the engine core always does, after its start-up
+handshake: ``EngineCoreProc._perform_handshakes`` calls ``__post_init__``);
+the worker (plugin/worker.py); the releasing scheduler
+(memory_release/scheduler.py); the offloading connector and, through it,
+the spec and the disk tier (kv_offload/connector.py, spec.py).
+
+The one value settled later: an automatic host-pool size is sized again by
+the worker once weights and activations are measured. That is the worker's
+result (kv_offload/pool_size.py: recorded once per engine, in the process
+that runs the worker and, with the 'uni' executor offloading requires, the
+scheduler), which the connector reads when it builds the spec; the plan and
+vLLM's dicts keep the provisional size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from vllm_uma.kv_offload.config import OffloadPlan, PoolSize, translate
+from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputs
+from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+
+PLAN_KEY = "vllm_uma_plan"
+# Bumped whenever the plan's shape changes: the API server and the engine
+# must be the same vllm-uma.
+PLAN_VERSION = 1
+
+
+class PlanText(str):
+    """The plan's JSON text, as only :func:`attach` makes it (see above)."""
+
+
+class SettingsPlanError(ValueError):
+    """The plan under PLAN_KEY is missing, not ours, or of another shape."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    uma: UmaConfig
+    offload: OffloadPlan | None
+
+    @property
+    def pool_bytes(self) -> int:
+        """The host pool the platform settled on (0 when offloading is off)."""
+        return 0 if self.offload is None else self.offload.pool.bytes
+
+
+def build_settings(vllm_config, total_ram: int) -> Settings:
+    """Every setting, validated, from vLLM's parsed config (the API server).
+
+    Also points vLLM at our connector and spec (kv_offload/config.py)."""
+    uma = UmaConfig.from_additional_config(vllm_config.additional_config)
+    return Settings(uma=uma, offload=translate(vllm_config, total_ram))
+
+
+def settings_for_hook(vllm_config, total_ram: int) -> Settings:
+    """The plan in the platform hook: built and attached the first time,
+    read back when vLLM runs the hook again on a config it already went
+    through (the engine core, ``dataclasses.replace``)."""
+    additional = vllm_config.additional_config
+    if isinstance(additional, dict) and PLAN_KEY in additional:
+        return read_settings(vllm_config)
+    settings = build_settings(vllm_config, total_ram)
+    attach(vllm_config, settings)
+    return settings
+
+
+def attach(vllm_config, settings: Settings) -> None:
+    additional = vllm_config.additional_config
+    if not isinstance(additional, dict):
+        raise UmaConfigError(
+            f"additional_config is a {type(additional).__name__}, not a dict: vllm-uma "
+            f"passes its settings to the engine in it. Give additional_config as a dict "
+            f"(a JSON object on the command line)."
+        )
+    # A new dict: the user's (EngineArgs') own stays as they wrote it.
+    vllm_config.additional_config = {**additional, PLAN_KEY: dumps(settings)}
+
+
+def read_settings(vllm_config) -> Settings:
+    """The plan the API server built; no user input is validated again."""
+    additional = vllm_config.additional_config
+    text = additional.get(PLAN_KEY) if isinstance(additional, dict) else None
+    if text is None:
+        raise SettingsPlanError(
+            f"additional_config has no {PLAN_KEY!r}: the vllm-uma platform's "
+            f"check_and_update_config did not run on this config. Start vLLM with the "
+            f"vllm-uma platform plugin loaded (vllm-uma serve)."
+        )
+    if not isinstance(text, PlanText):
+        raise SettingsPlanError(
+            f"--additional-config {PLAN_KEY!r} is written by the vllm-uma platform, not "
+            f"given: remove it (the settings go under {'vllm_uma'!r})."
+        )
+    return loads(text)
+
+
+# -- the serialised form: canonical JSON, shape checked on the way back ------
+
+
+def dumps(settings: Settings) -> PlanText:
+    return PlanText(json.dumps(to_plain(settings), sort_keys=True, separators=(",", ":")))
+
+
+def loads(text: str) -> Settings:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise SettingsPlanError(f"the vllm-uma plan is not JSON ({exc}).") from None
+    return from_plain(raw)
+
+
+def to_plain(settings: Settings) -> dict[str, Any]:
+    offload = settings.offload
+    return {
+        "version": PLAN_VERSION,
+        "uma": asdict(settings.uma),
+        "offload": None if offload is None else _offload_to_plain(offload),
+    }
+
+
+def _offload_to_plain(offload: OffloadPlan) -> dict[str, Any]:
+    disk, inputs = offload.disk, offload.namespace_inputs
+    return {
+        "spec_name": offload.spec_name,
+        "pool": asdict(offload.pool),
+        "disk": None if disk is None else {**asdict(disk), "root_dir": str(disk.root_dir)},
+        "namespace_inputs": None if inputs is None else inputs.values(),
+        "warnings": list(offload.warnings),
+    }
+
+
+def from_plain(raw: Any) -> Settings:
+    body = _shaped(raw, {"version", "uma", "offload"}, "the plan")
+    if body["version"] != PLAN_VERSION:
+        raise SettingsPlanError(
+            f"the vllm-uma plan has version {body['version']!r}, and this vllm-uma reads "
+            f"version {PLAN_VERSION}: the API server and the engine run different "
+            f"vllm-uma installations. Run both from one installation."
+        )
+    uma = UmaConfig(**_fields_of(UmaConfig, body["uma"], "uma"))
+    offload = None if body["offload"] is None else _offload_from_plain(body["offload"])
+    return Settings(uma=uma, offload=offload)
+
+
+def _offload_from_plain(raw: Any) -> OffloadPlan:
+    body = _shaped(raw, {"spec_name", "pool", "disk", "namespace_inputs", "warnings"}, "offload")
+    pool = PoolSize(**_fields_of(PoolSize, body["pool"], "offload.pool"))
+    disk = None
+    if body["disk"] is not None:
+        values = _fields_of(DiskTierConfig, body["disk"], "offload.disk")
+        disk = DiskTierConfig(**{**values, "root_dir": Path(values["root_dir"])})
+    inputs = body["namespace_inputs"]
+    if inputs is not None and not isinstance(inputs, dict):
+        raise SettingsPlanError(f"the vllm-uma plan's namespace_inputs={inputs!r} is no object.")
+    return OffloadPlan(
+        spec_name=str(body["spec_name"]),
+        pool=pool,
+        disk=disk,
+        namespace_inputs=None if inputs is None else NamespaceInputs.of(inputs),
+        warnings=tuple(str(w) for w in body["warnings"]),
+    )
+
+
+def _shaped(raw: Any, keys: set[str], what: str) -> dict[str, Any]:
+    if not isinstance(raw, dict) or set(raw) != keys:
+        shown = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        raise SettingsPlanError(
+            f"{what} in the vllm-uma plan has the keys {shown}, not {sorted(keys)}: it was "
+            f"written by another vllm-uma. Run the API server and the engine from one "
+            f"installation."
+        )
+    return raw
+
+
+def _fields_of(cls, raw: Any, what: str) -> dict[str, Any]:
+    return _shaped(raw, {f.name for f in fields(cls)}, what)
