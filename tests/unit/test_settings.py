@@ -1,5 +1,7 @@
-"""The settings plan (vllm_uma/plugin/settings.py): built once, carried under
-one key, read back unchanged, and nothing of vLLM's edited after start-up.
+"""The settings plan (vllm_uma/plugin/settings.py): built once, carried in
+$VLLM_UMA_PLAN with a constant marker in additional_config (so vLLM's
+compile-cache key does not move with it), read back unchanged, and nothing
+of vLLM's edited after start-up.
 
 The configs are the small stand-ins of test_offload_config.py, with the
 ``additional_config`` vLLM gives every config.
@@ -10,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import pickle
 from types import SimpleNamespace
 
@@ -20,6 +23,13 @@ from vllm_uma.kv_offload import config as oc
 from vllm_uma.kv_offload.pool_size import SettledPools, spec_config
 from vllm_uma.plugin import settings as st
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+
+
+@pytest.fixture(autouse=True)
+def no_plan_in_the_environment(monkeypatch):
+    """The hook writes $VLLM_UMA_PLAN in this process: undone after each test."""
+    monkeypatch.setenv(st.PLAN_ENV, "")
+    monkeypatch.delenv(st.PLAN_ENV)
 
 
 def engine_config(additional=None, **kwargs):
@@ -38,9 +48,8 @@ def with_disk(tmp_path, **kwargs):
 def test_the_plan_round_trips_through_its_serialised_form(tmp_path):
     cfg = with_disk(tmp_path, additional={"vllm_uma": {"wire_weights": False}})
     built = st.settings_for_hook(cfg, 24 * GiB)
-    text = cfg.additional_config[st.PLAN_KEY]
-    assert isinstance(text, st.PlanText)
-    assert st.loads(text) == built
+    assert cfg.additional_config[st.PLAN_KEY] == st.MARKER
+    assert st.loads(os.environ[st.PLAN_ENV]) == built
     assert built.uma == UmaConfig(wire_weights=False)
     assert built.offload.disk.root_dir == tmp_path / "kv"
     assert built.offload.namespace_inputs.values()["model"] == "/models/smol"
@@ -51,14 +60,28 @@ def test_the_plan_round_trips_through_its_serialised_form(tmp_path):
         assert st.read_settings(SimpleNamespace(additional_config=additional)) == built
 
 
-def test_the_plan_is_canonical_so_identical_runs_hash_alike(tmp_path):
-    # vLLM hashes additional_config into the compile-cache key.
-    first, second = with_disk(tmp_path), with_disk(tmp_path)
-    st.settings_for_hook(first, 24 * GiB)
-    st.settings_for_hook(second, 24 * GiB)
-    assert first.additional_config == second.additional_config
-    text = first.additional_config[st.PLAN_KEY]
-    assert json.dumps(json.loads(text), sort_keys=True, separators=(",", ":")) == text
+def vllm_hash_input(cfg) -> str:
+    """What vLLM 0.32's VllmConfig.compute_hash hashes of additional_config."""
+    return json.dumps(cfg.additional_config, sort_keys=True)
+
+
+def test_the_compile_cache_key_does_not_move_with_the_plan(tmp_path):
+    bare = engine_config(additional={"vllm_uma": {"wire_weights": False}})
+    tiers = [{"type": "fs", "root_dir": str(tmp_path / "other"), "max_size_gib": 5}]
+    other = engine_config(
+        additional={"vllm_uma": {"wire_weights": False}},
+        ktc=connector(None, secondary_tiers=tiers),
+        size=3,
+    )
+    plans = []
+    for cfg in (with_disk(tmp_path, additional={"vllm_uma": {"wire_weights": False}}), other):
+        st.settings_for_hook(cfg, 24 * GiB)
+        plans.append(os.environ[st.PLAN_ENV])
+        assert vllm_hash_input(cfg) == vllm_hash_input(
+            SimpleNamespace(additional_config={**bare.additional_config, st.PLAN_KEY: st.MARKER})
+        )
+    assert plans[0] != plans[1]  # two plans, one key
+    assert json.dumps(json.loads(plans[0]), sort_keys=True, separators=(",", ":")) == plans[0]
 
 
 def test_the_hook_run_again_reads_the_plan_without_parsing_or_io(tmp_path, monkeypatch):
@@ -101,6 +124,28 @@ def test_a_plan_of_another_version_or_shape_is_refused():
 def test_readers_refuse_a_config_the_platform_never_saw():
     with pytest.raises(st.SettingsPlanError, match="did not run on this config"):
         st.read_settings(engine_config())
+
+
+def test_a_process_without_the_plan_is_refused_with_the_fix():
+    cfg = engine_config()
+    st.settings_for_hook(cfg, 24 * GiB)
+    del os.environ[st.PLAN_ENV]
+    with pytest.raises(st.SettingsPlanError, match=r"VLLM_UMA_PLAN is not set in this process"):
+        st.read_settings(cfg)
+
+
+def test_a_plan_inherited_from_elsewhere_is_replaced_by_the_hook(monkeypatch):
+    stale = st.dumps(st.Settings(uma=UmaConfig(release_idle_seconds=99), offload=None))
+    monkeypatch.setenv(st.PLAN_ENV, stale)
+    cfg = engine_config(additional={"vllm_uma": {"release_idle_seconds": 5}})
+    assert st.settings_for_hook(cfg, 24 * GiB).uma.release_idle_seconds == 5
+    assert st.read_settings(cfg).uma.release_idle_seconds == 5
+
+
+def test_a_marker_of_another_version_is_refused():
+    cfg = engine_config(additional={st.PLAN_KEY: st.PlanText("the vllm-uma plan, version 0")})
+    with pytest.raises(st.SettingsPlanError, match="different vllm-uma installations"):
+        st.read_settings(cfg)
 
 
 @pytest.mark.parametrize(

@@ -14,19 +14,29 @@ user's ``"vllm_uma"`` keys as typed) and ``offload`` (None when offloading
 is off, else the spec, the host pool's size and whether it is ours to
 settle, the resolved disk tier, the namespace inputs, the warnings to log).
 
-The key. ``additional_config["vllm_uma_plan"]`` (:data:`PLAN_KEY`), the
-plan as JSON text. Why there: ``additional_config`` is vLLM's channel for
-platform plugins and is always present (``kv_transfer_config`` is None
-without offloading); it travels to the engine core and every worker inside
-the pickled VllmConfig (and survives ``dataclasses.replace`` and deepcopy,
-which vLLM uses on it). vLLM's ``compute_hash`` hashes ``additional_config``
-into the compile-cache key (json.dumps, sorted keys), so the text is
-canonical JSON of values that depend only on the flags and the machine (no
-pid, time or engine id): identical runs keep hitting the same cache. The
-text is a :class:`PlanText`, a ``str`` subclass only this module makes:
-JSON and pickle carry it as a string and as that type, while anything a user
-writes in ``--additional-config`` is parsed JSON, so a plain value under the
-key is refused instead of being trusted as validated.
+Where it travels. The plan's text, canonical JSON, is in the environment
+variable ``VLLM_UMA_PLAN`` (:data:`PLAN_ENV`), set by the API server's hook
+before vLLM starts its engine core: the engine core and its workers are
+child processes and inherit it. ``additional_config["vllm_uma_plan"]``
+(:data:`PLAN_KEY`) holds only a constant marker that says the hook has run
+on this config; the marker travels inside the pickled VllmConfig (and
+survives ``dataclasses.replace`` and deepcopy, which vLLM uses on it).
+
+Why not the plan itself in ``additional_config``: vLLM's ``compute_hash``
+hashes that dict into the compile-cache key (json.dumps, sorted keys), and
+the plan holds the pool size, the disk root and the namespace inputs, none
+of which changes the compiled graph; each new value would cost a fresh
+compile (about 30 s at start-up on the default model, FACTS.md). The
+marker is the same in every run, so the key is what the user's own
+``--additional-config`` makes it. ``additional_config`` stays a dict: vLLM
+writes keys of its own into it (arg_utils.py, the gdn/kda backends).
+
+The marker is a :class:`PlanText`, a ``str`` subclass only this module
+makes: pickle carries it as that type, while anything a user writes in
+``--additional-config`` is parsed JSON, so a plain value under the key is
+refused instead of being trusted. The hook's first run in a process always
+builds and writes the variable, so a value inherited from elsewhere is never
+read as this server's plan.
 
 The keys vLLM itself reads (``spec_name``, ``spec_module_path``,
 ``cpu_bytes_to_use``, ``secondary_tiers``, ...) stay in
@@ -52,6 +62,7 @@ vLLM's dicts keep the provisional size.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -62,13 +73,18 @@ from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputs
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 
 PLAN_KEY = "vllm_uma_plan"
+PLAN_ENV = "VLLM_UMA_PLAN"
 # Bumped whenever the plan's shape changes: the API server and the engine
 # must be the same vllm-uma.
 PLAN_VERSION = 1
 
 
 class PlanText(str):
-    """The plan's JSON text, as only :func:`attach` makes it (see above)."""
+    """The marker under PLAN_KEY, as only :func:`attach` makes it (see above)."""
+
+
+# The same in every run: the compile-cache key must not move with the plan.
+MARKER = PlanText(f"the vllm-uma plan, version {PLAN_VERSION}, is in ${PLAN_ENV}")
 
 
 class SettingsPlanError(ValueError):
@@ -114,24 +130,41 @@ def attach(vllm_config, settings: Settings) -> None:
             f"passes its settings to the engine in it. Give additional_config as a dict "
             f"(a JSON object on the command line)."
         )
+    # The text first: a child the engine starts must never see the marker
+    # without this process's plan.
+    os.environ[PLAN_ENV] = dumps(settings)
     # A new dict: the user's (EngineArgs') own stays as they wrote it.
-    vllm_config.additional_config = {**additional, PLAN_KEY: dumps(settings)}
+    vllm_config.additional_config = {**additional, PLAN_KEY: MARKER}
 
 
 def read_settings(vllm_config) -> Settings:
     """The plan the API server built; no user input is validated again."""
     additional = vllm_config.additional_config
-    text = additional.get(PLAN_KEY) if isinstance(additional, dict) else None
-    if text is None:
+    marker = additional.get(PLAN_KEY) if isinstance(additional, dict) else None
+    if marker is None:
         raise SettingsPlanError(
             f"additional_config has no {PLAN_KEY!r}: the vllm-uma platform's "
             f"check_and_update_config did not run on this config. Start vLLM with the "
             f"vllm-uma platform plugin loaded (vllm-uma serve)."
         )
-    if not isinstance(text, PlanText):
+    if not isinstance(marker, PlanText):
         raise SettingsPlanError(
             f"--additional-config {PLAN_KEY!r} is written by the vllm-uma platform, not "
             f"given: remove it (the settings go under {'vllm_uma'!r})."
+        )
+    if marker != MARKER:
+        raise SettingsPlanError(
+            f"the config says {str(marker)!r}, and this vllm-uma reads version "
+            f"{PLAN_VERSION}: the API server and the engine run different vllm-uma "
+            f"installations. Run both from one installation."
+        )
+    text = os.environ.get(PLAN_ENV)
+    if text is None:
+        raise SettingsPlanError(
+            f"${PLAN_ENV} is not set in this process, though the vllm-uma platform ran on "
+            f"its config: this process was not started by the server that built the plan "
+            f"(vLLM's engine core and workers inherit it). Run the engine core as a child "
+            f"of its API server (vllm-uma serve)."
         )
     return loads(text)
 
@@ -139,8 +172,8 @@ def read_settings(vllm_config) -> Settings:
 # -- the serialised form: canonical JSON, shape checked on the way back ------
 
 
-def dumps(settings: Settings) -> PlanText:
-    return PlanText(json.dumps(to_plain(settings), sort_keys=True, separators=(",", ":")))
+def dumps(settings: Settings) -> str:
+    return json.dumps(to_plain(settings), sort_keys=True, separators=(",", ":"))
 
 
 def loads(text: str) -> Settings:
