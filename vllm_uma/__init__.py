@@ -23,4 +23,9 @@ def register() -> str | None:
     """
     if not sys.platform.startswith("linux"):
         return None
+    from vllm_uma.lifeline import follow_api_server
+
+    # In the engine core, vLLM's first call into us: from here on it stops
+    # when its API server exits (lifeline.py). Elsewhere it does nothing.
+    follow_api_server()
     return PLATFORM_QUALNAME

@@ -7,7 +7,9 @@ fleet/supervisor.py); tests and tools use the same
 class, so they drive servers exactly as users' commands do.
 
 The server runs in its own session so that stopping it also stops vLLM's
-engine-core and worker processes; its log goes to a file. What only tests
+engine-core and worker processes, and is tied to the process that made the
+Server (lifeline.py): it stops when that process exits, SIGKILL included.
+Its log goes to a file. What only tests
 and tools read about a server (its model process, /metrics series, /proc
 fields) is in tools/harness/server.py.
 """
@@ -19,10 +21,13 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import requests
+
+from vllm_uma.lifeline import supervised_env
 
 READY_TIMEOUT_S = 300
 # What a stop waits before SIGKILL: vllm-uma gives the engine 20 s to write
@@ -35,6 +40,10 @@ PORT_TAKEN = "is already in use"  # commands/preflight.py's refusal
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10_000
 _handed_out: set[int] = set()
+
+
+class StartCancelled(RuntimeError):
+    """A stop was asked for while the server was starting."""
 
 
 def free_port() -> int:
@@ -92,14 +101,18 @@ class Server:
         self.log_path = log_path
         self._prefix = [exe] if isinstance(exe, str) else list(exe)
         self._args = args
-        self._env = {**os.environ, **(env or {})}
+        # Tied to this process: it stops when we exit, however we exit.
+        self._env = {**os.environ, **(env or {}), **supervised_env()}
         self._port_retries = PORT_TAKEN_RETRIES
+        self._stopped = False
         self._start(free_port() if port is None else port)
 
     def _start(self, port: int) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self._log = open(self.log_path, "w")
+        # Appended to: a server started again (a fleet's restart, a new port)
+        # keeps the lines of the run that failed, which say why.
+        self._log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             self.command(self._prefix, self._args),
             stdout=self._log,
@@ -118,9 +131,16 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> "Server":
+    def wait_ready(
+        self, timeout: float = READY_TIMEOUT_S, cancel: threading.Event | None = None
+    ) -> "Server":
+        """Until /health answers. ``cancel``: a stop request of the caller's,
+        honoured within a second (the server is left to the caller's stop)."""
+        cancel = cancel or threading.Event()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if cancel.is_set():
+                raise StartCancelled(f"a stop was asked for while {self.url} was starting")
             if self.proc.poll() is not None:
                 if self._port_was_taken():
                     self._log.close()
@@ -135,7 +155,7 @@ class Server:
                     return self
             except requests.RequestException:
                 pass
-            time.sleep(1)
+            cancel.wait(1)
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
 
     def _port_was_taken(self) -> bool:
@@ -170,7 +190,11 @@ class Server:
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM to the server, then up to ``timeout`` seconds for every
         process of its session to exit by itself (the engine core drains its
-        disk tier after the API server has gone), then SIGKILL."""
+        disk tier after the API server has gone), then SIGKILL. A second
+        call does nothing: the session's id may belong to others by then."""
+        if self._stopped:
+            return
+        self._stopped = True
         deadline = time.monotonic() + timeout
         if self.proc.poll() is None:
             # The API server alone: it stops its engine core itself. A second
@@ -188,8 +212,10 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)  # what did not stop in time
         except ProcessLookupError:
             pass
-        if self.proc.poll() is None:
+        try:
             self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: SIGKILLed, the kernel ends it when it can
         self._log.close()
 
 

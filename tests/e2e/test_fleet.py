@@ -9,10 +9,15 @@
   A policy without affinity (round_robin) moves turns, one without
   spreading puts both on one server, a router blind to the events counts no
   hit: each fails this.
-- A server killed with SIGKILL is reported and restarted by the fleet, and
-  the router answers every request meanwhile from the other one.
+- A server whose API server is killed with SIGKILL is reported and
+  restarted by the fleet, and the router answers every request meanwhile
+  from the other one; its engine core, orphaned, stops by itself
+  (vllm_uma/lifeline.py).
 - SIGTERM stops the fleet with status 0, every server first draining its
   disk tier.
+- SIGKILL of the fleet process leaves no process behind: its servers stop as
+  SIGTERM would stop them (draining their disk tiers) and the router's
+  lifeline stops the router.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import requests
 
 from tests.e2e.traffic import EAGER, MODEL
 from tools.harness.server import free_port, metric
+from vllm_uma import lifeline
 from vllm_uma.models import smollm2
 
 pytestmark = pytest.mark.slow
@@ -185,7 +191,14 @@ def test_a_killed_server_is_restarted_and_the_router_serves_meanwhile(fleet):
     port = int(victim.rsplit(":", 1)[1])
     pids = [c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.pid]
     assert pids, f"nothing listens on {victim}"
-    os.killpg(os.getpgid(pids[0]), signal.SIGKILL)
+    api_server = psutil.Process(pids[0])
+    engine_cores = api_server.children(recursive=True)
+    assert engine_cores, "the API server has no engine core"
+    api_server.kill()  # SIGKILL to the API server alone: its engine core is orphaned
+    gone, alive = psutil.wait_procs(engine_cores, timeout=lifeline.GRACE_S + 10)
+    assert not alive, [p.pid for p in alive]
+    server_log = (fleet["logs"] / "server-2.log").read_text()
+    assert "has exited; stopping this engine core as SIGTERM would" in server_log
     log = fleet["logs"] / "fleet.log"
     deadline = time.monotonic() + 30
     while "server 2 exited" not in log.read_text():  # the fleet polls every second
@@ -222,3 +235,17 @@ def test_sigterm_stops_every_process_after_the_disk_tiers_drain(fleet):
     for i in (1, 2):
         assert "Disk KV tier stopped" in (fleet["logs"] / f"server-{i}.log").read_text()
     assert "fleet: stopped." in (fleet["logs"] / "fleet.log").read_text()
+
+
+def test_sigkill_of_the_fleet_leaves_no_process_behind(fleet):
+    proc = fleet["proc"]
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 5, children  # 2 API servers, 2 engine cores, the router
+    proc.kill()
+    proc.wait(timeout=10)
+    gone, alive = psutil.wait_procs(children, timeout=lifeline.GRACE_S + 30)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+    for i in (1, 2):  # stopped as SIGTERM would stop them: their disk tiers drained
+        text = (fleet["logs"] / f"server-{i}.log").read_text()
+        assert "the process that started this server" in text
+        assert "Disk KV tier stopped" in text

@@ -12,39 +12,19 @@ from __future__ import annotations
 
 import socket
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 
 from vllm_uma import server_process
 from vllm_uma.server_process import Server, free_port
 
-FAKE_SERVE = textwrap.dedent(
-    """
-    import http.server, sys
-    from vllm_uma.commands.preflight import PreflightError, check_port
-    port = int(sys.argv[sys.argv.index("--port") + 1])
-    try:
-        check_port("127.0.0.1", port)
-    except PreflightError as exc:
-        print(f"vllm-uma serve: error: {exc}", flush=True)
-        sys.exit(2)
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-        def log_message(self, *args):
-            pass
-    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
-    """
-)
+FAKE_SERVE = Path(__file__).with_name("fake_serve.py")
 
 
 @pytest.fixture()
-def fake_serve(tmp_path):
-    script = tmp_path / "fake_serve.py"
-    script.write_text(FAKE_SERVE)
-    return [sys.executable, str(script)]
+def fake_serve():
+    return [sys.executable, str(FAKE_SERVE)]
 
 
 def listener() -> socket.socket:

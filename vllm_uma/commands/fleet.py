@@ -103,9 +103,9 @@ def main(argv: list[str]) -> int:
         fleet.start()
         status = fleet.watch()
     except FleetError as exc:
+        status = _fail(str(exc), 1)
+    finally:  # whatever happened, nothing this fleet started keeps running
         fleet.stop()
-        return _fail(str(exc), 1)
-    fleet.stop()
     return status
 
 

@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 
-from vllm_uma import models
+from vllm_uma import lifeline, models
 from vllm_uma.commands.argv import given
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
@@ -158,6 +158,10 @@ def is_usage_error(exc: BaseException) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    # A server started by one of our supervisors stops when it exits; the
+    # engine core vLLM starts follows this process (vllm_uma/lifeline.py).
+    lifeline.stop_with_supervisor()
+    os.environ[lifeline.API_SERVER_ENV] = str(os.getpid())
     try:
         require_supported_vllm()
     except UnsupportedVllmError as exc:

@@ -4,15 +4,22 @@ Order matters:
 - servers first, all at once (each waits for its own health), then the
   router, so that its first routing decisions see every server and its KV
   event subscriptions find the sockets bound;
+- a server whose start fails or hangs is stopped before anything else
+  happens: nothing stays on its port;
 - a server that exits while the fleet runs is reported in one line and
   started again with the same port, cores and flags (the router's health
   checks take it out of rotation meanwhile, and its retries send its
-  requests to the others); one that keeps dying (RESTART_LIMIT exits within
-  RESTART_WINDOW_S) stops the fleet rather than loop;
+  requests to the others); one that keeps dying (RESTART_LIMIT exits of
+  that server within RESTART_WINDOW_S; each server has its own count)
+  stops the fleet rather than loop;
 - the router exiting stops the fleet: clients have no address any more;
 - stop (Ctrl-C, SIGTERM, or one of the above): the router first (no new
   requests), then the servers in parallel, each given the time its disk
   tier needs to drain (server_process.Server.stop: SIGTERM, 30 s, SIGKILL).
+  A stop asked for while servers start is honoured within a second or two:
+  the starts are abandoned and those servers stopped.
+- if this process dies without stopping (SIGKILL), its servers and the
+  router stop by themselves (vllm_uma/lifeline.py).
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ import zmq
 
 from vllm_uma.fleet.plan import BLOCK_TOKENS, FleetPlan, MemberPlan
 from vllm_uma.fleet.relay import EventRelay
+from vllm_uma.lifeline import supervised_env
 from vllm_uma.log import get_logger
-from vllm_uma.server_process import Server
+from vllm_uma.server_process import READY_TIMEOUT_S, Server, StartCancelled
 
 logger = get_logger(__name__)
 
@@ -65,9 +73,11 @@ class Fleet:
         self._log_dir = log_dir
         self.servers: dict[int, Server] = {}
         self.router: subprocess.Popen | None = None
+        self.ready_timeout = READY_TIMEOUT_S
         self._router_log = None
-        self._exits: deque[float] = deque()
+        self._exits: dict[int, deque[float]] = {m.index: deque() for m in plan.members}
         self._stop = threading.Event()
+        self._stopped = False
         self._zmq = zmq.Context()
         self._relays: list[EventRelay] = []
 
@@ -79,7 +89,11 @@ class Fleet:
             member.index, len(self.plan.members), member.url, member.env.get(
                 "VLLM_CPU_OMP_THREADS_BIND"), log,
         )  # fmt: skip
-        return server.wait_ready()
+        try:
+            return server.wait_ready(self.ready_timeout, cancel=self._stop)
+        except BaseException:
+            server.stop()  # a start that failed, hung or was cancelled: nothing left
+            raise
 
     def start(self) -> None:
         # Relays first: a server's publisher connects to its relay at start-up.
@@ -99,25 +113,29 @@ class Fleet:
             for index, future in futures.items():
                 try:
                     self.servers[index] = future.result()
+                except StartCancelled:
+                    pass
                 except Exception as exc:  # noqa: BLE001 - reported with the server's log
                     failed.append(f"server {index}: {exc}")
         if failed:
-            self.stop()
             raise FleetError("a server did not start:\n" + "\n".join(failed))
-        self._start_router()
+        if not self._stop.is_set():
+            self._start_router()
 
     def _start_router(self) -> None:
         log = self._log_dir / "router.log"
         self._router_log = open(log, "w")
         self.router = subprocess.Popen(
-            [*router_command(), *self.plan.router_argv],
+            # Under the lifeline shim: vllm-router cannot watch its parent.
+            [sys.executable, "-m", "vllm_uma.lifeline", *router_command(), *self.plan.router_argv],
             stdout=self._router_log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **supervised_env()},
             start_new_session=True,
         )
         deadline = time.monotonic() + ROUTER_READY_S
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._stop.is_set():
             if self.router.poll() is not None:
                 raise FleetError(
                     f"vllm-router exited with {self.router.returncode} at start-up: {_tail(log)}"
@@ -133,8 +151,9 @@ class Fleet:
                     return
             except requests.RequestException:
                 pass
-            time.sleep(0.5)
-        raise FleetError(f"vllm-router did not answer /health in {ROUTER_READY_S:.0f} s")
+            self._stop.wait(0.5)
+        if not self._stop.is_set():
+            raise FleetError(f"vllm-router did not answer /health in {ROUTER_READY_S:.0f} s")
 
     def watch(self) -> int:
         """Until stopped: restart servers that exit. Returns the exit status."""
@@ -153,15 +172,12 @@ class Fleet:
         return 0
 
     def _restart(self, member: MemberPlan, status: int) -> bool:
-        now = time.monotonic()
-        self._exits.append(now)
-        while self._exits and now - self._exits[0] > RESTART_WINDOW_S:
-            self._exits.popleft()
-        if len(self._exits) > RESTART_LIMIT:
+        exits = self._exits[member.index]
+        if not keep_restarting(exits, time.monotonic()):
             logger.error(
-                "fleet: servers exited %d times in %.0f s (server %d last, status %d); "
-                "stopping the fleet. See %s.",
-                len(self._exits), RESTART_WINDOW_S, member.index, status, self._log_dir,
+                "fleet: server %d exited %d times in %.0f s (status %d last); stopping "
+                "the fleet. See %s.",
+                member.index, len(exits), RESTART_WINDOW_S, status, self._log_dir,
             )  # fmt: skip
             return False
         logger.warning(
@@ -175,6 +191,8 @@ class Fleet:
         self.servers[member.index].stop()  # its children, and the log file
         try:
             self.servers[member.index] = self._start_member(member)
+        except StartCancelled:
+            return True  # the fleet is stopping
         except Exception as exc:  # noqa: BLE001 - the next poll tries again
             logger.error("fleet: server %d did not come back: %s", member.index, exc)
             return True
@@ -197,21 +215,54 @@ class Fleet:
         self._stop.set()
 
     def stop(self) -> None:
-        if self.router is not None and self.router.poll() is None:
-            os.killpg(self.router.pid, signal.SIGTERM)
-            try:
-                self.router.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.router.pid, signal.SIGKILL)
-                self.router.wait(timeout=5)
+        """Everything this fleet started, once; one server that will not stop
+        does not keep the others running."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.router is not None:
+            _stop_router(self.router)
         if self._router_log is not None:
             self._router_log.close()
         with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
-            list(pool.map(lambda s: s.stop(), self.servers.values()))
+            list(pool.map(_stop_server, self.servers.items()))
         for relay in self._relays:
             relay.stop()
         self._zmq.term()
         logger.info("fleet: stopped.")
+
+
+def keep_restarting(exits: deque[float], now: float) -> bool:
+    """Record one server's exit at ``now``; False once it has exited more
+    than RESTART_LIMIT times within RESTART_WINDOW_S."""
+    exits.append(now)
+    while exits and now - exits[0] > RESTART_WINDOW_S:
+        exits.popleft()
+    return len(exits) <= RESTART_LIMIT
+
+
+def _stop_router(router: subprocess.Popen) -> None:
+    """SIGTERM to the router's session (its lifeline shim and vllm-router),
+    SIGKILL 10 s later; never raises, so the servers are stopped after it."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        if router.poll() is not None:
+            return
+        try:
+            os.killpg(router.pid, sig)
+            router.wait(timeout=wait_s)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    logger.error("fleet: vllm-router (pid %d) did not exit after SIGKILL.", router.pid)
+
+
+def _stop_server(item: tuple[int, Server]) -> None:
+    index, server = item
+    try:
+        server.stop()
+    except Exception as exc:  # noqa: BLE001 - the others are stopped regardless
+        logger.error("fleet: server %d did not stop cleanly: %s", index, exc)
 
 
 def _flag(plan: FleetPlan, name: str) -> str:

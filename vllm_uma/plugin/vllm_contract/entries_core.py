@@ -38,6 +38,8 @@ WATCH = ("vllm_uma.commands.engine_watch",)
 NAMESPACE = ("vllm_uma.kv_offload.disk.namespace_inputs",)
 OFFLOAD_CONFIG = ("vllm_uma.kv_offload.config",)
 TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
+LIFELINE = ("vllm_uma.lifeline",)
+ENGINE_CORE_FILE = "vllm.v1.engine.core"
 
 ENTRIES = (
     # -- memory_release/pool_rows.py: evicts pool rows the way the manager does
@@ -221,6 +223,28 @@ ENTRIES = (
         ("vllm_uma.plugin.platform",),
         "keep_single_worker_in_process undoes this switch of a single worker",
         text='parallel_config.distributed_executor_backend = "mp"',
+    ),
+    # -- lifeline.py: how an orphaned engine core may be stopped (texts)
+    Text(
+        ENGINE_CORE_FILE,
+        "",
+        LIFELINE,
+        "the engine core's own SIGTERM handler, which _stop_engine_core calls",
+        text="signal.signal(signal.SIGTERM, signal_handler)",
+    ),
+    Text(
+        ENGINE_CORE_FILE,
+        "",
+        LIFELINE,
+        "that handler only records the request (safe to call from a thread)",
+        text="shutdown_requested = True",
+    ),
+    Text(
+        ENGINE_CORE_FILE,
+        "",
+        LIFELINE,
+        "SIG_DFL before the teardown: no signal may reach it then",
+        text="signal.signal(signal.SIGTERM, signal.SIG_DFL)",
     ),
     # -- commands/engine_watch.py: vLLM's log lines it matches (texts)
     Text(

@@ -1,0 +1,113 @@
+"""The fleet supervisor's joins (vllm_uma/fleet/supervisor.py), with real
+processes: a start that fails or hangs leaves nothing behind, a stop asked
+for during a start is honoured within seconds, each server has its own
+restart budget, and a stop never stops half-way.
+
+The servers are tests/unit/fake_serve.py (the real port check, then /health,
+or a start that hangs); the relays are the real ones, on loopback.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import psutil
+import pytest
+
+from vllm_uma.fleet import supervisor
+from vllm_uma.fleet.plan import FleetPlan, MemberPlan
+from vllm_uma.fleet.supervisor import Fleet, FleetError, keep_restarting
+from vllm_uma.server_process import free_port
+
+FAKE_SERVE = [sys.executable, str(Path(__file__).with_name("fake_serve.py"))]
+
+
+def plan(*hangs: bool) -> FleetPlan:
+    members = tuple(
+        MemberPlan(
+            index=i,
+            port=free_port(),
+            cores=(0,),
+            events_in_port=free_port(),
+            events_out_port=free_port(),
+            argv=(),
+            env={"FAKE_SERVE_HANG": "1" if hang else "0"},
+        )
+        for i, hang in enumerate(hangs, start=1)
+    )
+    return FleetPlan(members=members, router_argv=(), router_url="", kv_store=None)
+
+
+def servers_of(fleet_plan: FleetPlan, *indexes: int) -> list[psutil.Process]:
+    """Our fake servers still running on this plan's ports (of these members)."""
+    ports = {str(m.port) for m in fleet_plan.members if not indexes or m.index in indexes}
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            argv = child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "--port" in argv and argv[argv.index("--port") + 1] in ports:
+            found.append(child)
+    return found
+
+
+def test_a_server_whose_start_hangs_is_stopped_with_the_fleet(tmp_path):
+    fleet_plan = plan(False, True)
+    fleet = Fleet(fleet_plan, FAKE_SERVE, tmp_path)
+    fleet.ready_timeout = 3
+    try:
+        with pytest.raises(FleetError, match="server 2: server not ready after 3 s"):
+            fleet.start()
+        assert servers_of(fleet_plan, 2) == []  # stopped at once: nothing on its port
+        assert len(servers_of(fleet_plan, 1)) == 1  # the fleet's stop ends this one
+    finally:
+        fleet.stop()
+    assert servers_of(fleet_plan) == []
+
+
+def test_a_stop_during_a_start_is_honoured_within_seconds(tmp_path):
+    fleet_plan = plan(True, True)
+    fleet = Fleet(fleet_plan, FAKE_SERVE, tmp_path)  # the default 300 s to get ready
+    threading.Timer(1.0, fleet.request_stop).start()
+    started = time.monotonic()
+    try:
+        fleet.start()  # returns: a requested stop is no error
+        assert fleet.watch() == 0
+        assert time.monotonic() - started < 15
+        assert servers_of(fleet_plan) == []
+    finally:
+        fleet.stop()
+        fleet.stop()  # a second stop is a no-op
+
+
+def test_a_server_that_will_not_stop_does_not_keep_the_others_running(tmp_path, monkeypatch):
+    fleet_plan = plan(False, False)
+    fleet = Fleet(fleet_plan, FAKE_SERVE, tmp_path)
+    monkeypatch.setattr(Fleet, "_start_router", lambda self: None)  # no vllm-router here
+    fleet.start()
+    assert len(servers_of(fleet_plan)) == 2
+    first = fleet.servers[1]
+    real_stop = first.stop
+
+    def broken_stop(*args):
+        real_stop()
+        raise OSError("stop failed")
+
+    monkeypatch.setattr(first, "stop", broken_stop)
+    fleet.stop()  # logs server 1's failure, stops server 2 regardless
+    assert servers_of(fleet_plan) == []
+
+
+def test_each_server_has_its_own_restart_budget():
+    window = supervisor.RESTART_WINDOW_S
+    one, two = deque(), deque()
+    for t in range(supervisor.RESTART_LIMIT):  # each dies 3 times: both restart
+        assert keep_restarting(one, float(t))
+        assert keep_restarting(two, float(t))
+    assert not keep_restarting(one, 10.0)  # server 1's 4th exit in the window
+    assert keep_restarting(deque([0.0, 1.0, 2.0]), window + 5.0)  # old exits expire
