@@ -26,9 +26,9 @@ The processes and who ties whom:
 - vLLM's workers (the 'mp' executor) are tied to the engine core by vLLM
   itself (its death pipe, v1/executor/multiproc_executor.py).
 - a program that cannot watch its parent (vllm-router, a Rust binary) runs
-  under ``python -m vllm_uma.lifeline PROGRAM ARGS...``: a small watcher that
-  starts it, passes SIGTERM and SIGINT on, stops it when its supervisor
-  exits and exits with its status.
+  under :func:`shim_command`: a small watcher that starts it, passes SIGTERM
+  and SIGINT on, stops it when its supervisor exits and exits with its
+  status.
 
 How a process watches its parent: a daemon thread blocked on a pidfd of the
 parent (``os.pidfd_open``, Linux 5.3), which becomes readable when that
@@ -177,13 +177,20 @@ def _exit_after_grace(who: str) -> None:
     os._exit(1)
 
 
-# -- the shim: python -m vllm_uma.lifeline PROGRAM ARGS... -------------------
+# -- the shim: a watcher for a program that cannot watch its parent ----------
+
+
+def shim_command(argv: list[str]) -> list[str]:
+    """``argv`` run under the watcher. Not ``python -m vllm_uma.lifeline``:
+    run as ``__main__``, this module's contract check would name no module."""
+    code = "import sys; from vllm_uma.lifeline import run_shim; sys.exit(run_shim(sys.argv[1:]))"
+    return [sys.executable, "-c", code, *argv]
 
 
 def run_shim(argv: list[str]) -> int:
     """Run ``argv`` as our child, tied to our supervisor (see the docstring)."""
     if not argv:
-        print("usage: python -m vllm_uma.lifeline PROGRAM [ARGS...]", file=sys.stderr)
+        print("vllm_uma.lifeline: no program to run", file=sys.stderr)
         return 2
     supervisor = _pid_from(SUPERVISOR_ENV)
     try:
@@ -220,7 +227,3 @@ def run_shim(argv: list[str]) -> int:
         except InterruptedError:  # pragma: no cover - PEP 475 retries for us
             continue
     return status if status >= 0 else 128 - status
-
-
-if __name__ == "__main__":
-    sys.exit(run_shim(sys.argv[1:]))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import threading
@@ -51,6 +52,7 @@ from tests.e2e.disk_store import (
 )
 from tests.e2e.traffic import complete, metrics
 from tools.harness.server import free_port, metric
+from vllm_uma.commands.kv_events_endpoint import private_dir
 from vllm_uma.kv_offload.disk import block_file
 
 pytestmark = pytest.mark.slow
@@ -72,27 +74,37 @@ def namespace_of(path: Path) -> bytes:
 class EventListener:
     """Collects the KV events a server publishes on ZMQ.
 
-    vLLM's publisher binds wildcard endpoints and connects to the rest, so
-    the listener binds a loopback port and the server connects to it."""
+    Named (``private=False``): vLLM's publisher binds wildcard endpoints and
+    connects to the rest, so the listener binds a loopback port and the
+    server connects to it. Private (no endpoint given, vllm-uma's default):
+    the server binds an ipc:// socket of this user's, which the listener
+    connects to once the server runs (:meth:`follow`)."""
 
-    def __init__(self):
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+    def __init__(self, private: bool = False):
+        self.endpoint = None if private else f"tcp://127.0.0.1:{free_port()}"
         self.events: list = []
         self.batches: list[list] = []  # as published: one engine step's events each
         self._stop = threading.Event()
         self._sub = zmq.Context.instance().socket(zmq.SUB)
-        self._sub.bind(self.endpoint)
+        if self.endpoint is not None:
+            self._sub.bind(self.endpoint)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"kv")
         self._thread = threading.Thread(target=self._listen, daemon=True)
 
     def server_args(self) -> list[str]:
-        config = {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": self.endpoint,
-            "topic": "kv",
-        }
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv"}
+        if self.endpoint is not None:
+            config["endpoint"] = self.endpoint
         return ["--kv-events-config", json.dumps(config)]
+
+    def follow(self, server) -> None:
+        """Subscribe to a private server's socket, where its log says it is."""
+        found = re.search(r"KV events: published on (ipc://\S+) \(this user only\)", server.log())
+        assert found, "the server did not say where it publishes"
+        socket_path = private_dir() / f"kv-events-{server.port}.sock"
+        assert found.group(1) == f"ipc://{socket_path}"
+        assert stat.S_IMODE(socket_path.parent.stat().st_mode) == 0o700
+        self._sub.connect(found.group(1))
 
     def start(self) -> None:
         self._thread.start()
@@ -109,7 +121,10 @@ class EventListener:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()  # it closes the socket
+        else:
+            self._sub.close(linger=0)
 
     def on_disk(self, kind, events=None) -> list:
         events = self.events if events is None else events
@@ -277,12 +292,14 @@ def capped(vllm_uma_exe, default_model_dir, tmp_path_factory):
             sizes.append(store_bytes(root))
             time.sleep(0.05)
 
-    listener = EventListener()
-    listener.start()
+    # C publishes on vllm-uma's private default socket; D on a named endpoint.
+    listener = EventListener(private=True)
     c = start(vllm_uma_exe, args + listener.server_args(), tmp_path_factory.mktemp("server-c"))
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
+        listener.follow(c)
+        listener.start()
         with ThreadPoolExecutor(max_workers=4) as pool:
             futures = [pool.submit(complete, c, i, "Capped") for i in range(6)]
             c_outputs = [future.result() for future in futures[:4]]

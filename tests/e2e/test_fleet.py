@@ -86,7 +86,13 @@ def start_fleet(exe: str, logs) -> dict:
     out = open(logs / "fleet.log", "w")
     argv = [exe, "fleet", "--servers", "2", "--port", str(port)]
     argv += ["--kv-store", str(logs / "kv"), "--log-dir", str(logs), *EAGER]
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **lifeline.supervised_env()},  # it stops if this test dies
+    )
     fleet = dict(proc=proc, out=out, router=f"http://127.0.0.1:{port}", logs=logs)
     deadline = time.monotonic() + READY_S
     try:

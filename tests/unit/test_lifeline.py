@@ -131,21 +131,24 @@ def test_an_engine_core_in_teardown_gets_no_signal_but_exits_after_the_grace(tmp
 
 
 def test_the_shim_stops_its_program_when_its_supervisor_is_killed(tmp_path):
-    # The shim (python -m vllm_uma.lifeline) as the fleet runs vllm-router.
+    # The shim as the fleet runs vllm-router (lifeline.shim_command): the
+    # program reports the shim's pid, its parent, as the one to watch.
+    program = [
+        sys.executable,
+        "-c",
+        "import os, sys, time\n"
+        "ready = sys.argv[1]\n"
+        "open(ready + '.tmp', 'w').write(str(os.getppid()))\n"
+        "os.replace(ready + '.tmp', ready)\n"
+        "time.sleep(120)\n",
+    ]
     ended = orphan_status(
         tmp_path,
         lifeline.SUPERVISOR_ENV,
-        """
-        import subprocess
+        f"""
         os.environ[lifeline.SUPERVISOR_ENV] = str(os.getppid())
-        os.execv(sys.executable, [sys.executable, "-c",
-            "import os, sys, subprocess\\n"
-            "ready = sys.argv[1]\\n"
-            "from vllm_uma.lifeline import run_shim\\n"
-            "open(ready + '.tmp', 'w').write(str(os.getpid()))\\n"
-            "os.replace(ready + '.tmp', ready)\\n"
-            "sys.exit(run_shim([sys.executable, '-c', 'import time; time.sleep(120)']))\\n",
-            ready])
+        shim = lifeline.shim_command({program!r} + [ready])
+        os.execv(shim[0], shim)
         """,
     )
     assert ended["status"] == 128 + 15  # its program ended by SIGTERM

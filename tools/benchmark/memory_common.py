@@ -21,6 +21,7 @@ from tools.benchmark.lib.prompts import MODEL, prompt_ids
 from tools.benchmark.lib.report import write_json
 from tools.benchmark.lib.servers import EXE, OFFLINE, StockServer
 from vllm_uma import models
+from vllm_uma.lifeline import shim_command, supervised_env
 from vllm_uma.server_process import Server
 
 GiB = 1 << 30
@@ -70,8 +71,14 @@ def ram_holder(nbytes: int, seconds: float) -> subprocess.Popen:
         "print('held', flush=True)\n"
         f"time.sleep({seconds})\n"
     )
+    # Under the lifeline watcher: if this benchmark dies, the RAM it holds
+    # is given back at once, not after ``seconds``.
     return subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+        shim_command([sys.executable, "-c", code]),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **supervised_env()},
     )
 
 

@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vllm_uma import lifeline
+
 PROG = "vllm-uma fleet"
 POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consistent_hash")
 # kv_aware routes by the blocks each server reports holding (L1, pool,
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    # A fleet started by a supervisor (a test, a tool) stops with it; its own
+    # servers and router follow the fleet (vllm_uma/lifeline.py).
+    lifeline.stop_with_supervisor()
     parser = build_parser()
     fleet_args, serve_flags = parser.parse_known_args(argv)
     from vllm_uma import models

@@ -180,8 +180,14 @@ def main(argv: list[str]) -> int:
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.logger import configure_logging_from_args
 
+    from vllm_uma.commands import kv_events_endpoint
+
     command = ServeSubcommand()
     configure_logging_from_args(args)
+    try:
+        kv_events_endpoint.settle(args, argv)
+    except PreflightError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     try:
         with EngineDeathWatch() as engine:
             command.validate(args)

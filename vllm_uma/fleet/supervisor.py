@@ -39,7 +39,7 @@ import zmq
 
 from vllm_uma.fleet.plan import BLOCK_TOKENS, FleetPlan, MemberPlan
 from vllm_uma.fleet.relay import EventRelay
-from vllm_uma.lifeline import supervised_env
+from vllm_uma.lifeline import shim_command, supervised_env
 from vllm_uma.log import get_logger
 from vllm_uma.server_process import READY_TIMEOUT_S, Server, StartCancelled
 
@@ -127,7 +127,7 @@ class Fleet:
         self._router_log = open(log, "w")
         self.router = subprocess.Popen(
             # Under the lifeline shim: vllm-router cannot watch its parent.
-            [sys.executable, "-m", "vllm_uma.lifeline", *router_command(), *self.plan.router_argv],
+            shim_command([*router_command(), *self.plan.router_argv]),
             stdout=self._router_log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
