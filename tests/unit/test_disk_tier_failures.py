@@ -31,6 +31,7 @@ from vllm.v1.kv_offload.base import LookupResult
 from vllm_uma.kv_offload.disk import block_file as bf
 from vllm_uma.kv_offload.disk import io_threads, layout
 from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk.block_write import write_block
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def flip_a_payload_byte(root, primary):
 def copy_from_another_namespace(root, primary):
     theirs = path_of(root, key(1), OTHER_NS)
     theirs.parent.mkdir(parents=True)
-    bf.write_block(theirs, key(1), OTHER_NS, memoryview(primary.buffer)[:8192], direct=False)
+    write_block(theirs, key(1), OTHER_NS, memoryview(primary.buffer)[:8192], direct=False)
     shutil.copy(theirs, path_of(root, key(1)))
 
 

@@ -17,7 +17,10 @@ The tier vLLM calls (scheduler thread):
     metrics.py           the /metrics counters: names and definitions
     messages.py          what the tier logs: start-up, full disk, bad blocks, stop
 The files (I/O threads, start-up):
-    block_file.py        one block per file: format, atomic write, checked read
+    block_file.py        one block per file: the header, the names, BadBlock
+    block_write.py       a block file written atomically (temp file, rename)
+    block_read.py        a block file read back checked, or why it cannot be served
+    direct_io.py         whether rows and the volume take O_DIRECT
     layout.py            directories under root_dir, walked safely; the start-up scan
     io_threads.py        the threads and tasks that read and write block files
     trust.py             who could have written the store, checked at start-up

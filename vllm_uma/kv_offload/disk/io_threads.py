@@ -35,15 +35,10 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from pathlib import Path
 
-from vllm_uma.kv_offload.disk.block_file import (
-    PROCESS_ERRNOS,
-    BadBlock,
-    BadReason,
-    file_bytes,
-    read_block,
-    write_block,
-)
+from vllm_uma.kv_offload.disk.block_file import PROCESS_ERRNOS, BadBlock, BadReason, file_bytes
+from vllm_uma.kv_offload.disk.block_read import read_block
 from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.block_write import write_block
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.room import Refusal

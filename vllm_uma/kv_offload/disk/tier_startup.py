@@ -15,13 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_uma.kv_offload.disk import metrics as m
-from vllm_uma.kv_offload.disk.block_file import (
-    DIRECT_ALIGN,
-    file_bytes,
-    is_direct_capable,
-    probe_direct,
-)
+from vllm_uma.kv_offload.disk.block_file import file_bytes
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.direct_io import DIRECT_ALIGN, is_direct_capable, probe_direct
 from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_threads import unlinker
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
