@@ -22,7 +22,9 @@ The files (I/O threads, start-up):
     block_read.py        a block file read back checked, or why it cannot be served
     direct_io.py         whether rows and the volume take O_DIRECT
     layout.py            directories under root_dir, walked safely; the start-up scan
-    io_threads.py        the threads and tasks that read and write block files
+    io_threads.py        the I/O threads: tasks run by priority (loads first)
+    io_tasks.py          one block file stored, loaded or deleted, the ledger kept
+    io_descriptors.py    what is submitted (BlockIO) and what comes back (Outcome)
     trust.py             who could have written the store, checked at start-up
     progress.py          a long start-up step that says how far it got
 The store shared by every server on it:

@@ -3,7 +3,7 @@
 Runs in the engine-core process. vLLM's TieringOffloadingManager calls every
 method on the scheduler thread, and none may block: lookups answer from the
 in-memory DiskIndex, stores and loads become one task per block on a few
-I/O threads (io_threads.py), and ``get_finished_jobs`` applies their outcomes
+I/O threads (io_threads.py, io_tasks.py), and ``get_finished_jobs`` applies their outcomes
 to the index on the scheduler thread (completion.py), so the index needs no
 lock. Start-up (tier_startup.py) opens the store and loads what it holds.
 
@@ -52,19 +52,9 @@ from vllm_uma.kv_offload.disk.completion import Completion
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
 from vllm_uma.kv_offload.disk.index import DiskIndex
-from vllm_uma.kv_offload.disk.io_threads import (
-    DEFAULT_IO_THREADS,
-    BlockIO,
-    IOPool,
-    Outcome,
-    Priority,
-    Shared,
-    StoreFailure,
-    Ticket,
-    delete_task,
-    load_task,
-    store_task,
-)
+from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Outcome, Shared, StoreFailure, Ticket
+from vllm_uma.kv_offload.disk.io_tasks import delete_task, load_task, store_task
+from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS, IOPool, Priority
 from vllm_uma.kv_offload.disk.jobs import PendingJob
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.feed import LedgerFeed

@@ -19,7 +19,7 @@ from vllm_uma.kv_offload.disk.block_file import file_bytes
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.direct_io import DIRECT_ALIGN, is_direct_capable, probe_direct
 from vllm_uma.kv_offload.disk.index import DiskIndex
-from vllm_uma.kv_offload.disk.io_threads import unlinker
+from vllm_uma.kv_offload.disk.io_tasks import unlinker
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
