@@ -21,7 +21,9 @@ The files (I/O threads, start-up):
     block_write.py       a block file written atomically (temp file, rename)
     block_read.py        a block file read back checked, or why it cannot be served
     direct_io.py         whether rows and the volume take O_DIRECT
-    layout.py            directories under root_dir, walked safely; the start-up scan
+    layout.py            directories under root_dir, walked without following a link
+    store_scan.py        the start-up scan: block files found, stale temp files removed
+    pids.py              whether a temp file's or a ledger row's writer is alive
     io_threads.py        the I/O threads: tasks run by priority (loads first)
     io_tasks.py          one block file stored, loaded or deleted, the ledger kept
     io_descriptors.py    what is submitted (BlockIO) and what comes back (Outcome)

@@ -7,7 +7,7 @@ Writes are atomic by rename: a temp file ``<key hex>.kvb.<pid>-<random>.tmp``
 in the same directory, created O_EXCL and 0600, renamed to the final name
 once complete. A reader never sees half a file, and a crash leaves at most a
 temp file that a later start-up deletes once its writer is gone
-(layout.py). There is no fsync: after a power loss a renamed file may
+(store_scan.py). There is no fsync: after a power loss a renamed file may
 hold zeros or stale bytes, and the checksum rejects it on load (the block is
 then recomputed), which costs less than an fsync per block.
 """

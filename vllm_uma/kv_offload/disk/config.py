@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_uma.kv_offload.disk.layout import NOINDEX, tree_bytes
+from vllm_uma.kv_offload.disk.layout import NOINDEX
+from vllm_uma.kv_offload.disk.store_scan import tree_bytes
 from vllm_uma.kv_offload.disk.trust import check_store_root
 
 GiB = 1 << 30

@@ -25,6 +25,7 @@ from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 from vllm_uma.kv_offload.disk.reports import TierReports
+from vllm_uma.kv_offload.disk.store_scan import scan_store
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def load_existing(
     # A large store takes a while to walk: say so first (log_startup
     # then says what was found).
     warnings.scanning()
-    found, temps = store.layout.scan()
+    found, temps = scan_store(store.layout.noindex)
     reconcile(store.ledger, found, store.layout.exists, store.writer)
     errors: list[str] = []
     victims = store.ledger.evict_to_cap(  # the cap may have been lowered

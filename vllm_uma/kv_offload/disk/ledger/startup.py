@@ -1,7 +1,7 @@
 """L3 start-up: open the shared ledger, make it agree with the block files.
 
 Runs once in the engine-core process when the disk tier is built (before
-serving), after the layout's scan. The files are the truth: the ledger may
+serving), after the store's scan (store_scan.py). The files are the truth: the ledger may
 be new (an older store, or one removed by hand), or behind (blocks deleted
 by hand, a server killed between a file's rename and its commit, a power
 loss that lost the last commits).
@@ -22,11 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.block_state import BlockState
-from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout, pid_is_alive
+from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE, insert_block, log_change
 from vllm_uma.kv_offload.disk.ledger.room import STALE_WRITE_S
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
+from vllm_uma.kv_offload.disk.pids import pid_is_alive
+from vllm_uma.kv_offload.disk.store_scan import FoundBlock
 
 
 def open_ledger(layout: Layout, warnings: DiskWarnings) -> Ledger:
