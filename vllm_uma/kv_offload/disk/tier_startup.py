@@ -4,7 +4,8 @@ Engine-core process, once, while vLLM builds the tier (before serving), so
 blocking I/O is fine here: the namespace's directories, the O_DIRECT probe,
 the shared ledger (created, or a damaged one moved aside), the scan of the
 block files, the ledger reconciled with them and brought within the cap,
-then this namespace's blocks into the tier's index.
+then this namespace's blocks into the tier's index. The tier's shutdown
+closes the store again (``OpenStore.close``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ class OpenStore:
     def row(self, chunk: Any) -> memoryview:
         start = int(chunk) * self.row_bytes
         return self.rows[start : start + self.row_bytes]
+
+    def close(self) -> None:
+        """At the tier's shutdown, once no I/O thread is left: the ledger,
+        the root handle, and the rows, which the primary tier then unmaps."""
+        self.ledger.close()
+        self.layout.close()
+        self.rows.release()
 
 
 def open_store(
