@@ -54,6 +54,7 @@ from tests.e2e.traffic import complete, metrics
 from tools.harness.server import free_port, metric
 from vllm_uma.commands.kv_events_endpoint import private_dir
 from vllm_uma.kv_offload.disk import block_file
+from vllm_uma.kv_offload.disk.block_write import write_block
 
 pytestmark = pytest.mark.slow
 
@@ -167,7 +168,7 @@ def damage(root: Path) -> dict[str, Path]:
     key = block_file.key_from_name(foreign.name)
     payload = foreign.read_bytes()[block_file.HEADER_BYTES :]
     foreign.unlink()
-    block_file.write_block(foreign, key, OTHER_MODEL, memoryview(payload), direct=False)
+    write_block(foreign, key, OTHER_MODEL, memoryview(payload), direct=False)
     return {"truncated": truncated, "flipped": flipped, "foreign": foreign, "fifo": fifo}
 
 

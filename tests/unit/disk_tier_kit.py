@@ -18,7 +18,7 @@ import numpy as np
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 
-from vllm_uma.kv_offload.disk import io_threads, messages
+from vllm_uma.kv_offload.disk import io_tasks, messages
 from vllm_uma.kv_offload.disk.block_file import file_bytes
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.tier import DiskTier
@@ -167,14 +167,14 @@ class InfoLog(WarningLog):
 
 
 def held_io(monkeypatch, name: str) -> threading.Event:
-    """Make the I/O threads' ``io_threads.<name>`` (read_block or write_block)
+    """Make the I/O tasks' ``io_tasks.<name>`` (read_block or write_block)
     wait until the returned event is set: a load or store kept in flight."""
     release = threading.Event()
-    real = getattr(io_threads, name)
+    real = getattr(io_tasks, name)
 
     def held(*args, **kw):
         release.wait(10)
         real(*args, **kw)
 
-    monkeypatch.setattr(io_threads, name, held)
+    monkeypatch.setattr(io_tasks, name, held)
     return release

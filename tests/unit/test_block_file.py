@@ -1,5 +1,6 @@
-"""L3 block files (vllm_uma/kv_offload/disk/block_file.py): format, atomic writes,
-and every way a file can be unfit to serve."""
+"""L3 block files (vllm_uma/kv_offload/disk/: block_file.py, block_write.py,
+block_read.py, direct_io.py): format, atomic writes, and every way a file can be
+unfit to serve."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import struct
 import pytest
 
 from vllm_uma.kv_offload.disk import block_file as bf
+from vllm_uma.kv_offload.disk import direct_io
 from vllm_uma.kv_offload.disk.block_file import BadBlock, BadReason
+from vllm_uma.kv_offload.disk.block_read import read_block
+from vllm_uma.kv_offload.disk.block_write import write_block
 
 NS = bytes(range(16))
 OTHER_NS = bytes(16)
@@ -31,13 +35,13 @@ def payload(seed: int = 7) -> memoryview:
 def written(tmp_path, key=KEY, ns=NS, data=None, direct=False):
     data = payload() if data is None else data
     path = bf.block_path(tmp_path, key)
-    bf.write_block(path, key, ns, data, direct=direct)
+    write_block(path, key, ns, data, direct=direct)
     return path, data
 
 
 def read(path, key=KEY, ns=NS, direct=False) -> bytes:
     dest = memoryview(mmap.mmap(-1, ROW))
-    bf.read_block(path, key, ns, dest, direct=direct)
+    read_block(path, key, ns, dest, direct=direct)
     return bytes(dest)
 
 
@@ -49,7 +53,7 @@ def bad_reason(path, **kw) -> BadReason:
 
 @pytest.mark.parametrize("direct", [False, True])
 def test_round_trip(tmp_path, direct):
-    if direct and not bf.probe_direct(tmp_path):
+    if direct and not direct_io.probe_direct(tmp_path):
         pytest.skip("this file system refuses O_DIRECT")
     path, data = written(tmp_path, direct=direct)
     assert read(path, direct=direct) == bytes(data)
@@ -182,10 +186,10 @@ def test_a_key_too_long_for_a_file_name_is_refused(tmp_path):
 
 
 def test_direct_io_needs_page_aligned_writable_buffers():
-    assert bf.is_direct_capable(payload())
-    assert not bf.is_direct_capable(memoryview(bytearray(ROW))[1:4097])
-    assert not bf.is_direct_capable(memoryview(bytes(ROW)))  # read-only
-    assert not bf.is_direct_capable(payload()[:100])
+    assert direct_io.is_direct_capable(payload())
+    assert not direct_io.is_direct_capable(memoryview(bytearray(ROW))[1:4097])
+    assert not direct_io.is_direct_capable(memoryview(bytes(ROW)))  # read-only
+    assert not direct_io.is_direct_capable(payload()[:100])
 
 
 @pytest.mark.parametrize("direct", [False, True])
@@ -195,5 +199,5 @@ def test_a_fifo_under_the_name_is_not_a_file_and_never_blocks(tmp_path, direct):
     os.mkfifo(path)
     dest = memoryview(mmap.mmap(-1, 4096))
     with pytest.raises(BadBlock) as info:
-        bf.read_block(path, KEY, NS, dest, direct=direct and bool(bf.O_DIRECT))
+        read_block(path, KEY, NS, dest, direct=direct and bool(direct_io.O_DIRECT))
     assert info.value.reason is BadReason.NOT_A_FILE

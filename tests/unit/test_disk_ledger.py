@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from vllm_uma.kv_offload.disk.block_state import BlockState
-from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout
+from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.db import LedgerError
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
 from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
+from vllm_uma.kv_offload.disk.store_scan import FoundBlock
 
 NS = b"\x11" * 16
 OTHER = b"\x22" * 16

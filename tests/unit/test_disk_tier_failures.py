@@ -29,8 +29,9 @@ from disk_tier_kit import (
 from vllm.v1.kv_offload.base import LookupResult
 
 from vllm_uma.kv_offload.disk import block_file as bf
-from vllm_uma.kv_offload.disk import io_threads, layout
+from vllm_uma.kv_offload.disk import io_tasks, layout
 from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk.block_write import write_block
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def flip_a_payload_byte(root, primary):
 def copy_from_another_namespace(root, primary):
     theirs = path_of(root, key(1), OTHER_NS)
     theirs.parent.mkdir(parents=True)
-    bf.write_block(theirs, key(1), OTHER_NS, memoryview(primary.buffer)[:8192], direct=False)
+    write_block(theirs, key(1), OTHER_NS, memoryview(primary.buffer)[:8192], direct=False)
     shutil.copy(theirs, path_of(root, key(1)))
 
 
@@ -205,7 +206,7 @@ def failing_write(monkeypatch, code: int) -> list:
         calls.append(path)
         raise OSError(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr(io_threads, "write_block", write)
+    monkeypatch.setattr(io_tasks, "write_block", write)
     return calls
 
 
@@ -308,7 +309,7 @@ def test_an_unexpected_error_on_an_io_thread_ends_the_job_and_keeps_the_file(
     def bug(*args, **kw):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(io_threads, "read_block", bug)
+    monkeypatch.setattr(io_tasks, "read_block", bug)
     with WarningLog() as log:
         assert not jobs.loaded([key(0)], [5]).success
     # A bug of ours is not a bad file: the block stays, on disk and indexed.
@@ -371,7 +372,7 @@ def test_a_process_error_on_a_load_keeps_the_file(tmp_path, primary, monkeypatch
     def no_fds(*args, **kw):
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(io_threads, "read_block", no_fds)
+    monkeypatch.setattr(io_tasks, "read_block", no_fds)
     with WarningLog():
         assert not jobs.loaded([key(0)], [5]).success
     assert len(block_files(tmp_path)) == 1

@@ -69,7 +69,7 @@ def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessin
     from vllm.v1.kv_offload.base import LookupResult, ReqContext
     from vllm.v1.kv_offload.tiering.base import TransferJob
 
-    from vllm_uma.kv_offload.disk import io_threads
+    from vllm_uma.kv_offload.disk import io_tasks
     from vllm_uma.kv_offload.disk.config import DiskTierConfig
     from vllm_uma.kv_offload.disk.ledger import feed as ledger_feed
     from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
@@ -83,7 +83,7 @@ def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessin
     flush_s: list[float] = []
     _timed(Ledger, "reserve", reserve_s, ledger_cpu_s)
     _timed(Ledger, "commit", commit_s, ledger_cpu_s)
-    _timed(io_threads, "write_block", write_s, write_cpu_s)
+    _timed(io_tasks, "write_block", write_s, write_cpu_s)
     _timed(ledger_feed.LedgerFeed, "flush", flush_s)
 
     buffer = mmap.mmap(-1, ROWS * ROW)

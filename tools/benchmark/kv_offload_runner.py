@@ -22,7 +22,7 @@ from tools.benchmark.lib.floors import drop_page_cache
 from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.prompts import text
 from tools.benchmark.lib.servers import disk_tier_args
-from vllm_uma.kv_offload.disk.layout import tree_bytes
+from vllm_uma.kv_offload.disk.store_scan import tree_bytes
 from vllm_uma.server_process import Server
 
 GiB = 1 << 30

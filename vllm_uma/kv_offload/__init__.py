@@ -7,6 +7,6 @@
 
 Scheduler side (engine core, decides what is where): connector.py and
 holds.py (no block lost when the pool is full), disk/index.py. Worker side
-(moves bytes): mover.py, disk/io_threads.py. config.py turns vLLM's flags
+(moves bytes): mover.py, disk/io_tasks.py. config.py turns vLLM's flags
 into the spec that spec.py builds both sides from; metrics.py counts.
 """

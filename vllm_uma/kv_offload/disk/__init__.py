@@ -17,9 +17,16 @@ The tier vLLM calls (scheduler thread):
     metrics.py           the /metrics counters: names and definitions
     messages.py          what the tier logs: start-up, full disk, bad blocks, stop
 The files (I/O threads, start-up):
-    block_file.py        one block per file: format, atomic write, checked read
-    layout.py            directories under root_dir, walked safely; the start-up scan
-    io_threads.py        the threads and tasks that read and write block files
+    block_file.py        one block per file: the header, the names, BadBlock
+    block_write.py       a block file written atomically (temp file, rename)
+    block_read.py        a block file read back checked, or why it cannot be served
+    direct_io.py         whether rows and the volume take O_DIRECT
+    layout.py            directories under root_dir, walked without following a link
+    store_scan.py        the start-up scan: block files found, stale temp files removed
+    pids.py              whether a temp file's or a ledger row's writer is alive
+    io_threads.py        the I/O threads: tasks run by priority (loads first)
+    io_tasks.py          one block file stored, loaded or deleted, the ledger kept
+    io_descriptors.py    what is submitted (BlockIO) and what comes back (Outcome)
     trust.py             who could have written the store, checked at start-up
     progress.py          a long start-up step that says how far it got
 The store shared by every server on it:

@@ -30,13 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_uma.kv_offload.disk.block_file import (
-    BadBlock,
-    declared_payload_bytes,
-    is_temp_name,
-    key_from_name,
-    read_block,
-)
+from vllm_uma.kv_offload.disk.block_file import BadBlock, is_temp_name, key_from_name
+from vllm_uma.kv_offload.disk.block_read import declared_payload_bytes, read_block
 from vllm_uma.kv_offload.disk.layout import NAMESPACE_FILE, NOINDEX, BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE

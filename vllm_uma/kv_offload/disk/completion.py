@@ -24,7 +24,7 @@ from vllm_uma.kv_offload.disk.block_file import BadReason
 from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
 from vllm_uma.kv_offload.disk.index import DiskIndex
-from vllm_uma.kv_offload.disk.io_threads import Outcome, StoreFailure
+from vllm_uma.kv_offload.disk.io_descriptors import Outcome, StoreFailure
 from vllm_uma.kv_offload.disk.jobs import PendingJob
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.feed import FeedBatch

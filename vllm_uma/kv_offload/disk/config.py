@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_uma.kv_offload.disk.layout import NOINDEX, tree_bytes
+from vllm_uma.kv_offload.disk.layout import NOINDEX
+from vllm_uma.kv_offload.disk.store_scan import tree_bytes
 from vllm_uma.kv_offload.disk.trust import check_store_root
 
 GiB = 1 << 30
@@ -62,6 +63,30 @@ def parse_disk_tier(
     and the warnings to log."""
     if secondary_tiers is None or secondary_tiers == []:
         return None, []
+    raw = _the_fs_tier(secondary_tiers)
+    root_dir = _root_dir(raw.get("root_dir"))
+    warnings = []
+    events = _kv_events(raw.get("enable_kv_events"), kv_events_enabled, warnings)
+    prepare_root(root_dir)
+    warning = _filesystem_warning(root_dir)
+    if warning is not None:
+        warnings.append(warning)
+    cap_bytes, reason = resolve_cap(raw.get("max_size_gib"), root_dir)
+    return (
+        DiskTierConfig(
+            root_dir=root_dir,
+            cap_bytes=cap_bytes,
+            # On whenever vLLM's events are on, unless the user turned it off.
+            enable_kv_events=kv_events_enabled and events is not False,
+            cap_reason=reason,
+        ),
+        warnings,
+    )
+
+
+def _the_fs_tier(secondary_tiers: Any) -> dict[str, Any]:
+    """The one tier object of a non-empty ``secondary_tiers``: an fs tier
+    with known keys only."""
     if not isinstance(secondary_tiers, list) or not all(
         isinstance(t, dict) for t in secondary_tiers
     ):
@@ -89,9 +114,12 @@ def parse_disk_tier(
             f"unknown key(s) {unknown} in the fs secondary tier; the known keys "
             f"are {sorted(KNOWN_TIER_KEYS)}. Remove or correct them."
         )
-    root_dir = _root_dir(raw.get("root_dir"))
-    warnings = []
-    events = raw.get("enable_kv_events")
+    return raw
+
+
+def _kv_events(events: Any, kv_events_enabled: bool, warnings: list[str]) -> bool | None:
+    """The tier's enable_kv_events (None: not set), checked; a warning when
+    it asks for events that vLLM's are off to carry."""
     if events is not None and not isinstance(events, bool):
         raise DiskTierConfigError(
             f"fs tier enable_kv_events={events!r} is invalid: it must be true or "
@@ -103,30 +131,26 @@ def parse_disk_tier(
             "disk tier will publish nothing. Add --kv-events-config "
             '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\' to publish them.'
         )
-    prepare_root(root_dir)
-    if (fstype := filesystem_of(root_dir)) in NETWORK_FILESYSTEMS:
-        warnings.append(
+    return events
+
+
+def _filesystem_warning(root_dir: Path) -> str | None:
+    """What to warn of the filesystem ``root_dir`` is on, if anything: one
+    that other hosts may mount, or one that keeps its files in RAM."""
+    fstype = filesystem_of(root_dir)
+    if fstype in NETWORK_FILESYSTEMS:
+        return (
             f"the fs tier's root_dir {root_dir} is on {fstype}, a network filesystem: "
             f"its shared ledger (SQLite WAL) works for the servers of this host only. "
             f"Never give another host the same root_dir; give each host its own store."
         )
-    elif fstype in MEMORY_FILESYSTEMS:
-        warnings.append(
+    if fstype in MEMORY_FILESYSTEMS:
+        return (
             f"the fs tier's root_dir {root_dir} is on {fstype}, which keeps its files in "
             f"RAM: the 'disk' tier then takes memory from the KV cache and the host "
             f"pool, and does not survive a reboot. Give it a directory on a disk."
         )
-    cap_bytes, reason = resolve_cap(raw.get("max_size_gib"), root_dir)
-    return (
-        DiskTierConfig(
-            root_dir=root_dir,
-            cap_bytes=cap_bytes,
-            # On whenever vLLM's events are on, unless the user turned it off.
-            enable_kv_events=kv_events_enabled and events is not False,
-            cap_reason=reason,
-        ),
-        warnings,
-    )
+    return None
 
 
 # Where several hosts could mount one store, which the ledger cannot serve.

@@ -1,6 +1,6 @@
 """What the disk tier does when its volume is full: pause, retry, resume.
 
-Only the kernel's ENOSPC or EDQUOT means full (io_threads.py); a short
+Only the kernel's ENOSPC or EDQUOT means full (io_tasks.py); a short
 write or any other error fails one block. A full volume is rarely for ever:
 the tier's own evictions free space, and so do other users of the volume.
 So stores pause (each one would fail, slowly, as the file system searches

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.kv_offload.tiering.base import JobResult
 
-from vllm_uma.kv_offload.disk.io_threads import Outcome, Ticket
+from vllm_uma.kv_offload.disk.io_descriptors import Outcome, Ticket
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""L3 directory layout, and what the disk tier finds there at start-up.
+"""L3 directory layout: where each file lives under root_dir, reached safely.
 
-Runs once in the engine-core process, when the disk tier is built (before
-serving), so it may do blocking I/O:
+Engine-core process: the disk tier's start-up prepares the directories
+(blocking I/O is fine then), and its I/O threads walk them for every block
+file; ``vllm-uma kv-store`` walks them too (the administrator's process):
 
     root_dir/                      the user's directory (0700 if we create it)
       .noindex/                    0700; the name keeps desktop indexers
@@ -19,7 +20,8 @@ walks ``.noindex``, the namespace and the 2-hex subdirectory one component
 at a time with ``O_NOFOLLOW | O_DIRECTORY`` (:meth:`Layout.block_dir`), so a
 symlink planted anywhere inside cannot send a read or a write elsewhere: the
 walk fails with ELOOP or ENOTDIR, and the block is a miss. Directories the
-tier creates are 0700.
+tier creates are 0700. What a store holds is found at start-up by
+store_scan.py.
 """
 
 from __future__ import annotations
@@ -28,21 +30,11 @@ import contextlib
 import json
 import os
 import stat
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from vllm_uma.kv_offload.disk.block_file import (
-    NAMESPACE_BYTES,
-    block_path,
-    is_temp_name,
-    key_from_name,
-    temp_name,
-    writer_pid,
-)
-from vllm_uma.kv_offload.disk.progress import Progress
+from vllm_uma.kv_offload.disk.block_file import NAMESPACE_BYTES, block_path, temp_name
 
 NOINDEX = ".noindex"
 NAMESPACE_FILE = "namespace.json"
@@ -53,13 +45,6 @@ class BlockRef(NamedTuple):
 
     namespace: bytes
     key: bytes
-
-
-@dataclass(frozen=True)
-class FoundBlock:
-    ref: BlockRef
-    size: int
-    mtime_ns: int
 
 
 # Open a directory component: never through a symlink, never inherited.
@@ -158,108 +143,6 @@ class Layout:
             os.close(ns_fd)
         return None
 
-    def scan(self) -> tuple[list[FoundBlock], int]:
-        """Block files of every namespace, oldest mtime first, and the number
-        of leftover temp files deleted on the way."""
-        found: list[FoundBlock] = []
-        removed = 0
-        progress = Progress("reading the store", "block files")
-        for ns_entry in _entries(self.noindex):
-            if is_temp_name(ns_entry.name):
-                removed += _remove_stale_temp(ns_entry)
-                continue
-            namespace = _namespace_of(ns_entry)
-            if namespace is None:
-                continue
-            for sub in _entries(Path(ns_entry.path)):
-                if is_temp_name(sub.name):
-                    removed += _remove_stale_temp(sub)
-                elif sub.is_dir(follow_symlinks=False) and len(sub.name) == 2:
-                    before = len(found)
-                    removed += self._scan_subdir(namespace, sub, found)
-                    progress.advance(len(found) - before)
-        found.sort(key=lambda block: block.mtime_ns)
-        return found, removed
-
-    def _scan_subdir(self, namespace: bytes, sub: os.DirEntry, found: list[FoundBlock]) -> int:
-        removed = 0
-        for entry in _entries(Path(sub.path)):
-            if is_temp_name(entry.name):
-                removed += _remove_stale_temp(entry)
-                continue
-            key = key_from_name(entry.name)
-            # A block file sits in the subdirectory its key names; anything
-            # else is not ours to index (nor to delete).
-            if key is None or not entry.name.startswith(sub.name):
-                continue
-            with contextlib.suppress(OSError):  # deleted meanwhile
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode):  # a planted link or FIFO is no block
-                    found.append(FoundBlock(BlockRef(namespace, key), st.st_size, st.st_mtime_ns))
-        return removed
-
-
-def _entries(directory: Path) -> list[os.DirEntry]:
-    try:
-        with os.scandir(directory) as it:
-            return list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-# A temp file older than this is left over whatever its pid says (the pid
-# may have been reused, or belong to another host's or container's writer).
-STALE_TEMP_S = 3600
-
-
-def _remove_stale_temp(entry: os.DirEntry) -> int:
-    """Delete a temp file whose write cannot be in flight any more: its
-    writer's pid is gone, or it is over an hour old. Another live server's
-    write (a restarted server starting while the old one drains) is kept.
-    Returns 1 if it was removed, else 0 (for the start-up line's count)."""
-    try:
-        st = entry.stat(follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode) or _may_be_in_flight(entry.name, st.st_mtime):
-            return 0
-        os.unlink(entry.path)
-    except FileNotFoundError:
-        return 0
-    return 1
-
-
-def _may_be_in_flight(name: str, mtime: float) -> bool:
-    if time.time() - mtime > STALE_TEMP_S:
-        return False
-    pid = writer_pid(name)
-    if pid is None or pid == os.getpid():
-        return False  # an older format's temp, or our own earlier incarnation's
-    return pid_is_alive(pid)
-
-
-def pid_is_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this host (in this pid namespace)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    except (OverflowError, ValueError):
-        return False  # not a pid at all
-    return True
-
-
-def _namespace_of(entry: os.DirEntry) -> bytes | None:
-    if not entry.is_dir(follow_symlinks=False) or len(entry.name) != 2 * NAMESPACE_BYTES:
-        return None
-    try:
-        namespace = bytes.fromhex(entry.name)
-    except ValueError:
-        return None
-    # Only names the tier makes (lower-case hex): another spelling of the same
-    # id would index files whose eviction then misses them.
-    return namespace if namespace.hex() == entry.name else None
-
 
 def _step(parent_fd: int, name: str, create: bool) -> int:
     """Open directory ``name`` under ``parent_fd`` (closing the parent),
@@ -291,16 +174,6 @@ def _tighten(dir_fd: int) -> None:
     st = os.fstat(dir_fd)
     if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
         os.fchmod(dir_fd, 0o700)
-
-
-def tree_bytes(directory: Path) -> int:
-    """Bytes of every file under ``directory`` (0 if it does not exist)."""
-    total = 0
-    for parent, _, names in os.walk(directory):
-        for name in names:
-            with contextlib.suppress(OSError):  # deleted meanwhile
-                total += os.lstat(os.path.join(parent, name)).st_size
-    return total
 
 
 def write_private_json(path: Path, info: Any, *, dir_fd: int | None = None) -> None:

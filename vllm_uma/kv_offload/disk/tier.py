@@ -3,7 +3,7 @@
 Runs in the engine-core process. vLLM's TieringOffloadingManager calls every
 method on the scheduler thread, and none may block: lookups answer from the
 in-memory DiskIndex, stores and loads become one task per block on a few
-I/O threads (io_threads.py), and ``get_finished_jobs`` applies their outcomes
+I/O threads (io_threads.py, io_tasks.py), and ``get_finished_jobs`` applies their outcomes
 to the index on the scheduler thread (completion.py), so the index needs no
 lock. Start-up (tier_startup.py) opens the store and loads what it holds.
 
@@ -52,19 +52,9 @@ from vllm_uma.kv_offload.disk.completion import Completion
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
 from vllm_uma.kv_offload.disk.index import DiskIndex
-from vllm_uma.kv_offload.disk.io_threads import (
-    DEFAULT_IO_THREADS,
-    BlockIO,
-    IOPool,
-    Outcome,
-    Priority,
-    Shared,
-    StoreFailure,
-    Ticket,
-    delete_task,
-    load_task,
-    store_task,
-)
+from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Outcome, Shared, StoreFailure, Ticket
+from vllm_uma.kv_offload.disk.io_tasks import delete_task, load_task, store_task
+from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS, IOPool, Priority
 from vllm_uma.kv_offload.disk.jobs import PendingJob
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.feed import LedgerFeed
@@ -120,20 +110,21 @@ class DiskTier(SecondaryTierManager):
             self.block_size_bytes,
             self._warnings,
         )
-        self._shared = Shared(
-            self._store.layout,
-            self._store.ledger,
-            self._store.writer,
-            config.cap_bytes,
-            self._protected,
-        )
         self._index: DiskIndex[BlockRef] = DiskIndex()
         self._reports = TierReports(
             self.medium, self.locality, config.enable_kv_events, config.cap_bytes
         )
         self._full = FullDisk() if full_disk is None else full_disk
-        self._done = Completion(
-            namespace_id,
+        self._done = self._completion(load_deadline_s)
+        self._last_stamp = 0
+        self._closed = False
+        self._start(io_threads)
+
+    def _completion(self, load_deadline_s: float) -> Completion:
+        """What applies the I/O's outcomes (completion.py); it calls back to
+        touch the blocks a load restored and to delete a bad block's file."""
+        return Completion(
+            self._ns,
             self._index,
             self._reports,
             self._warnings,
@@ -143,26 +134,18 @@ class DiskTier(SecondaryTierManager):
             self._touch,
             self._delete_file,
         )
-        self._last_stamp = 0
-        self._closed = False
-        self._start(io_threads)
 
     def _start(self, io_threads: int) -> None:
         """The I/O threads, what the store holds, then the feed from there."""
+        store, config, namespace_id = self._store, self._config, self._ns
+        ledger, writer = store.ledger, store.writer
+        self._shared = Shared(store.layout, ledger, writer, config.cap_bytes, self._protected)
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._pool = IOPool(io_threads, self._outcomes, "uma-kv-disk")
-        config, namespace_id = self._config, self._ns
         found = load_existing(
-            self._store,
-            config,
-            namespace_id,
-            self._index,
-            self._reports,
-            self._warnings,
-            io_threads,
+            store, config, namespace_id, self._index, self._reports, self._warnings, io_threads
         )
         self._done.used_bytes = found.used_bytes
-        ledger, writer = self._store.ledger, self._store.writer
         self._feed = LedgerFeed(ledger, namespace_id, writer, found.seq, self._outcomes)
 
     def _protected(self, ref: BlockRef) -> bool:
@@ -301,16 +284,12 @@ class DiskTier(SecondaryTierManager):
         self._closed = True
         stopped = self._pool.shutdown()
         self._feed.stop(timeout_s=2.0)
-        if not stopped.stuck_threads:
-            # A thread left behind may still walk from the root handle, or
-            # hold a ledger transaction.
-            self._store.ledger.close()
-            self._store.layout.close()
         dropped_stores = stopped.dropped.get(Priority.STORE, 0)
         self._warnings.stopped(self._done.written_this_run, dropped_stores)
         if stopped.stuck_threads:
-            # A thread still inside a read or write holds a slice of the
-            # rows: they cannot be released, and the process is stopping.
+            # A thread left behind may still walk from the root handle, hold
+            # a ledger transaction, or be inside a read or write, holding a
+            # slice of the rows: nothing is closed, the process is stopping.
             self._warnings.stuck_threads(stopped.stuck_threads)
             return
-        self._store.rows.release()  # the primary tier closes its mmap after this
+        self._store.close()  # the primary tier closes its mmap after this

@@ -4,7 +4,8 @@ Engine-core process, once, while vLLM builds the tier (before serving), so
 blocking I/O is fine here: the namespace's directories, the O_DIRECT probe,
 the shared ledger (created, or a damaged one moved aside), the scan of the
 block files, the ledger reconciled with them and brought within the cap,
-then this namespace's blocks into the tier's index.
+then this namespace's blocks into the tier's index. The tier's shutdown
+closes the store again (``OpenStore.close``).
 """
 
 from __future__ import annotations
@@ -15,20 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_uma.kv_offload.disk import metrics as m
-from vllm_uma.kv_offload.disk.block_file import (
-    DIRECT_ALIGN,
-    file_bytes,
-    is_direct_capable,
-    probe_direct,
-)
+from vllm_uma.kv_offload.disk.block_file import file_bytes
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.direct_io import DIRECT_ALIGN, is_direct_capable, probe_direct
 from vllm_uma.kv_offload.disk.index import DiskIndex
-from vllm_uma.kv_offload.disk.io_threads import unlinker
+from vllm_uma.kv_offload.disk.io_tasks import unlinker
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 from vllm_uma.kv_offload.disk.reports import TierReports
+from vllm_uma.kv_offload.disk.store_scan import scan_store
 
 
 @dataclass(frozen=True)
@@ -49,6 +47,13 @@ class OpenStore:
     def row(self, chunk: Any) -> memoryview:
         start = int(chunk) * self.row_bytes
         return self.rows[start : start + self.row_bytes]
+
+    def close(self) -> None:
+        """At the tier's shutdown, once no I/O thread is left: the ledger,
+        the root handle, and the rows, which the primary tier then unmaps."""
+        self.ledger.close()
+        self.layout.close()
+        self.rows.release()
 
 
 def open_store(
@@ -96,7 +101,7 @@ def load_existing(
     # A large store takes a while to walk: say so first (log_startup
     # then says what was found).
     warnings.scanning()
-    found, temps = store.layout.scan()
+    found, temps = scan_store(store.layout.noindex)
     reconcile(store.ledger, found, store.layout.exists, store.writer)
     errors: list[str] = []
     victims = store.ledger.evict_to_cap(  # the cap may have been lowered

@@ -12,7 +12,7 @@ The message names the path, what is wrong and the command that fixes it.
 Runs in the API-server process, from the fs tier's config check (config.py),
 before any weights load. Inside the store nothing is trusted either: the
 I/O never follows a symlink and reads only regular files (layout.py,
-block_file.py).
+block_read.py).
 """
 
 from __future__ import annotations

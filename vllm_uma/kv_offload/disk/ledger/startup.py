@@ -1,7 +1,7 @@
 """L3 start-up: open the shared ledger, make it agree with the block files.
 
 Runs once in the engine-core process when the disk tier is built (before
-serving), after the layout's scan. The files are the truth: the ledger may
+serving), after the store's scan (store_scan.py). The files are the truth: the ledger may
 be new (an older store, or one removed by hand), or behind (blocks deleted
 by hand, a server killed between a file's rename and its commit, a power
 loss that lost the last commits).
@@ -22,11 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.block_state import BlockState
-from vllm_uma.kv_offload.disk.layout import BlockRef, FoundBlock, Layout, pid_is_alive
+from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE, insert_block, log_change
 from vllm_uma.kv_offload.disk.ledger.room import STALE_WRITE_S
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
+from vllm_uma.kv_offload.disk.pids import pid_is_alive
+from vllm_uma.kv_offload.disk.store_scan import FoundBlock
 
 
 def open_ledger(layout: Layout, warnings: DiskWarnings) -> Ledger:
@@ -64,50 +66,86 @@ def reconcile(
     """Rows for every file found, no row for a file that is gone, and the
     used total recounted from the rows."""
     files = {block.ref: block for block in found}
-    added = forgotten = reclaimed = 0
     now = time.time()
     with ledger.transaction() as db:
-        rows = db.execute("SELECT ns, key, state, writer_pid, since FROM blocks").fetchall()
-        known = set()
-        for ns, key, state, pid, since in rows:
-            ref = BlockRef(ns, key)
-            known.add(ref)
-            on_disk = ref in files or exists(ref)
-            if state != BlockState.PRESENT:
-                # Being written or deleted: its owner finishes it. A gone
-                # owner's file (renamed, or not yet unlinked) is a block.
-                ours_before = pid == os.getpid()  # an earlier tier of this process
-                if pid_is_alive(pid) and not ours_before and now - since < STALE_WRITE_S:
-                    continue
-                if on_disk:
-                    db.execute(
-                        "UPDATE blocks SET state=? WHERE ns=? AND key=?",
-                        (BlockState.PRESENT, ns, key),
-                    )
-                    log_change(
-                        db, ref, files[ref].size if ref in files else 0, added=True, writer=writer
-                    )
-                else:
-                    db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ns, key))
-                    reclaimed += 1
-            elif not on_disk:
-                db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ns, key))
-                log_change(db, ref, 0, added=False, writer=writer)
-                forgotten += 1
-        for ref, block in files.items():
-            if ref not in known:
-                # No writer process: the file is complete, found on disk.
-                insert_block(
-                    db, ref, block.size, BlockState.PRESENT, block.mtime_ns, writer, 0, now
-                )
-                log_change(db, ref, block.size, added=True, writer=writer)
-                added += 1
-        db.execute(
-            "UPDATE meta SET value=(SELECT coalesce(sum(size), 0) FROM blocks) WHERE name='used'"
-        )
-        db.execute(
-            "UPDATE meta SET value=(SELECT coalesce(sum(size), 0) FROM blocks WHERE state=?) "
-            "WHERE name='deleting'",
-            (BlockState.DELETING,),
-        )
+        known, forgotten, reclaimed = _check_rows(db, files, exists, writer, now)
+        added = _add_unknown_files(db, files, known, writer, now)
+        _recount(db)
     return Reconciled(added, forgotten, reclaimed)
+
+
+def _check_rows(
+    db: sqlite3.Connection,
+    files: dict[BlockRef, FoundBlock],
+    exists: Callable[[BlockRef], bool],
+    writer: str,
+    now: float,
+) -> tuple[set[BlockRef], int, int]:
+    """Every row against the files: the rows' blocks, and how many rows
+    were forgotten (file gone) and reclaimed (a dead writer's, no file)."""
+    rows = db.execute("SELECT ns, key, state, writer_pid, since FROM blocks").fetchall()
+    known = set()
+    forgotten = reclaimed = 0
+    for ns, key, state, pid, since in rows:
+        ref = BlockRef(ns, key)
+        known.add(ref)
+        on_disk = ref in files or exists(ref)
+        if state != BlockState.PRESENT:
+            # Being written or deleted: its owner finishes it. A gone
+            # owner's file (renamed, or not yet unlinked) is a block.
+            ours_before = pid == os.getpid()  # an earlier tier of this process
+            if pid_is_alive(pid) and not ours_before and now - since < STALE_WRITE_S:
+                continue
+            size = files[ref].size if ref in files else 0
+            reclaimed += _settle_unfinished(db, ref, on_disk, size, writer)
+        elif not on_disk:
+            db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ns, key))
+            log_change(db, ref, 0, added=False, writer=writer)
+            forgotten += 1
+    return known, forgotten, reclaimed
+
+
+def _settle_unfinished(
+    db: sqlite3.Connection, ref: BlockRef, on_disk: bool, size: int, writer: str
+) -> int:
+    """A dead owner's write or delete: its file, if there, is a block;
+    else the row goes. Returns 1 for a row reclaimed, else 0."""
+    if on_disk:
+        db.execute(
+            "UPDATE blocks SET state=? WHERE ns=? AND key=?",
+            (BlockState.PRESENT, ref.namespace, ref.key),
+        )
+        log_change(db, ref, size, added=True, writer=writer)
+        return 0
+    db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
+    return 1
+
+
+def _add_unknown_files(
+    db: sqlite3.Connection,
+    files: dict[BlockRef, FoundBlock],
+    known: set[BlockRef],
+    writer: str,
+    now: float,
+) -> int:
+    """A row for every file the ledger did not know; how many were added."""
+    added = 0
+    for ref, block in files.items():
+        if ref not in known:
+            # No writer process: the file is complete, found on disk.
+            insert_block(db, ref, block.size, BlockState.PRESENT, block.mtime_ns, writer, 0, now)
+            log_change(db, ref, block.size, added=True, writer=writer)
+            added += 1
+    return added
+
+
+def _recount(db: sqlite3.Connection) -> None:
+    """The used and deleting totals, summed again from the rows."""
+    db.execute(
+        "UPDATE meta SET value=(SELECT coalesce(sum(size), 0) FROM blocks) WHERE name='used'"
+    )
+    db.execute(
+        "UPDATE meta SET value=(SELECT coalesce(sum(size), 0) FROM blocks WHERE state=?) "
+        "WHERE name='deleting'",
+        (BlockState.DELETING,),
+    )

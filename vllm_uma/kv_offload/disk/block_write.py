@@ -1,0 +1,92 @@
+"""L3: write one block file, atomically, by rename.
+
+Runs on the disk tier's I/O threads (engine-core process); nothing here
+touches vLLM. The format is block_file.py's.
+
+Writes are atomic by rename: a temp file ``<key hex>.kvb.<pid>-<random>.tmp``
+in the same directory, created O_EXCL and 0600, renamed to the final name
+once complete. A reader never sees half a file, and a crash leaves at most a
+temp file that a later start-up deletes once its writer is gone
+(store_scan.py). There is no fsync: after a power loss a renamed file may
+hold zeros or stale bytes, and the checksum rejects it on load (the block is
+then recomputed), which costs less than an fsync per block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import zlib
+from pathlib import Path
+
+from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, SAFE_OPEN, pack_header, temp_name
+from vllm_uma.kv_offload.disk.direct_io import O_DIRECT
+
+
+def write_block(
+    path: Path,
+    key: bytes,
+    namespace: bytes,
+    payload: memoryview,
+    *,
+    direct: bool,
+    dir_fd: int | None = None,
+) -> None:
+    """Write ``payload`` as the block file ``path``, atomically (see the module
+    docstring). ``direct`` asks for O_DIRECT; it needs a direct-capable payload.
+    With ``dir_fd`` (a handle on ``path``'s directory) only ``path.name`` is
+    resolved, relative to it. Raises OSError (ENOSPC included) with nothing
+    left under ``path``."""
+    header = pack_header(key, namespace, zlib.crc32(payload), payload.nbytes)
+    try:
+        temp = path.with_name(temp_name(path.name))
+        fd = _create_temp(temp, direct, dir_fd)
+        try:
+            _fill_and_rename(fd, temp, path, header, payload, dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(_name(temp, dir_fd), dir_fd=dir_fd)
+            raise
+    finally:
+        header.close()
+
+
+def _create_temp(temp: Path, direct: bool, dir_fd: int | None) -> int:
+    # O_DIRECT: the block goes from the primary row to the disk without a
+    # page-cache copy (measured: buffered writes leave 100% of the block in
+    # the page cache, and posix_fadvise(DONTNEED) cannot drop dirty pages).
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | SAFE_OPEN | (O_DIRECT if direct else 0)
+    if dir_fd is not None:
+        return os.open(temp.name, flags, 0o600, dir_fd=dir_fd)
+    try:
+        return os.open(temp, flags, 0o600)
+    except FileNotFoundError:
+        # First block of this 2-hex subdirectory (or someone removed it).
+        os.makedirs(temp.parent, mode=0o700, exist_ok=True)
+        return os.open(temp, flags, 0o600)
+
+
+def _fill_and_rename(
+    fd: int, temp: Path, path: Path, header: mmap.mmap, payload: memoryview, dir_fd: int | None
+) -> None:
+    """Write header and payload into the open temp file ``fd`` (closing it),
+    then rename the temp file to ``path``."""
+    try:
+        written = os.pwritev(fd, [header, payload], 0)
+    finally:
+        os.close(fd)
+    if written != HEADER_BYTES + payload.nbytes:
+        # No error, yet not every byte: a signal, or a quota or device
+        # limit hit mid-write. Not proof of a full disk (ENOSPC says
+        # that), so it fails this block only.
+        raise OSError(errno.EIO, f"short write of {written} bytes", str(temp))
+    # rename replaces whatever is under the name (even a planted FIFO or
+    # symlink) without following it.
+    os.rename(_name(temp, dir_fd), _name(path, dir_fd), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _name(path: Path, dir_fd: int | None) -> Path | str:
+    """What to pass the kernel: the name relative to ``dir_fd``, else the path."""
+    return path.name if dir_fd is not None else path
