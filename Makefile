@@ -49,7 +49,7 @@ serve: model
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
 test: model model-gemma
-	@$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; failing." >&2; fi; \
 	exit $$rc
 
