@@ -307,3 +307,104 @@ def test_block_states_keep_their_numbers_in_the_ledger(ledger):
     with ledger.transaction() as db:
         assert db.execute("SELECT state FROM blocks").fetchall() == [(1,)]
     assert ledger.snapshot(NS)[0] == [(ref(0).key, 10)]
+
+
+def test_a_failed_release_of_victims_is_deferred_not_raised(tmp_path, monkeypatch):
+    # Another server holds the ledger's write lock from the moment the
+    # victims' files are unlinked: the second transaction, which releases
+    # their rows, times out. The store keeps its reservation and learns its
+    # victims (their files are gone); the release waits for retry_deferred.
+    from vllm_uma.kv_offload.disk.ledger import db as ledger_db
+
+    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_S", 0.2)
+    led = Ledger(tmp_path)
+    led.create()
+    stored(led, 0, 100)
+    holder = sqlite3.connect(led.path, isolation_level=None)
+
+    def unlink_then_lock(victim: BlockRef) -> None:
+        holder.execute("BEGIN IMMEDIATE")
+
+    got = led.reserve(ref(1), 10, 200, 10, "w1", never, unlink_then_lock)
+    assert got == [(ref(0), 10)]
+    states = dict(holder.execute("SELECT key, state FROM blocks").fetchall())
+    assert states == {ref(0).key: BlockState.DELETING, ref(1).key: BlockState.WRITING}
+    holder.execute("COMMIT")
+    led.retry_deferred()
+    led.commit(ref(1), 10, 200, "w1")
+    assert dict(holder.execute("SELECT key, state FROM blocks").fetchall()) == {
+        ref(1).key: BlockState.PRESENT
+    }
+    assert led.used_bytes() == 10
+    holder.close()
+    led.close()
+
+
+def held_lock(path, seconds: float | None):
+    """Another process's write transaction on the ledger, for ``seconds``
+    (None: until the test ends it), from a thread."""
+    import threading
+
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    if seconds is not None:
+        threading.Timer(seconds, lambda: holder.execute("COMMIT")).start()
+    return holder
+
+
+@pytest.fixture
+def said(monkeypatch):
+    """The disk tier's warnings, as logged."""
+    from vllm_uma.kv_offload.disk import messages
+
+    lines: list[str] = []
+    monkeypatch.setattr(messages.logger, "warning", lambda fmt, *a: lines.append(fmt % a))
+    return lines
+
+
+def test_start_up_waits_for_a_peer_holding_the_ledger_past_the_busy_timeout(
+    tmp_path, monkeypatch, said
+):
+    from vllm_uma.kv_offload.disk.ledger import db as ledger_db
+    from vllm_uma.kv_offload.disk.ledger.startup import patiently
+
+    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_S", 0.2)
+    led = Ledger(tmp_path)
+    led.create()
+    holder = held_lock(led.path, 1.5)  # a peer's long reconcile
+    found = [FoundBlock(ref(0), 10, 100)]
+    warnings = DiskWarnings(tmp_path)
+    done = patiently(
+        lambda: reconcile(led, found, lambda r: True, "w1"), "reconcile", led.path, warnings
+    )
+    assert done.added == 1 and led.used_bytes() == 10
+    assert len(said) == 1  # said once, however many tries
+    assert f"another process holds the shared ledger {led.path}" in said[0]
+    assert "reconcile waits for it, up to 600 s" in said[0]
+    holder.close()
+    led.close()
+
+
+def test_start_up_gives_up_after_its_deadline_naming_the_ledger(tmp_path, monkeypatch):
+    from vllm_uma.kv_offload.disk.ledger import db as ledger_db
+    from vllm_uma.kv_offload.disk.ledger import startup
+
+    monkeypatch.setattr(ledger_db, "BUSY_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(startup, "STARTUP_WAIT_S", 0.5)
+    led = Ledger(tmp_path)
+    led.create()
+    holder = held_lock(led.path, None)
+    try:
+        with pytest.raises(
+            LedgerError, match=r"stayed locked for 0 s while this server's reconcile"
+        ):
+            startup.patiently(
+                lambda: reconcile(led, [], lambda r: True, "w1"),
+                "reconcile",
+                led.path,
+                DiskWarnings(tmp_path),
+            )
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+        led.close()

@@ -111,6 +111,17 @@ class DiskWarnings:
             aside,
         )
 
+    def ledger_busy(self, path: Path, step: str, wait_s: float) -> None:
+        self._once(
+            "ledger-busy",
+            "Disk KV tier: another process holds the shared ledger %s (a server reconciling "
+            "a large store at its start-up, or a `vllm-uma kv-store` command); %s waits for "
+            "it, up to %.0f s.",
+            path,
+            step,
+            wait_s,
+        )
+
     def scanning(self) -> None:
         logger.info("Disk KV tier: reading the store under %s ...", self._root_dir)
 

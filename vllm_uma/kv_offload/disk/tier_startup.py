@@ -23,7 +23,8 @@ from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_tasks import unlinker
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
-from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
+from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE
+from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, patiently, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 from vllm_uma.kv_offload.disk.reports import TierReports
 from vllm_uma.kv_offload.disk.store_scan import scan_store
@@ -75,7 +76,8 @@ def open_store(
         and probe_direct(layout.namespace_dir(namespace_id))
     )
     writer = f"{os.getpid()}-{secrets.token_hex(4)}"
-    ledger = open_ledger(layout, warnings)
+    path = layout.noindex / LEDGER_FILE
+    ledger = patiently(lambda: open_ledger(layout, warnings), "start-up", path, warnings)
     return OpenStore(layout, ledger, writer, rows, row_bytes, direct, file_bytes(row_bytes))
 
 
@@ -102,13 +104,21 @@ def load_existing(
     # then says what was found).
     warnings.scanning()
     found, temps = scan_store(store.layout.noindex)
-    reconcile(store.ledger, found, store.layout.exists, store.writer)
+    path = store.ledger.path
+    patiently(
+        lambda: reconcile(store.ledger, found, store.layout.exists, store.writer),
+        "reconcile",
+        path,
+        warnings,
+    )
     errors: list[str] = []
-    victims = store.ledger.evict_to_cap(  # the cap may have been lowered
-        config.cap_bytes,
-        store.writer,
-        lambda ref: False,
-        unlinker(store.layout, errors),
+    victims = patiently(
+        lambda: store.ledger.evict_to_cap(  # the cap may have been lowered
+            config.cap_bytes, store.writer, lambda ref: False, unlinker(store.layout, errors)
+        ),
+        "eviction to the cap",
+        path,
+        warnings,
     )
     for error in errors:
         warnings.unlink(error)

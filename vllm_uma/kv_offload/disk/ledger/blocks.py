@@ -46,7 +46,8 @@ class Ledger(LedgerDB):
     def __init__(self, noindex: Path):
         super().__init__(noindex)
         self._deferred_lock = threading.Lock()
-        self._deferred: list[tuple[BlockRef, str]] = []  # aborts to retry
+        # Releases a failed transaction left, retried by the feed thread.
+        self._deferred: list[Callable[[], None]] = []
 
     # -- stores (I/O threads) -------------------------------------------------
 
@@ -114,14 +115,19 @@ class Ledger(LedgerDB):
                     db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
                     add_used(db, -size[0])
         except sqlite3.Error:
-            with self._deferred_lock:
-                self._deferred.append((ref, writer))
+            self._defer(lambda: self.abort(ref, writer))
 
     def retry_deferred(self) -> None:
+        """The releases a failed transaction left (abort, _delete_files),
+        tried again; each one that fails again is kept again."""
         with self._deferred_lock:
             deferred, self._deferred = self._deferred, []
-        for ref, writer in deferred:
-            self.abort(ref, writer)
+        for release in deferred:
+            release()
+
+    def _defer(self, release) -> None:
+        with self._deferred_lock:
+            self._deferred.append(release)
 
     def forget(
         self, refs: Iterable[BlockRef], writer: str, unlink: Unlink | None
@@ -163,16 +169,28 @@ class Ledger(LedgerDB):
         if unlink is not None:
             for victim in doomed:
                 unlink(victim.ref)
-        with self.transaction() as db:
-            for victim in doomed:
-                ref = victim.ref
-                gone = db.execute(
-                    "DELETE FROM blocks WHERE ns=? AND key=? AND state=? AND writer=?",
-                    (ref.namespace, ref.key, BlockState.DELETING, writer),
-                ).rowcount
-                if gone:
-                    add_used(db, -victim.size)
-                    add_used(db, -victim.size, "deleting")
+        self._release_rows(doomed, writer)
+
+    def _release_rows(self, doomed: list[Victim], writer: str) -> None:
+        """The condemned rows whose files are gone, and their bytes. If that
+        transaction fails (busy past its timeout, a full disk), the release
+        is deferred, not raised: the files are gone already, so the caller
+        must still learn its victims (and a store keep its reservation);
+        until the retry the rows keep their names taken and their bytes
+        counted, which errs on the safe side."""
+        try:
+            with self.transaction() as db:
+                for victim in doomed:
+                    ref = victim.ref
+                    gone = db.execute(
+                        "DELETE FROM blocks WHERE ns=? AND key=? AND state=? AND writer=?",
+                        (ref.namespace, ref.key, BlockState.DELETING, writer),
+                    ).rowcount
+                    if gone:
+                        add_used(db, -victim.size)
+                        add_used(db, -victim.size, "deleting")
+        except sqlite3.Error:
+            self._defer(lambda: self._release_rows(doomed, writer))
 
     # -- feed (the feed thread) ------------------------------------------------
 

@@ -10,6 +10,12 @@ Other servers may be using the store meanwhile, so everything is decided
 inside one write transaction: no peer can commit while we compare, and a
 file the scan missed because a peer renamed it just after is looked up
 again by name before its row is removed.
+
+Servers of a fleet start at once on one store, and a reconcile of a large
+store holds the write lock for seconds to minutes, past the 10 s a store
+waits (db.BUSY_TIMEOUT_S). The start-up steps therefore run
+:func:`patiently`: retried while the lock is held, said once in the log, up
+to STARTUP_WAIT_S; only then does the start fail, naming the ledger.
 """
 
 from __future__ import annotations
@@ -20,15 +26,50 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
-from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE, insert_block, log_change
+from vllm_uma.kv_offload.disk.ledger.db import (
+    LEDGER_FILE,
+    LedgerError,
+    insert_block,
+    log_change,
+)
 from vllm_uma.kv_offload.disk.ledger.room import STALE_WRITE_S
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 from vllm_uma.kv_offload.disk.pids import pid_is_alive
 from vllm_uma.kv_offload.disk.store_scan import FoundBlock
+
+# How long a start-up step waits for another process's hold on the ledger:
+# a reconcile of 10^6 rows takes about a minute on a slow disk.
+STARTUP_WAIT_S = 600.0
+T = TypeVar("T")
+
+
+def patiently(step: Callable[[], T], what: str, path, warnings: DiskWarnings) -> T:
+    """``step()``, tried again while SQLite says the ledger is locked or busy
+    (another process's transaction), for up to STARTUP_WAIT_S."""
+    deadline = time.monotonic() + STARTUP_WAIT_S
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise LedgerError(
+                    f"the shared ledger {path} stayed locked for {STARTUP_WAIT_S:.0f} s while "
+                    f"this server's {what} waited: another process holds it (`fuser {path}` "
+                    f"names it). Stop that process, or give this server its own root_dir."
+                ) from None
+            warnings.ledger_busy(path, what, STARTUP_WAIT_S)
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
 
 
 def open_ledger(layout: Layout, warnings: DiskWarnings) -> Ledger:
@@ -39,9 +80,9 @@ def open_ledger(layout: Layout, warnings: DiskWarnings) -> Ledger:
     try:
         ledger.create()
     except sqlite3.DatabaseError as exc:
+        ledger.close()
         if isinstance(exc, sqlite3.OperationalError):
             raise  # locked past the timeout, or unwritable: not damage
-        ledger.close()
         aside = ledger.path.with_name(f"{LEDGER_FILE}.damaged-{time.time_ns()}")
         os.rename(ledger.path, aside)
         for suffix in ("-wal", "-shm"):
