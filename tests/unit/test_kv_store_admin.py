@@ -133,6 +133,19 @@ def test_a_header_claiming_a_huge_payload_is_bad_not_a_huge_buffer(store, capsys
     assert status == 1 and "the header claims" in out
 
 
+def test_a_sparse_file_as_large_as_its_headers_claim_is_bad_not_read(store, capsys):
+    # The size check alone passes: the file is as long as the header says.
+    victim = block_files(store)[0]
+    claim = 40 << 30
+    with open(victim, "r+b") as f:
+        f.seek(16)  # the payload length field (block_file.py's layout)
+        f.write(claim.to_bytes(8, "little"))
+    os.truncate(victim, 4096 + claim)  # sparse: no block of it on disk
+    status, out, _ = run(capsys, str(store), "verify")
+    assert status == 1
+    assert f"the header claims {claim} bytes of payload, over the {1 << 30}" in out
+
+
 def test_deletions_reach_a_running_server_and_the_shared_count(store, capsys):
     from disk_tier_kit import CTX
     from vllm.v1.kv_offload.base import LookupResult

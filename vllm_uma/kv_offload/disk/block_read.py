@@ -86,11 +86,20 @@ def _check_file(fd: int, path: Path, expected: int) -> None:
         raise BadBlock(BadReason.CORRUPTED, path, f"{size} bytes, expected {expected}")
 
 
+# The largest payload a header may claim before a reader that does not know
+# the block size sizes a buffer from it: a 128-token block of a 405B-class
+# model (126 layers, 8 KV heads of 128, bf16) is about 130 MB. Without it, a
+# sparse file as large as its header's claim would pass the size check and
+# have the reader allocate (and read) all of it.
+MAX_PAYLOAD_BYTES = 1 << 30
+
+
 def declared_payload_bytes(path: Path, *, dir_fd: int | None = None) -> int:
     """The payload length a block file's header claims (for a reader that
     does not know the block size, e.g. ``vllm-uma kv-store verify``), checked
-    against the file's size, so that a corrupted length never sizes a buffer.
-    Raises BadBlock for anything that is not a block file with a whole header."""
+    against MAX_PAYLOAD_BYTES and the file's size, so that a corrupted length
+    never sizes a buffer. Raises BadBlock for anything that is not a block
+    file with a whole header."""
     fd = _open_for_read(path, False, dir_fd)
     try:
         st = os.fstat(fd)
@@ -106,6 +115,13 @@ def declared_payload_bytes(path: Path, *, dir_fd: int | None = None) -> int:
     magic, _, _, _, payload_bytes, _ = FIXED_HEADER.unpack(fixed)
     if magic != MAGIC:
         raise BadBlock(BadReason.CORRUPTED, path, f"bad magic {magic!r}")
+    if payload_bytes > MAX_PAYLOAD_BYTES:
+        raise BadBlock(
+            BadReason.CORRUPTED,
+            path,
+            f"the header claims {payload_bytes} bytes of payload, over the "
+            f"{MAX_PAYLOAD_BYTES} of the largest block vllm-uma writes",
+        )
     expected = HEADER_BYTES + payload_bytes
     if st.st_size != expected:
         reason = BadReason.TRUNCATED if st.st_size < expected else BadReason.CORRUPTED
