@@ -77,6 +77,25 @@ class Layout:
             os.close(self._root_fd)
             self._root_fd = None
 
+    def untrusted(self) -> str | None:
+        """The trust rule (trust.py) that root_dir or .noindex breaks, judged
+        on the handles this layout holds and walks from (fstat: nothing can
+        be swapped in between the check and the use); None if both are
+        sound. The API server checked the same paths minutes earlier, by
+        name; this is the engine core's own look."""
+        from vllm_uma.kv_offload.disk.trust import untrusted_reason  # trust imports us
+
+        self.open()
+        assert self._root_fd is not None
+        reason = untrusted_reason(self.root_dir, os.fstat(self._root_fd), "root_dir")
+        if reason is None:
+            fd = self.open_dir((NOINDEX,), create=True)
+            try:
+                reason = untrusted_reason(self.noindex, os.fstat(fd), "store directory")
+            finally:
+                os.close(fd)
+        return reason
+
     def ensure_store_dir(self) -> None:
         """Create ``.noindex`` (0700) if missing, without following a link."""
         self.open()

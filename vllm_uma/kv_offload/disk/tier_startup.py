@@ -28,6 +28,7 @@ from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, patiently, reco
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 from vllm_uma.kv_offload.disk.reports import TierReports
 from vllm_uma.kv_offload.disk.store_scan import scan_store
+from vllm_uma.kv_offload.disk.trust import StoreTrustError
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ def open_store(
     warnings: DiskWarnings,
 ) -> OpenStore:
     layout = Layout(config.root_dir)
+    untrusted = layout.untrusted()
+    if untrusted is not None:
+        layout.close()
+        raise StoreTrustError(untrusted)
     error = layout.prepare(namespace_id, namespace_info)
     if error is not None:
         warnings.namespace_file(error)

@@ -10,7 +10,10 @@ others may write, and a ``.noindex`` that is a symlink or not a directory.
 The message names the path, what is wrong and the command that fixes it.
 
 Runs in the API-server process, from the fs tier's config check (config.py),
-before any weights load. Inside the store nothing is trusted either: the
+before any weights load, by path; and again in the engine core when the
+tier opens the store (tier_startup.py), on the very handles it then walks
+from (layout.py's Layout.untrusted): minutes pass between the two, enough
+for the directory to be replaced. Inside the store nothing is trusted either: the
 I/O never follows a symlink and reads only regular files (layout.py,
 block_read.py).
 """
@@ -23,6 +26,11 @@ import stat
 from pathlib import Path
 
 from vllm_uma.kv_offload.disk.layout import NOINDEX
+
+
+class StoreTrustError(RuntimeError):
+    """The store's root_dir or .noindex breaks a trust rule (the message
+    says which and the fix)."""
 
 
 def _user(uid: int) -> str:
