@@ -56,6 +56,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
 from vllm_uma.kv_offload import metrics
+from vllm_uma.kv_offload.attention_kernel import with_attention_kernels
 from vllm_uma.kv_offload.holds import AtFinish, Holds, Settled
 from vllm_uma.kv_offload.pool_size import spec_config
 from vllm_uma.kv_offload.spec import make_spec
@@ -241,6 +242,9 @@ class UmaOffloadingConnector(VllmOffloadingConnector):
                 "UmaOffloadingConnector was named, but the vllm-uma platform planned no "
                 "KV offloading: enable it with --kv-offloading-size N (GiB)."
             )
+        # The disk namespace also names the attention kernels that write the
+        # KV (attention_kernel.py): known only here, in the engine core.
+        offload = with_attention_kernels(offload, vllm_config, kv_cache_config)
         # Sized from the worker's settled pool, in a copy (pool_size.py).
         built = build_offloading_config(vllm_config, kv_cache_config)
         offloading_config = spec_config(built, offload)

@@ -8,6 +8,7 @@ from vllm_uma.plugin.vllm_contract.kinds import (
     InstanceAttribute,
     Method,
     ReplacedBody,
+    Text,
 )
 
 OFF = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
@@ -27,7 +28,25 @@ M = ("vllm_uma.kv_offload.metrics",)
 S = ("vllm_uma.kv_offload.spec",)
 T = ("vllm_uma.kv_offload.disk.tier",)
 
+KERNEL = ("vllm_uma.kv_offload.attention_kernel",)
+CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
+
 ENTRIES = (
+    # -- kv_offload/attention_kernel.py: the kernel choice, asked the same way
+    Method(
+        CPU_ATTN,
+        "_get_attn_isa",
+        KERNEL,
+        "the attention kernel of a KV cache group, part of the disk namespace",
+        ("dtype", "block_size", "head_size", "kv_cache_dtype"),
+    ),
+    Text(
+        f"{CPU_ATTN}:CPUAttentionMetadataBuilder",
+        "__init__",
+        KERNEL,
+        "vLLM's builder chooses it from these values, as attention_kernels does",
+        text="self.isa = _get_attn_isa(\n            self.dtype,\n            self.block_size,",
+    ),
     # -- connector.py: UmaOffloadingConnector skips OffloadingConnector.__init__
     ReplacedBody(
         CONNECTOR,
