@@ -106,8 +106,14 @@ def test_a_write_abandoned_by_a_dead_process_is_reclaimed_when_room_is_short(led
     db.commit()
     db.close()
     unlinks = Unlinks()
-    assert ledger.reserve(ref(1), 10, 200, 10, "w1", never, unlinks) == []  # no file: no victim
-    assert unlinks == [] and ledger.used_bytes() == 10
+    # Not a present block (the index never had it), but its name is
+    # unlinked: a writer killed between the rename and the commit left a
+    # complete file there, which would otherwise stay on disk uncounted.
+    assert ledger.reserve(ref(1), 10, 200, 10, "w1", never, unlinks) == []
+    assert unlinks == [ref(0)] and ledger.used_bytes() == 10
+    db = sqlite3.connect(ledger.path)
+    assert [k for (k,) in db.execute("SELECT key FROM blocks")] == [ref(1).key]
+    db.close()
 
 
 def test_abort_releases_and_commit_announces_to_others_only(ledger):

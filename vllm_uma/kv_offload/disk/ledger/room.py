@@ -96,23 +96,23 @@ def _candidates(db: sqlite3.Connection) -> Iterator[Victim]:
 
 
 def condemn(db: sqlite3.Connection, victims: list[Victim], writer: str) -> list[Victim]:
-    """Inside the transaction: present victims become DELETING (still
-    counted, their names taken, announced as removed), abandoned
-    deletions become ours; returns what ``Ledger._delete_files`` must
-    finish. An abandoned write had no file yet: its row just goes."""
+    """Inside the transaction: every victim becomes DELETING, ours (still
+    counted, its name taken); returns what ``Ledger._delete_files`` must
+    finish. A present one is announced as removed. An abandoned write may
+    have its file already: a writer killed between the rename and the commit
+    left a complete file the row no longer described, so its file is
+    unlinked like any victim's (a missing one is no error) and its bytes are
+    released after, never before."""
     doomed = []
     for victim in victims:
         ref = victim.ref
-        if victim.state is BlockState.WRITING:
-            db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ref.namespace, ref.key))
-            add_used(db, -victim.size)
-            continue
         db.execute(
             "UPDATE blocks SET state=?, writer=?, writer_pid=?, since=? WHERE ns=? AND key=?",
             (BlockState.DELETING, writer, os.getpid(), time.time(), ref.namespace, ref.key),
         )
         if victim.state is BlockState.PRESENT:
             log_change(db, ref, victim.size, added=False, writer=writer)
+        if victim.state is not BlockState.DELETING:  # a dead deleter's: counted already
             add_used(db, victim.size, "deleting")
         doomed.append(victim)
     return doomed
