@@ -36,8 +36,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_uma.kv_offload.config import resize_auto_pool
-from vllm_uma.kv_offload.pool_size import SETTLED_POOLS
+from vllm_uma.kv_offload.pool_size import SETTLED_POOLS, resize_auto_pool
 from vllm_uma.log import get_logger
 from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
 from vllm_uma.plugin import vllm_contract

@@ -1,8 +1,8 @@
 """Contract entries of the worker, the platform, the KV memory release and the command line.
 
 Entries of modules that import no vLLM module themselves (l1_pages, lazy_kv,
-engine_watch, namespace_inputs, kv_offload/config) are texts read from
-vLLM's files, so that checking them imports nothing.
+engine_watch, namespace_inputs, kv_offload/config and refusals) are texts
+read from vLLM's files, so that checking them imports nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ LAZY = ("vllm_uma.plugin.lazy_kv",)
 WATCH = ("vllm_uma.commands.engine_watch",)
 NAMESPACE = ("vllm_uma.kv_offload.disk.namespace_inputs",)
 OFFLOAD_CONFIG = ("vllm_uma.kv_offload.config",)
+OFFLOAD_REFUSALS = ("vllm_uma.kv_offload.refusals",)
 TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
 LIFELINE = ("vllm_uma.lifeline",)
 ENGINE_CORE_FILE = "vllm.v1.engine.core"
@@ -268,23 +269,23 @@ ENTRIES = (
         "ENGINE_DEAD: the exception vLLM logs when the engine died",
         text="class EngineDeadError(",
     ),
-    # -- kv_offload/config.py (imports vLLM lazily: texts)
+    # -- kv_offload/refusals.py and config.py (import vLLM lazily: texts)
     Text(
         "vllm.config.vllm",
         "",
-        OFFLOAD_CONFIG,
+        OFFLOAD_REFUSALS + OFFLOAD_CONFIG,
         "vLLM names the connector after our hook; we keep its name (CONNECTOR)",
         text='config_connector = "OffloadingConnector"',
     ),
     Text(
         MODEL_CONFIG_FILE,
         "",
-        OFFLOAD_CONFIG,
+        OFFLOAD_REFUSALS,
         "refuse_model reads it with a default: a rename would serve speech-to-text models",
         text="self._model_info = ",
     ),
     *(
-        Text(module, "", OFFLOAD_CONFIG, "KNOWN_EXTRA_KEYS passes it to vLLM", text=f'"{key}"')
+        Text(module, "", OFFLOAD_REFUSALS, "KNOWN_EXTRA_KEYS passes it to vLLM", text=f'"{key}"')
         for module, key in (
             ("vllm.config.vllm", "cpu_bytes_to_use"),
             ("vllm.v1.kv_offload.cpu.spec", "eviction_policy"),
