@@ -42,6 +42,18 @@ TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
 LIFELINE = ("vllm_uma.lifeline",)
 ENGINE_CORE_FILE = "vllm.v1.engine.core"
 
+# ModelConfig fields of vLLM 0.32.0 that can change the weights or the code
+# computing the KV: the contract checks each is a field, and the disk tier's
+# namespace reads them from here (disk/namespace_inputs.py), the one list.
+NAMESPACE_MODEL_FIELDS = (
+    "hf_config_path",
+    "code_revision",
+    "model_impl",
+    "config_format",
+    "quantization_config",
+    "model_class_overrides",
+)
+
 ENTRIES = (
     # -- memory_release/pool_rows.py: evicts pool rows the way the manager does
     InstanceAttribute(MANAGER, "_num_allocated_chunks", ROWS, "the allocation mark"),
@@ -306,13 +318,6 @@ ENTRIES = (
             f"disk tier's namespace, and two configurations could share KV",
             text=f"    {field}: ",
         )
-        for field in (
-            "hf_config_path",
-            "code_revision",
-            "model_impl",
-            "config_format",
-            "quantization_config",
-            "model_class_overrides",
-        )
+        for field in NAMESPACE_MODEL_FIELDS
     ),
 )
