@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tools.benchmark.kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
 from tools.benchmark.kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
-from tools.benchmark.kv_offload_runner import WORKLOADS, Runner, Settings
+from tools.benchmark.kv_offload_runner import Runner
+from tools.benchmark.kv_offload_workloads import WORKLOADS, Settings
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.floors import disk_tier_read_gbps, memcpy_gbps
 from tools.benchmark.lib.geometry import kv_row_bytes
