@@ -9,7 +9,7 @@ import pytest
 
 from tools.benchmark.lib.client import cached_by_source, chunks, read_stream
 from tools.benchmark.lib.prompts import document, prompt_ids, text
-from tools.benchmark.lib.report import Column, Table, write_json
+from tools.benchmark.lib.report import Column, Table, at_rank, write_json
 
 # vLLM's completions stream with include_usage: text chunks, then the usage
 # chunk (no choices), then [DONE]; a keep-alive comment and a blank line between.
@@ -73,6 +73,13 @@ def test_a_table_aligns_titles_and_cells_and_writes_none_as_a_dash():
     assert table.row(["off", None, None, None, ""]) == "off           -           -        -  "
     with pytest.raises(ValueError, match="a row of 2 values for 5 columns"):
         table.row(["pool", 0.1])
+
+
+def test_a_rank_is_a_measured_value_its_index_rounded_down():
+    values = [float(v) for v in range(1, 11)]  # 1..10: index 0.99 x 9 = 8.91 -> 8
+    assert at_rank(values, 0.99) == 9.0
+    assert at_rank(values, 0.5) == 5.0  # index 4.5 -> 4, not the median 5.5
+    assert at_rank([7.0], 0.99) == 7.0
 
 
 def test_json_out_is_indented_with_a_final_newline_and_paths_as_text(tmp_path):

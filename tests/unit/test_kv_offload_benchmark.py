@@ -10,14 +10,8 @@ import pytest
 
 from tools.benchmark.kv_offload_client import PassResult, Reply
 from tools.benchmark.kv_offload_report import compare, expectations, summarize, table
-from tools.benchmark.kv_offload_runner import (
-    Runner,
-    Settings,
-    Sizing,
-    build_traffic,
-    failure,
-    spill_prompts,
-)
+from tools.benchmark.kv_offload_runner import Runner, failure
+from tools.benchmark.kv_offload_workloads import Settings, Sizing, build_traffic, spill_prompts
 from tools.benchmark.lib.report import percentile
 
 BW = {"memcpy_gbps": 10.0, "disk_read_gbps": 1.0}

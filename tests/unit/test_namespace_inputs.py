@@ -10,6 +10,7 @@ import pytest
 
 from vllm_uma.kv_offload.disk import namespace_inputs as ni
 from vllm_uma.kv_offload.disk.namespace import namespace_for
+from vllm_uma.plugin.vllm_contract.entries_core import NAMESPACE_MODEL_FIELDS
 
 
 def config(**changes):
@@ -76,6 +77,12 @@ BASE = namespace_id(config())
 )
 def test_each_setting_changes_the_namespace(change):
     assert namespace_id(config(**change)) != BASE
+
+
+@pytest.mark.parametrize("field", NAMESPACE_MODEL_FIELDS)
+def test_each_model_field_the_contract_lists_changes_the_namespace(field):
+    # One tuple for the contract's check and the namespace: none listed and left out.
+    assert namespace_id(config(**{f"model_config.{field}": "another"})) != BASE
 
 
 def test_the_same_settings_give_the_same_namespace():

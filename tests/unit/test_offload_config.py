@@ -1,4 +1,5 @@
-"""Translation and refusal of the offloading flags (vllm_uma/kv_offload/config.py).
+"""Translation and refusal of the offloading flags (vllm_uma/kv_offload/config.py,
+refusals.py), and the host pool's automatic size (pool_size.py).
 
 The configs are small stand-ins with only the attributes the module reads;
 the end-to-end tests run the real flags through the real server.
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from vllm_uma.kv_offload import config as oc
+from vllm_uma.kv_offload import pool_size, refusals
 
 GiB = 1 << 30
 PER_TOKEN = 23_040  # SmolLM2-135M in bf16
@@ -144,7 +146,7 @@ def test_the_auto_size_counts_the_kv_cache_dtype(cache_dtype, per_token):
 
 
 def test_auto_size_is_clamped_to_a_quarter_of_the_kv_budget():
-    pool = oc.auto_pool_size(PER_TOKEN, 8192, kv_budget=400_000_000)
+    pool = pool_size.auto_pool_size(PER_TOKEN, 8192, kv_budget=400_000_000)
     assert pool.bytes == 100_000_000
     assert "clamped to 1/4 of the KV budget" in pool.reason
 
@@ -155,14 +157,14 @@ def test_the_worker_resizes_an_automatic_pool_from_what_is_left():
     cfg = vllm_config(ktc=connector("OffloadingConnector"))
     plan = oc.translate(cfg, 24 * GiB)
     assert plan.pool.bytes == 2 * 8192 * PER_TOKEN
-    pool = oc.resize_auto_pool(cfg, plan, left=1_000_000_000)
+    pool = pool_size.resize_auto_pool(cfg, plan, left=1_000_000_000)
     assert pool.bytes == 250_000_000 and pool.auto
     assert "1/4 of the budget left after weights and activations" in pool.reason
     # Room enough: two full-length requests, as before.
-    assert oc.resize_auto_pool(cfg, plan, left=20 * GiB).bytes == 2 * 8192 * PER_TOKEN
+    assert pool_size.resize_auto_pool(cfg, plan, left=20 * GiB).bytes == 2 * 8192 * PER_TOKEN
     # Nothing left: an empty pool, which the spec then refuses with its fix.
-    assert oc.resize_auto_pool(cfg, plan, left=-5).bytes == 0
-    assert oc.resize_auto_pool(cfg, None, left=20 * GiB) is None  # offloading off
+    assert pool_size.resize_auto_pool(cfg, plan, left=-5).bytes == 0
+    assert pool_size.resize_auto_pool(cfg, None, left=20 * GiB) is None  # offloading off
 
 
 @pytest.mark.parametrize(
@@ -173,7 +175,7 @@ def test_a_pool_size_the_user_gave_is_not_resized(kwargs):
     cfg = vllm_config(**kwargs)
     plan = oc.translate(cfg, 24 * GiB)
     assert not plan.pool.auto
-    assert oc.resize_auto_pool(cfg, plan, left=1_000_000) is None
+    assert pool_size.resize_auto_pool(cfg, plan, left=1_000_000) is None
 
 
 def test_explicit_cpu_bytes_in_the_json_is_kept():
@@ -224,7 +226,7 @@ def test_explicit_cpu_bytes_in_the_json_is_kept():
     ],
 )
 def test_refusals_name_the_setting_and_the_fix(kwargs, fragment):
-    with pytest.raises(oc.OffloadingConfigError) as err:
+    with pytest.raises(refusals.OffloadingConfigError) as err:
         oc.translate(vllm_config(**kwargs), 24 * GiB)
     assert fragment in str(err.value)
     assert "remove" in str(err.value).lower() or "use " in str(err.value)
@@ -253,7 +255,7 @@ def test_a_disk_tier_refuses_a_hash_that_is_not_collision_resistant(
         monkeypatch.setenv("PYTHONHASHSEED", seed)  # a known seed is no fix
     tiers = [{"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 1}]
     cfg = vllm_config(size=1, ktc=connector(None, secondary_tiers=tiers), hash_algo=algo)
-    with pytest.raises(oc.OffloadingConfigError) as err:
+    with pytest.raises(refusals.OffloadingConfigError) as err:
         oc.translate(cfg, 24 * GiB)
     assert f"--prefix-caching-hash-algo {algo} cannot name the disk tier" in str(err.value)
     assert "Use --prefix-caching-hash-algo sha256" in str(err.value)

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 from test_offload_config import PER_TOKEN, GiB, connector, vllm_config
 
-from vllm_uma.kv_offload import config as oc
-from vllm_uma.kv_offload.pool_size import SettledPools, spec_config
+from vllm_uma.kv_offload.pool_size import PoolSize, SettledPools, resize_auto_pool, spec_config
+from vllm_uma.kv_offload.refusals import OffloadingConfigError
 from vllm_uma.plugin import settings as st
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 
@@ -153,10 +153,10 @@ def test_a_marker_of_another_version_is_refused():
     [
         (dict(additional={"vllm_uma": {"wire_weight": False}}), UmaConfigError, "unknown key"),
         (dict(additional={"vllm_uma": True}), UmaConfigError, "must be a JSON object"),
-        (dict(size=0), oc.OffloadingConfigError, "--kv-offloading-size=0 is invalid"),
+        (dict(size=0), OffloadingConfigError, "--kv-offloading-size=0 is invalid"),
         (
             dict(ktc=connector("OffloadingConnector", uma_disk_tier={})),
-            oc.OffloadingConfigError,
+            OffloadingConfigError,
             "unknown key(s) ['uma_disk_tier']",  # our old private keys are no user keys
         ),
     ],
@@ -196,7 +196,7 @@ def test_the_workers_resize_edits_none_of_vllms_config_dicts():
     extra = cfg.kv_transfer_config.kv_connector_extra_config
     before = copy.deepcopy((extra, cfg.additional_config))
     settled = SettledPools()
-    pool = oc.resize_auto_pool(cfg, offload, left=1_000_000_000)
+    pool = resize_auto_pool(cfg, offload, left=1_000_000_000)
     settled.record("engine-0", pool)
     built = spec_config(offloading_config(extra), offload, settled)
     assert (extra, cfg.additional_config) == before
@@ -222,10 +222,10 @@ def test_a_size_the_user_gave_reaches_the_spec_as_vllm_wrote_it():
 
 def test_a_pool_is_settled_once():
     settled = SettledPools()
-    settled.record("e", oc.PoolSize(10, "x", True))
-    settled.record("e", oc.PoolSize(10, "x", True))  # the same result again is no conflict
+    settled.record("e", PoolSize(10, "x", True))
+    settled.record("e", PoolSize(10, "x", True))  # the same result again is no conflict
     with pytest.raises(ValueError, match="settled at 10 bytes and again at 11"):
-        settled.record("e", oc.PoolSize(11, "x", True))
+        settled.record("e", PoolSize(11, "x", True))
 
 
 @pytest.mark.parametrize("left, expected", [(1_000_000_000, 250_000_000), (20 * GiB, None)])

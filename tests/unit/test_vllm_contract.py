@@ -155,6 +155,7 @@ LIGHT = [
     "vllm_uma.memory_release.l1_pages",
     "vllm_uma.plugin.lazy_kv",
     "vllm_uma.kv_offload.disk.namespace_inputs",
+    "vllm_uma.kv_offload.refusals",
     "vllm_uma.lifeline",
 ]
 

@@ -1,14 +1,14 @@
-"""The worker's inputs to the budget (vllm_uma/plugin/worker.py), on small fakes."""
+"""The worker's inputs to the budget (vllm_uma/plugin/worker_memory.py), on small fakes."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from vllm_uma.plugin.worker import (
-    _rss,
+from vllm_uma.plugin.worker_memory import (
     min_request_kv_bytes,
     peak_rss,
     reset_peak_rss,
+    rss,
     workers_sharing_ram,
 )
 
@@ -65,10 +65,10 @@ def test_the_peak_rss_window_sees_memory_freed_before_it_is_read():
 
     if not reset_peak_rss():
         pytest.skip("this kernel offers no peak-RSS reset (/proc/self/clear_refs)")
-    start = _rss()
+    start = rss()
     scratch = np.ones(256 * MiB, dtype=np.uint8)  # touched: resident
     del scratch  # a large block goes back to the system at once
-    assert _rss() < start + 128 * MiB
+    assert rss() < start + 128 * MiB
     assert peak_rss() >= start + 240 * MiB  # the window saw it
     reset_peak_rss()
     assert peak_rss() < start + 128 * MiB  # a new window starts from now

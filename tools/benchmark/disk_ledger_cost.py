@@ -40,7 +40,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from tools.benchmark.lib.geometry import BLOCK_TOKENS, kv_bytes_per_token
-from tools.benchmark.lib.report import Column, Table, write_json
+from tools.benchmark.lib.report import Column, Table, at_rank, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = BLOCK_TOKENS * kv_bytes_per_token()  # one KV block of the default model in bf16
@@ -66,14 +66,35 @@ def _timed(owner, name: str, into: list[float], cpu: list[float] | None = None) 
 
 
 def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessing.Queue) -> None:
-    from vllm.v1.kv_offload.base import LookupResult, ReqContext
-    from vllm.v1.kv_offload.tiering.base import TransferJob
+    """One server's process: stores ``jobs`` jobs through a real DiskTier on
+    ``root``, then times its lookups; its figures go to ``out``."""
+    from vllm.v1.kv_offload.base import ReqContext
 
+    times = _time_the_tiers_calls()
+    tier = _open_tier(Path(root), index, cap_bytes)
+    ctx = ReqContext(req_id=f"bench-{index}")
+    keys, elapsed = _store_jobs(tier, ctx, index, jobs)
+    lookup_ns, hits = _time_lookups(tier, ctx, keys)
+    used = tier.used_bytes
+    tier.shutdown()
+    out.put(
+        dict(
+            stores=len(times["write_s"]),
+            **times,
+            lookup_ns=lookup_ns,
+            hits=hits,
+            used=used,
+            elapsed=elapsed,
+        )
+    )
+
+
+def _time_the_tiers_calls() -> dict[str, list[float]]:
+    """The ledger's calls, the block writes and the feed's flushes, timed
+    where the tier makes them from now on in this process: name -> times."""
     from vllm_uma.kv_offload.disk import io_tasks
-    from vllm_uma.kv_offload.disk.config import DiskTierConfig
     from vllm_uma.kv_offload.disk.ledger import feed as ledger_feed
     from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
-    from vllm_uma.kv_offload.disk.tier import DiskTier
 
     reserve_s: list[float] = []
     commit_s: list[float] = []
@@ -85,12 +106,27 @@ def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessin
     _timed(Ledger, "commit", commit_s, ledger_cpu_s)
     _timed(io_tasks, "write_block", write_s, write_cpu_s)
     _timed(ledger_feed.LedgerFeed, "flush", flush_s)
+    return dict(
+        reserve_s=reserve_s,
+        commit_s=commit_s,
+        write_s=write_s,
+        ledger_cpu_s=ledger_cpu_s,
+        write_cpu_s=write_cpu_s,
+        flush_s=flush_s,
+    )
+
+
+def _open_tier(root: Path, index: int, cap_bytes: int):
+    """The real DiskTier on ``root`` over a pool of ROWS rows, each byte of
+    them ``index + 1``."""
+    from vllm_uma.kv_offload.disk.config import DiskTierConfig
+    from vllm_uma.kv_offload.disk.tier import DiskTier
 
     buffer = mmap.mmap(-1, ROWS * ROW)
     np.frombuffer(buffer, dtype=np.uint8)[:] = index + 1
-    config = DiskTierConfig(Path(root), cap_bytes, False, "benchmark")
+    config = DiskTierConfig(root, cap_bytes, False, "benchmark")
     ns = bytes.fromhex("be" * 16)
-    tier = DiskTier(
+    return DiskTier(
         SimpleNamespace(),
         memoryview(buffer).cast("B", (ROWS, ROW)),
         "fs",
@@ -98,7 +134,13 @@ def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessin
         namespace_id=ns,
         namespace_info={"model": "benchmark"},
     )
-    ctx = ReqContext(req_id=f"bench-{index}")
+
+
+def _store_jobs(tier, ctx, index: int, jobs: int) -> tuple[list[bytes], float]:
+    """``jobs`` store jobs of JOB_BLOCKS blocks each, one at a time to its
+    end; their keys and the seconds they took."""
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
     keys = []
     start = time.perf_counter()
     for job_id in range(1, jobs + 1):
@@ -111,30 +153,19 @@ def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessin
         keys += job_keys
         tier.drain_jobs()
         list(tier.get_finished_jobs())
-    elapsed = time.perf_counter() - start
+    return keys, time.perf_counter() - start
+
+
+def _time_lookups(tier, ctx, keys: list[bytes], rounds: int = 20) -> tuple[float, int]:
+    """A lookup's mean ns over ``rounds`` passes of ``keys``, and the hits of one pass."""
+    from vllm.v1.kv_offload.base import LookupResult
+
     lookups = 0
     t0 = time.perf_counter_ns()
-    for _ in range(20):
+    for _ in range(rounds):
         for key in keys:
             lookups += tier.lookup(key, ctx) is LookupResult.HIT
-    lookup_ns = (time.perf_counter_ns() - t0) / (20 * len(keys))
-    used = tier.used_bytes
-    tier.shutdown()
-    out.put(
-        dict(
-            stores=len(write_s),
-            reserve_s=reserve_s,
-            commit_s=commit_s,
-            write_s=write_s,
-            ledger_cpu_s=ledger_cpu_s,
-            write_cpu_s=write_cpu_s,
-            flush_s=flush_s,
-            lookup_ns=lookup_ns,
-            hits=lookups // 20,
-            used=used,
-            elapsed=elapsed,
-        )
-    )
+    return (time.perf_counter_ns() - t0) / (rounds * len(keys)), lookups // rounds
 
 
 def run(root: Path, servers: int, jobs: int) -> dict:
@@ -176,8 +207,8 @@ def run(root: Path, servers: int, jobs: int) -> dict:
         write_cpu_per_block_us=write_cpu * 1e6,
         ledger_cpu_over_write_cpu=ledger_cpu / write_cpu,
         ledger_per_store_p50_us=per_store * 1e6,
-        reserve_p99_us=_p99(reserve) * 1e6,
-        commit_p99_us=_p99(commit) * 1e6,
+        reserve_p99_us=at_rank(reserve, 0.99) * 1e6,
+        commit_p99_us=at_rank(commit, 0.99) * 1e6,
         write_per_block_p50_us=statistics.median(writes) * 1e6,
         ledger_over_write=per_store / statistics.median(writes),
         lookup_ns=statistics.mean(r["lookup_ns"] for r in results),
@@ -208,10 +239,6 @@ RUNS = Table(
         Column("cap held", 0, left=True),
     ]
 )
-
-
-def _p99(values: list[float]) -> float:
-    return values[int(0.99 * (len(values) - 1))]
 
 
 def main() -> None:

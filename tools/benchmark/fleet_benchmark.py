@@ -27,7 +27,8 @@ router's own view: requests for which its KV index held part of the prompt
 (``vllm_router_kv_placement_lookups_total``, kv_aware only). Without a disk
 tier a turn that lands away from its conversation's server must be
 recomputed: that is where routing by KV shows. One run, same traffic:
-compare the policies' ratios, not absolute times.
+compare the policies' ratios, not absolute times. fleet_report.py computes
+the figures and lays them out.
 """
 
 from __future__ import annotations
@@ -36,22 +37,24 @@ import argparse
 import os
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import psutil
 import requests
 
+from tools.benchmark.fleet_report import chart, figures, print_table
 from tools.benchmark.lib import client
 from tools.benchmark.lib.prompts import MODEL, document
-from tools.benchmark.lib.report import Column, Table, write_json
+from tools.benchmark.lib.report import write_json
 from tools.harness.server import free_port, metric
-from vllm_uma.fleet.plan import FleetRequest, plan_fleet
+from vllm_uma.fleet.plan import FleetPlan, FleetRequest, plan_fleet
 from vllm_uma.fleet.supervisor import Fleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +86,11 @@ def stream_ttft(router: str, prompt: str, max_tokens: int = 8) -> tuple[float, s
     return ttft, reply.text, usage
 
 
+# What server_totals reads of each server: prompt tokens by the tier that
+# supplied them, all prompt tokens, requests served.
+TOTALS = (*client.HIT_SOURCES, "prompt", "requests")
+
+
 def server_totals(url: str) -> dict[str, float]:
     body = client.metrics(url, timeout=10)
     return {
@@ -106,74 +114,76 @@ def router_lookups(router_metrics: str) -> dict[str, float]:
     return {r: metric(body, name, f'result="{r}"') for r in ("hit", "miss")}
 
 
+@dataclass
+class Turns:
+    """What the turns of one run gathered, as they ran."""
+
+    ttfts: dict[int, list[float]]  # by turn
+    later: list[dict]  # usage of each later turn
+    # Server 2's counters before its restart (they restart from 0).
+    carried: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0.0))
+
+
 def run_policy(policy: str, args, work: Path, disk: bool) -> dict:
-    store = work / f"kv-{policy}" if disk else None
-    ask = FleetRequest(
-        servers=2, model=str(args.model), serve_flags=SERVE_FLAGS, host="127.0.0.1",
-        port=free_port(), policy=policy, kv_store=store, metrics_port=free_port(),
-    )  # fmt: skip
-    plan = plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)
+    ask, plan = _plan(policy, args, work, disk)
     logs = work / f"logs-{policy}-{'disk' if disk else 'nodisk'}"
     logs.mkdir()
     fleet = Fleet(plan, [str(Path(sys.executable).parent / "vllm-uma")], logs)
     fleet.start()
     watcher = threading.Thread(target=fleet.watch, daemon=True)  # restarts the killed one
     watcher.start()
-    servers = [m.url for m in plan.members]
-    ttfts: dict[int, list[float]] = {t: [] for t in range(args.turns)}
-    later: list[dict] = []  # usage of each later turn
-    totals: list[dict[str, float]] = []
-    carried = {key: 0.0 for key in ("device", "host", "disk", "prompt", "requests")}
     try:
-        conversations = {c: document(1000 + c, 1000) for c in range(args.conversations)}
-        for turn in range(args.turns):
-            if turn == 2 and not args.no_restart:
-                carried = server_totals(servers[1])  # its counters restart from 0
-                kill_server(servers[1])
-                _wait_back(fleet, servers[1])
-
-            def one(c: int, turn: int = turn) -> None:
-                conversations[c] += (
-                    f"\nUser: question {turn} about document {1000 + c}?\nAssistant:"
-                )
-                ttft, reply, usage = stream_ttft(plan.router_url, conversations[c])
-                ttfts[turn].append(ttft)
-                if turn > 0:
-                    later.append(usage)
-                conversations[c] += reply
-                # Other traffic: one or two unrelated prompts, varying so that
-                # round_robin's rotation does not line turns up with servers.
-                for k in range(1 + (c + turn) % 2):
-                    stream_ttft(plan.router_url, document(5000 + 100 * turn + 10 * c + k, 1000), 2)
-
-            with ThreadPoolExecutor(max_workers=args.conversations) as pool:
-                list(pool.map(one, range(args.conversations)))
+        turns = converse(fleet, plan, args)
         time.sleep(2)  # the last steps' metrics
         lookups = router_lookups(f"http://127.0.0.1:{ask.metrics_port}")
-        totals = [server_totals(url) for url in servers]
-        totals[1] = {key: value + carried[key] for key, value in totals[1].items()}
+        totals = [server_totals(m.url) for m in plan.members]
+        totals[1] = {key: value + turns.carried[key] for key, value in totals[1].items()}
     finally:
         fleet.request_stop()
         fleet.stop()
-    hits = {tier: sum(t[tier] for t in totals) for tier in ("device", "host", "disk")}
-    all_ttft = sorted(x for v in ttfts.values() for x in v)
-    later_ttft = sorted(x for t, v in ttfts.items() if t > 0 for x in v)
-    found = [u["cached_tokens"] / u["prompt_tokens"] for u in later if u]
-    return {
-        "ttft_p50_s": statistics.median(all_ttft),
-        "ttft_p99_s": all_ttft[int(0.99 * (len(all_ttft) - 1))],
-        "ttft_p50_later_turns_s": statistics.median(later_ttft) if later_ttft else None,
-        # Share of each later turn's prompt its server found cached, in any
-        # tier: without a disk tier only the conversation's server has it.
-        "later_turns_cached_share": round(statistics.mean(found), 3) if found else None,
-        "later_turns_mostly_cached": sum(f >= 0.5 for f in found),
-        "later_turns": len(found),
-        "ttft_p50_by_turn_s": [statistics.median(ttfts[t]) for t in range(args.turns)],
-        "hit_tokens": hits,
-        "recomputed_tokens": sum(t["prompt"] for t in totals) - sum(hits.values()),
-        "requests_per_server": [t["requests"] for t in totals],
-        "router_kv_lookups": lookups,
-    }
+    return figures(turns.ttfts, turns.later, totals, lookups, args.turns)
+
+
+def _plan(policy: str, args, work: Path, disk: bool) -> tuple[FleetRequest, FleetPlan]:
+    """A fleet of two servers behind ``policy``: vllm-uma fleet's own plan."""
+    store = work / f"kv-{policy}" if disk else None
+    ask = FleetRequest(
+        servers=2, model=str(args.model), serve_flags=SERVE_FLAGS, host="127.0.0.1",
+        port=free_port(), policy=policy, kv_store=store, metrics_port=free_port(),
+    )  # fmt: skip
+    return ask, plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)
+
+
+def converse(fleet: Fleet, plan: FleetPlan, args) -> Turns:
+    """--turns turns of every conversation at once, server 2 restarted
+    before the third unless --no-restart."""
+    servers = [m.url for m in plan.members]
+    turns = Turns({t: [] for t in range(args.turns)}, [])
+    conversations = {c: document(1000 + c, 1000) for c in range(args.conversations)}
+    for turn in range(args.turns):
+        if turn == 2 and not args.no_restart:
+            turns.carried = server_totals(servers[1])  # its counters restart from 0
+            kill_server(servers[1])
+            _wait_back(fleet, servers[1])
+        one = partial(_one_turn, plan.router_url, conversations, turns, turn=turn)
+        with ThreadPoolExecutor(max_workers=args.conversations) as pool:
+            list(pool.map(one, range(args.conversations)))
+    return turns
+
+
+def _one_turn(router: str, conversations: dict, turns: Turns, c: int, turn: int) -> None:
+    """Conversation ``c``'s turn: its question, the reply appended, then
+    other traffic."""
+    conversations[c] += f"\nUser: question {turn} about document {1000 + c}?\nAssistant:"
+    ttft, reply, usage = stream_ttft(router, conversations[c])
+    turns.ttfts[turn].append(ttft)
+    if turn > 0:
+        turns.later.append(usage)
+    conversations[c] += reply
+    # Other traffic: one or two unrelated prompts, varying so that
+    # round_robin's rotation does not line turns up with servers.
+    for k in range(1 + (c + turn) % 2):
+        stream_ttft(router, document(5000 + 100 * turn + 10 * c + k, 1000), 2)
 
 
 def _wait_back(fleet: Fleet, url: str, timeout: float = 300) -> None:
@@ -188,84 +198,6 @@ def _wait_back(fleet: Fleet, url: str, timeout: float = 300) -> None:
             pass
         time.sleep(1)
     raise RuntimeError(f"{url} did not come back")
-
-
-def chart(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = [(p, r) for p, r in result.get("policies", {}).items()]
-    runs += [(f"{p}\nno disk", r) for p, r in result.get("policies_without_disk", {}).items()]
-    labels = [label for label, _ in runs]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
-    bottom = [0.0] * len(runs)
-    for tier in ("device", "host", "disk"):
-        values = [r["hit_tokens"][tier] for _, r in runs]
-        left.bar(labels, values, bottom=bottom, label=f"from {tier}")
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    left.bar(labels, [r["recomputed_tokens"] for _, r in runs], bottom=bottom,
-             label="recomputed", color="lightgrey")  # fmt: skip
-    left.set_ylabel("prompt tokens")
-    left.tick_params(axis="x", labelsize=8)
-    left.legend()
-    width = 0.38
-    xs = range(len(runs))
-    right.bar([x - width / 2 for x in xs], [r["ttft_p50_s"] for _, r in runs], width,
-              label="all turns")  # fmt: skip
-    right.bar([x + width / 2 for x in xs], [r["ttft_p50_later_turns_s"] for _, r in runs],
-              width, label="later turns")  # fmt: skip
-    right.set_xticks(list(xs), labels, fontsize=8)
-    right.set_ylabel("TTFT p50 (s)")
-    right.legend()
-    fig.suptitle(result["traffic"])
-    fig.tight_layout()
-    fig.savefig(path)
-
-
-POLICY_TABLE = Table(
-    [
-        Column("policy", 12, left=True),
-        Column("TTFT p50", 9, "{:.3f}s"),
-        Column("p99", 7, "{:.3f}s"),
-        Column("later p50", 9, "{:.3f}s"),
-        Column("device", 7, "{:.0f}"),
-        Column("host", 6, "{:.0f}"),
-        Column("disk", 6, "{:.0f}"),
-        Column("recomp", 7, "{:.0f}"),
-        # later turns mostly cached / later turns, and the mean share cached
-        Column("later cached", 12, "{0[0]:>5}/{0[1]:<2} {0[2]:>4.0%}"),
-        Column("router hit/miss", 15, "{0[0]:>7.0f}/{0[1]:<7.0f}"),
-        Column("requests/server", 0, left=True, gap=2),
-    ]
-)
-
-
-def print_table(key: str, policies: dict, settings: tuple) -> None:
-    disk = key == "policies" and True in settings
-    print(f"\n{'with the shared disk store' if disk else 'without a disk tier'}")
-    print(POLICY_TABLE.header())
-    for name, r in policies.items():
-        h, look = r["hit_tokens"], r["router_kv_lookups"]
-        cached = (r["later_turns_mostly_cached"], r["later_turns"], r["later_turns_cached_share"])
-        print(
-            POLICY_TABLE.row(
-                [
-                    name,
-                    r["ttft_p50_s"],
-                    r["ttft_p99_s"],
-                    r["ttft_p50_later_turns_s"],
-                    h["device"],
-                    h["host"],
-                    h["disk"],
-                    r["recomputed_tokens"],
-                    cached,
-                    (look["hit"], look["miss"]),
-                    str(r["requests_per_server"]),
-                ]
-            )
-        )
 
 
 def main() -> None:

@@ -26,16 +26,16 @@ from pathlib import Path
 
 from tools.benchmark.kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
 from tools.benchmark.kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
-from tools.benchmark.kv_offload_runner import WORKLOADS, Runner, Settings
+from tools.benchmark.kv_offload_runner import Runner
+from tools.benchmark.kv_offload_workloads import WORKLOADS, Settings
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.floors import disk_tier_read_gbps, memcpy_gbps
 from tools.benchmark.lib.geometry import kv_row_bytes
 from tools.benchmark.lib.log import progress
-from tools.benchmark.lib.report import write_json
+from tools.benchmark.lib.report import GiB, write_json
 from vllm_uma import models
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
 
-GiB = 1 << 30
 PROBE_SETTLE_S = 5.0
 
 
@@ -45,6 +45,32 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=_Formatter)
+    _add_run_flags(ap)
+    _add_traffic_flags(ap)
+    _add_memory_and_disk_flags(ap)
+    args = ap.parse_args(argv)
+    for key, known in (("workloads", WORKLOADS), ("variants", VARIANTS)):
+        chosen = [x for x in getattr(args, key).split(",") if x]
+        bad = sorted(set(chosen) - set(known))
+        if bad or not chosen:
+            ap.error(f"--{key} {getattr(args, key)!r}: choose from {', '.join(known)}")
+        setattr(args, key, [x for x in known if x in chosen])
+    if not models.is_recipe(args.model):
+        ap.error(f"--model {args.model!r}: choose a recipe: {', '.join(models.RECIPES)}")
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1 (3 or more give a range)")
+    if args.prompt_tokens + args.max_tokens > args.max_model_len:
+        ap.error("--prompt-tokens + --max-tokens must fit in --max-model-len")
+    args.disk_dir = (args.disk_dir or args.out.parent).absolute()
+    if args.disk_cap_gib is None:
+        # The spill set fits the pool by construction; twice the pool leaves
+        # room for the controls' stores too.
+        args.disk_cap_gib = 2 * args.pool_gib
+    return args
+
+
+def _add_run_flags(ap: argparse.ArgumentParser) -> None:
+    """Where the results go, and what is run how often."""
     ap.add_argument(
         "--out",
         type=Path,
@@ -65,11 +91,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=3,
         help="rounds per workload; each runs every variant once, in a rotated order",
     )
+
+
+def _add_traffic_flags(ap: argparse.ArgumentParser) -> None:
+    """The requests of every workload."""
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     ap.add_argument("--prompt-tokens", type=int, default=4000, help="tokens per prompt")
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
     ap.add_argument("--requests", type=int, default=8, help="measured requests of the controls")
     ap.add_argument("--suffix-tokens", type=int, default=256, help="reuse_fits: distinct suffix")
+
+
+def _add_memory_and_disk_flags(ap: argparse.ArgumentParser) -> None:
+    """Each server's L1 and pool, the disk tier and its probe, extra flags."""
     ap.add_argument(
         "--l1-bytes",
         type=int,
@@ -91,25 +125,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep-disk", action="store_true", help="keep the disk tiers' directories")
     ap.add_argument("--probe-mib", type=int, default=1024, help="size of the bandwidth probes")
     ap.add_argument("--server-args", default="", help="extra `vllm-uma serve` flags, one string")
-    args = ap.parse_args(argv)
-    for key, known in (("workloads", WORKLOADS), ("variants", VARIANTS)):
-        chosen = [x for x in getattr(args, key).split(",") if x]
-        bad = sorted(set(chosen) - set(known))
-        if bad or not chosen:
-            ap.error(f"--{key} {getattr(args, key)!r}: choose from {', '.join(known)}")
-        setattr(args, key, [x for x in known if x in chosen])
-    if not models.is_recipe(args.model):
-        ap.error(f"--model {args.model!r}: choose a recipe: {', '.join(models.RECIPES)}")
-    if args.repeats < 1:
-        ap.error(f"--repeats {args.repeats}: at least 1 (3 or more give a range)")
-    if args.prompt_tokens + args.max_tokens > args.max_model_len:
-        ap.error("--prompt-tokens + --max-tokens must fit in --max-model-len")
-    args.disk_dir = (args.disk_dir or args.out.parent).absolute()
-    if args.disk_cap_gib is None:
-        # The spill set fits the pool by construction; twice the pool leaves
-        # room for the controls' stores too.
-        args.disk_cap_gib = 2 * args.pool_gib
-    return args
 
 
 def check_disk_space(args: argparse.Namespace) -> str | None:

@@ -1,148 +1,28 @@
 """The server side of the KV offloading benchmark: each variant's flags, the
 traffic of each workload sized from the server's own memory breakdown, and
 one fresh server (two for a disk-tier restart) per workload and variant.
+
+The workloads' settings, geometry and prompts are kv_offload_workloads.py's.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import shlex
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
 from tools.benchmark.kv_offload_client import diff, run_pass, scrape, stream_completion, wait_quiet
 from tools.benchmark.kv_offload_report import summarize
+from tools.benchmark.kv_offload_workloads import Settings, Sizing, Traffic, build_traffic
 from tools.benchmark.lib import servers
 from tools.benchmark.lib.floors import drop_page_cache
 from tools.benchmark.lib.log import progress
-from tools.benchmark.lib.prompts import text
 from tools.benchmark.lib.servers import disk_tier_args
 from vllm_uma.kv_offload.disk.store_scan import tree_bytes
 from vllm_uma.server_process import Server
-
-GiB = 1 << 30
-WORKLOADS = ("no_reuse", "reuse_fits", "spill_revisit", "restart")
-# Seeds per workload: no prompt of one workload shares a block with another's.
-SEEDS = {"no_reuse": 1000, "reuse_fits": 2000, "spill_revisit": 4000, "restart": 6000}
-
-
-@dataclass(frozen=True)
-class Settings:
-    concurrency: int
-    prompt_tokens: int
-    max_tokens: int
-    requests: int
-    suffix_tokens: int
-    l1_bytes: int
-    pool_gib: float
-    spill_factor: float
-    max_model_len: int
-    equal_memory: bool
-    disk_dir: Path
-    disk_cap_gib: float
-    keep_disk: bool
-    model: str  # a recipe's name (vllm_uma.models): served by that name
-    server_args: tuple[str, ...]
-
-    @classmethod
-    def from_args(cls, args) -> "Settings":
-        fields = {k: getattr(args, k) for k in cls.__dataclass_fields__ if k != "server_args"}
-        return cls(**fields, server_args=tuple(shlex.split(args.server_args)))
-
-    @property
-    def pool_bytes(self) -> int:
-        return int(self.pool_gib * GiB)
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """Block geometry read from the first server's `memory breakdown:` line.
-
-    A model with several KV cache groups (sliding-window and full layers)
-    stores one block per group for each block_size tokens of a prompt in
-    the pool (vLLM's connector stores every group's blocks), so a prompt's
-    blocks and bytes count every group. L1 holds more of such prompts than
-    that suggests: a sliding group frees its blocks past the window while
-    the request runs, and they are evicted first. How many tokens L1 holds
-    is the server's own figure (max_tokens_cached: vLLM's group-aware
-    capacity; num_blocks x block_size for one group), and a spill set twice
-    that size was measured to leave L1 (gemma-3-270m: 12 prompts of 4,000
-    tokens sized from the pool rows were all L1 hits).
-    """
-
-    block_size: int
-    per_block_bytes: int
-    l1_blocks: int
-    pool_blocks: int
-    kv_groups: int = 1
-    l1_capacity_tokens: int = 0  # max_tokens_cached; 0: l1_blocks x block_size
-
-    @property
-    def kv_per_token(self) -> float:
-        return self.per_block_bytes * self.kv_groups / self.block_size
-
-    @property
-    def l1_tokens(self) -> int:
-        return self.l1_capacity_tokens or self.l1_blocks * self.block_size
-
-    def blocks(self, tokens: int) -> int:
-        return self.kv_groups * math.ceil(tokens / self.block_size)
-
-
-@dataclass(frozen=True)
-class Traffic:
-    warmup: tuple[str, ...]  # served first on the same server (or the writer), not measured
-    measured: tuple[str, ...]
-
-
-def build_traffic(name: str, s: Settings, z: Sizing) -> Traffic:
-    seed, n, t = SEEDS[name], s.requests, s.prompt_tokens
-    if name == "no_reuse":
-        return Traffic((), tuple(text(seed + i, t) for i in range(n)))
-    if name == "reuse_fits":
-        k = reuse_prefixes(s, z)
-        prefixes = [text(seed + i, t - s.suffix_tokens) for i in range(k)]
-        warm = tuple(f"{p} {text(seed + 100 + i, s.suffix_tokens)}" for i, p in enumerate(prefixes))
-        measured = tuple(
-            f"{prefixes[j % k]} {text(seed + 200 + j, s.suffix_tokens)}" for j in range(n)
-        )
-        return Traffic(warm, measured)
-    prompts = tuple(text(seed + i, t) for i in range(spill_prompts(s, z)))
-    return Traffic(prompts, prompts)
-
-
-def reuse_prefixes(s: Settings, z: Sizing) -> int:
-    """Two prefixes if L1 holds them beside `concurrency` suffixes, else one."""
-    in_flight = s.concurrency * (z.blocks(s.suffix_tokens + s.max_tokens) + 1)
-    for k in (2, 1):
-        if k * z.blocks(s.prompt_tokens) + in_flight <= z.l1_blocks:
-            return k
-    raise RuntimeError(
-        f"reuse_fits: L1 of {z.l1_blocks} blocks cannot hold one {s.prompt_tokens}-token "
-        f"prefix beside {s.concurrency} requests in flight: raise --l1-bytes or lower "
-        f"--prompt-tokens"
-    )
-
-
-def spill_prompts(s: Settings, z: Sizing) -> int:
-    """Enough distinct prompts that each has left L1 before it comes back
-    (served in the same order twice, LRU evicts every one), few enough
-    that the pool holds all of them."""
-    per = z.blocks(s.prompt_tokens)
-    least = z.l1_tokens // s.prompt_tokens + 2
-    most = int(0.9 * z.pool_blocks) // per
-    wanted = max(math.ceil(s.spill_factor * z.l1_tokens / s.prompt_tokens), least)
-    if most < least:
-        raise RuntimeError(
-            f"spill: {least} prompts of {per} blocks overflow L1 ({z.l1_tokens} tokens) but "
-            f"the pool holds {z.pool_blocks} blocks: raise --pool-gib or lower --l1-bytes"
-        )
-    return min(wanted, most)
 
 
 class Runner:
@@ -301,7 +181,7 @@ class Runner:
 def failure(exc: BaseException) -> str:
     """The line that says why (a server's refusal names the flag), then the
     log tail."""
-    text_ = str(exc)
-    errors = [x.strip() for x in text_.splitlines() if re.search(r"error", x, re.I)]
-    head = errors[-1] if errors else (text_.splitlines() or [repr(exc)])[0]
-    return f"{head}\n{text_[-3000:]}"
+    message = str(exc)
+    errors = [x.strip() for x in message.splitlines() if re.search(r"error", x, re.I)]
+    head = errors[-1] if errors else (message.splitlines() or [repr(exc)])[0]
+    return f"{head}\n{message[-3000:]}"

@@ -39,6 +39,31 @@ TARGET = 0.8  # of memcpy, for both directions
 
 
 def main() -> int:
+    args = parse_args()
+    n = args.blocks
+    model_dir = models.prepare(args.model)
+    # One layer's share of a block, and the layers a block holds: all of
+    # them, or one KV cache group's (vLLM overlays the groups).
+    page = kv_bytes_per_token(model_dir) // model_layers(model_dir) * BLOCK_TOKENS
+    num_layers = kv_row_bytes(model_dir) // page
+    nbytes = n * num_layers * page
+    caches, pool = kv_cache_and_pool(num_layers, 4 * n, page)
+    gbps = measure(HostPoolMover(caches, pool), n, nbytes, args)
+    print(f"transfer: {n} blocks x {num_layers} layers x {page} B = {nbytes / 2**20:.1f} MiB")
+    print(f"{'copy':8} {'GB/s':>7} {'vs memcpy':>10}")
+    for name in ("memcpy", "store", "load"):
+        print(f"{name:8} {gbps[name]:7.2f} {gbps[name] / gbps['memcpy']:9.0%}")
+    target = all(gbps[k] >= TARGET * gbps["memcpy"] for k in ("store", "load"))
+    print(f"target (store and load >= {TARGET:.0%} of memcpy): {'HELD' if target else 'MISSED'}")
+    print(
+        json.dumps(
+            {"bytes": nbytes, "gbps": gbps, "cores": os.cpu_count(), "load": os.getloadavg()}
+        )
+    )
+    return 0
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--model",
@@ -48,14 +73,14 @@ def main() -> int:
     )
     ap.add_argument("--blocks", type=int, default=64, help="blocks per transfer")
     ap.add_argument("--repeats", type=int, default=10)
-    args = ap.parse_args()
-    n = args.blocks
-    model_dir = models.prepare(args.model)
-    # One layer's share of a block, and the layers a block holds: all of
-    # them, or one KV cache group's (vLLM overlays the groups).
-    page = kv_bytes_per_token(model_dir) // model_layers(model_dir) * BLOCK_TOKENS
-    num_layers = kv_row_bytes(model_dir) // page
-    num_blocks = 4 * n
+    return ap.parse_args()
+
+
+def kv_cache_and_pool(
+    num_layers: int, num_blocks: int, page: int
+) -> tuple[CanonicalKVCaches, HostPool]:
+    """A KV cache of ``num_layers`` layers of ``num_blocks`` pages, and a
+    host pool of as many rows, resident."""
     # One backing buffer, each layer a view of it, as vLLM allocates the KV
     # cache (the mover then copies all layers of a block at once).
     backing = torch.randint(-128, 127, (num_layers, num_blocks, page), dtype=torch.int8)
@@ -66,10 +91,14 @@ def main() -> int:
     )
     pool = HostPool(num_blocks, num_layers * page)
     pool.array.fill(1)  # resident, like a pool in steady state
-    mover = HostPoolMover(caches, pool)
+    return caches, pool
+
+
+def measure(mover: HostPoolMover, n: int, nbytes: int, args) -> dict[str, float]:
+    """GB/s of a store and a load of ``n`` blocks (``nbytes``), best of
+    --repeats, and of memcpy before and after them (the faster kept)."""
     blocks = list(range(0, 2 * n, 2))  # scattered, as L1 blocks are
     rows = list(range(n, 2 * n))
-    nbytes = n * num_layers * page
 
     def store():
         mover.submit_store(1, GPULoadStoreSpec(blocks, [n], [0]), CPULoadStoreSpec(rows))
@@ -86,20 +115,7 @@ def main() -> int:
     load_s = best_of(args.repeats, load)
     memcpy = max(memcpy_before, memcpy_gbps(nbytes, args.repeats))
     mover.shutdown()
-
-    gbps = {"memcpy": memcpy, "store": nbytes / store_s / 1e9, "load": nbytes / load_s / 1e9}
-    print(f"transfer: {n} blocks x {num_layers} layers x {page} B = {nbytes / 2**20:.1f} MiB")
-    print(f"{'copy':8} {'GB/s':>7} {'vs memcpy':>10}")
-    for name in ("memcpy", "store", "load"):
-        print(f"{name:8} {gbps[name]:7.2f} {gbps[name] / gbps['memcpy']:9.0%}")
-    target = all(gbps[k] >= TARGET * gbps["memcpy"] for k in ("store", "load"))
-    print(f"target (store and load >= {TARGET:.0%} of memcpy): {'HELD' if target else 'MISSED'}")
-    print(
-        json.dumps(
-            {"bytes": nbytes, "gbps": gbps, "cores": os.cpu_count(), "load": os.getloadavg()}
-        )
-    )
-    return 0
+    return {"memcpy": memcpy, "store": nbytes / store_s / 1e9, "load": nbytes / load_s / 1e9}
 
 
 if __name__ == "__main__":

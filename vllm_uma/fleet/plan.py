@@ -122,6 +122,19 @@ def _take(flags: list[str], name: str) -> str | None:
 
 
 def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPlan:
+    flags, utilization, additional = _shared_flags(ask)
+    shares = cores_for(ask.servers, allowed_cpus)
+    members = [
+        _member_plan(i, cores, ask, flags, utilization, additional, free_port)
+        for i, cores in enumerate(shares, start=1)
+    ]
+    router = _router_argv(ask, members)
+    return FleetPlan(tuple(members), tuple(router), f"http://{ask.host}:{ask.port}", ask.kv_store)
+
+
+def _shared_flags(ask: FleetRequest) -> tuple[list[str], float, dict]:
+    """The serve flags every server gets, the fleet's utilization and the
+    user's --additional-config (both split per server by _member_plan)."""
     flags = list(ask.serve_flags)
     for owned in OWNED_FLAGS:
         if given(flags, owned):
@@ -137,8 +150,15 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
         # there unless scale-out endpoints are on, and both prefix policies
         # then route by load alone ("missing_tokens" in the router's metrics).
         flags.append("--enable-scale-out")
+    return flags + _offloading_flags(ask, flags), utilization, additional
+
+
+def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
+    """A host pool and, with --kv-store, the shared disk store, unless the
+    user configured offloading; their KV events self-describing."""
+    added: list[str] = []
     if not given(flags, "--kv-offloading-size") and not given(flags, "--kv-transfer-config"):
-        flags += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]
+        added += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]
     if ask.kv_store is not None and given(flags, "--kv-transfer-config"):
         raise FleetPlanError(
             "--kv-transfer-config and the fleet's shared disk store (--kv-store) "
@@ -151,32 +171,41 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
         extra: dict = {"self_describing_kv_events": True}
         if ask.kv_store is not None:
             extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(ask.kv_store)}]
-        flags += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": extra})]
-    shares = cores_for(ask.servers, allowed_cpus)
-    members = []
-    for i, cores in enumerate(shares, start=1):
-        port, events_in, events_out = free_port(), free_port(), free_port()
-        uma = {**additional.get("vllm_uma", {}), "fleet_member": i, "fleet_size": ask.servers}
-        events = {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            # Not a wildcard: vLLM then connects, to the relay (relay.py).
-            "endpoint": f"tcp://127.0.0.1:{events_in}",
-            "topic": EVENTS_TOPIC,
-        }
-        argv = [
-            *flags,  # the model as the user named it (or none: the default)
-            "--gpu-memory-utilization",
-            f"{utilization / ask.servers:.4f}",
-            "--additional-config",
-            json.dumps({**additional, "vllm_uma": uma}),
-            "--kv-events-config",
-            json.dumps(events),
-        ]
-        env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_ranges(cores)}
-        members.append(MemberPlan(i, port, cores, events_in, events_out, tuple(argv), env))
-    router = _router_argv(ask, members)
-    return FleetPlan(tuple(members), tuple(router), f"http://{ask.host}:{ask.port}", ask.kv_store)
+        added += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": extra})]
+    return added
+
+
+def _member_plan(
+    index: int,
+    cores: tuple[int, ...],
+    ask: FleetRequest,
+    flags: list[str],
+    utilization: float,
+    additional: dict,
+    free_port,
+) -> MemberPlan:
+    """Server ``index``'s ports, its share of the memory and its cores, its
+    fleet identity and where it publishes its KV events."""
+    port, events_in, events_out = free_port(), free_port(), free_port()
+    uma = {**additional.get("vllm_uma", {}), "fleet_member": index, "fleet_size": ask.servers}
+    events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        # Not a wildcard: vLLM then connects, to the relay (relay.py).
+        "endpoint": f"tcp://127.0.0.1:{events_in}",
+        "topic": EVENTS_TOPIC,
+    }
+    argv = [
+        *flags,  # the model as the user named it (or none: the default)
+        "--gpu-memory-utilization",
+        f"{utilization / ask.servers:.4f}",
+        "--additional-config",
+        json.dumps({**additional, "vllm_uma": uma}),
+        "--kv-events-config",
+        json.dumps(events),
+    ]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_ranges(cores)}
+    return MemberPlan(index, port, cores, events_in, events_out, tuple(argv), env)
 
 
 def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:

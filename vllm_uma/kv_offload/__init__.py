@@ -8,5 +8,6 @@
 Scheduler side (engine core, decides what is where): connector.py and
 holds.py (no block lost when the pool is full), disk/index.py. Worker side
 (moves bytes): mover.py, disk/io_tasks.py. config.py turns vLLM's flags
-into the spec that spec.py builds both sides from; metrics.py counts.
+into the spec that spec.py builds both sides from, refusals.py refuses what
+offloading cannot serve, pool_size.py sizes the host pool; metrics.py counts.
 """

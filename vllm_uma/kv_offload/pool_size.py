@@ -1,29 +1,85 @@
-"""The host pool's size as the worker settled it: recorded once, read by the connector.
+"""The host pool's size: sized from the KV budget, settled by the worker, read by the connector.
 
-An automatic pool (no size given by the user) is sized twice: by the
-platform in the API server, provisionally, from the whole budget
-(kv_offload/config.py), and by the worker once the weights and activations
-are measured (``resize_auto_pool``). The worker's size is a result: it is
-recorded here under the engine id, and the connector builds the spec from
-it (:func:`spec_config`), handing vLLM's spec a copy of the extra config
-with that ``cpu_bytes_to_use``. vLLM's own ``kv_connector_extra_config``
-keeps the provisional size; nothing edits it after start-up.
+An automatic pool (no size given by the user) is sized twice, by
+:func:`auto_pool_size`: by the platform in the API server, provisionally,
+from the whole budget (kv_offload/config.py), and by the worker once the
+weights and activations are measured (:func:`resize_auto_pool`). The
+worker's size is a result: it is recorded here under the engine id, and the
+connector builds the spec from it (:func:`spec_config`), handing vLLM's
+spec a copy of the extra config with that ``cpu_bytes_to_use``. vLLM's own
+``kv_connector_extra_config`` keeps the provisional size; nothing edits it
+after start-up.
 
-Process: the worker's and the connector's. The worker runs
-``determine_available_memory`` before the engine core builds either side of
-the connector. With the in-process 'uni' executor, which offloading
-requires (kv_offload/config.py refuses the others), that is one process,
-and both sides see the settled size. Where the worker is elsewhere, nothing
-is recorded in this process and the spec is sized from the provisional
-size, as vLLM's dict would have sized it.
+Process: the API server's (the provisional size), the worker's and the
+connector's. The worker runs ``determine_available_memory`` before the
+engine core builds either side of the connector. With the in-process 'uni'
+executor, which offloading requires (kv_offload/refusals.py refuses the
+others), that is one process, and both sides see the settled size. Where
+the worker is elsewhere, nothing is recorded in this process and the spec
+is sized from the provisional size, as vLLM's dict would have sized it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from vllm_uma.kv_offload.config import OffloadPlan, PoolSize
+if TYPE_CHECKING:  # config.py imports this module: the plan's type only
+    from vllm_uma.kv_offload.config import OffloadPlan
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    bytes: int
+    reason: str  # for the log: where the size came from
+    # The size is ours to choose (the user gave none): the worker sizes it
+    # again once the weights and activations are measured (resize_auto_pool).
+    auto: bool = False
+
+
+def kv_bytes_per_token(model_config, parallel_config, cache_dtype: str = "auto") -> int:
+    """K and V of every layer for one token, in the KV cache's own dtype
+    (``--kv-cache-dtype``: an fp8 cache stores one byte per element, not the
+    model's two)."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
+    layers = model_config.get_num_layers(parallel_config)
+    heads = model_config.get_num_kv_heads(parallel_config)
+    head_size = model_config.get_head_size()
+    dtype_bytes = kv_cache_dtype_str_to_dtype(cache_dtype, model_config).itemsize
+    return 2 * layers * heads * head_size * dtype_bytes
+
+
+def auto_pool_size(
+    per_token: int, max_model_len: int, kv_budget: int, budget_name: str = "the KV budget"
+) -> PoolSize:
+    """Two full-length requests of KV, at most a quarter of ``kv_budget``."""
+    wanted = 2 * max_model_len * per_token
+    cap = max(0, kv_budget) // 4
+    if wanted <= cap:
+        return PoolSize(wanted, f"KV of 2 x max_model_len={max_model_len} tokens")
+    return PoolSize(
+        cap, f"2 x max_model_len={max_model_len} tokens of KV, clamped to 1/4 of {budget_name}"
+    )
+
+
+def resize_auto_pool(vllm_config, offload: OffloadPlan | None, left: int) -> PoolSize | None:
+    """The automatic pool size again, from ``left``: the budget left once the
+    weights and the activations' peak are measured (the worker, before the
+    engine core builds the connector). A result, not an edit of vLLM's
+    config: the worker records it (:data:`SETTLED_POOLS`) and the connector
+    sizes the spec from it. None when the size was given by the user, or
+    offloading is off."""
+    if offload is None or not offload.pool.auto:
+        return None
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    per_token = kv_bytes_per_token(model, vllm_config.parallel_config, cache.cache_dtype)
+    size = auto_pool_size(
+        per_token, model.max_model_len, left, "the budget left after weights and activations"
+    )
+    return PoolSize(size.bytes, size.reason, auto=True)
 
 
 class SettledPools:

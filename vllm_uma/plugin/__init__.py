@@ -3,9 +3,10 @@
 The platform (platform.py, named by the ``vllm.platform_plugins`` entry
 point) and the worker that wires the weights and allocates the KV cache
 lazily (worker.py, wiring.py, lazy_kv.py), the memory budget and its
-breakdown line (memory.py), the CPU kernel set-up (cpu_kernels.py), the
-``vllm_uma`` settings (config.py) and the one vLLM version they are written
-against (vllm_version.py).
+breakdown line (memory.py; the worker measures its figures in
+worker_memory.py), the CPU kernel set-up (cpu_kernels.py), the ``vllm_uma``
+settings (config.py) and the one vLLM version they are written against
+(vllm_version.py).
 
 Runs in the API server, the engine core and each worker; importing this
 package imports none of its modules, so vLLM's plugin discovery stays cheap.

@@ -6,7 +6,8 @@ Where they are parsed. In the API-server process, in the platform's
 ``"vllm_uma"`` object of ``--additional-config`` (plugin/config.py), vLLM's
 offloading flags and ``kv_connector_extra_config`` (kv_offload/config.py,
 which also resolves the disk tier and reads the namespace inputs), and
-raises every refusal there, so a bad flag fails start-up in one line.
+raises every refusal there (kv_offload/refusals.py and the others), so a
+bad flag fails start-up in one line.
 
 The plan. :class:`Settings`, a frozen dataclass of frozen parts: ``uma``
 (wiring, fleet membership and the KV memory release: today's UmaConfig, the
@@ -67,9 +68,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from vllm_uma.kv_offload.config import OffloadPlan, PoolSize, translate
+from vllm_uma.kv_offload.config import OffloadPlan, translate
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputs
+from vllm_uma.kv_offload.pool_size import PoolSize
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 
 PLAN_KEY = "vllm_uma_plan"

@@ -18,41 +18,42 @@ Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 - the weights are locked in RAM after loading (wiring.py);
 - the KV cache's page map is left for the KV memory release
   (memory_release/l1_pages.py);
-- one parseable ``memory breakdown:`` line once the KV cache exists;
+- one parseable ``memory breakdown:`` line once the KV cache exists
+  (worker_memory.py measures its figures);
 - AMX tile permission and crash stacks for vLLM's kernels (cpu_kernels.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from contextlib import AbstractContextManager
 
 import psutil
 import torch
 from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_visible_memory_node
-from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
-from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_uma.kv_offload.config import resize_auto_pool
-from vllm_uma.kv_offload.pool_size import SETTLED_POOLS
+from vllm_uma.kv_offload.pool_size import SETTLED_POOLS, resize_auto_pool
 from vllm_uma.log import get_logger
 from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.cpu_kernels import prepare_worker_process
 from vllm_uma.plugin.lazy_kv import LazyZerosMode
-from vllm_uma.plugin.memory import (
-    BudgetInputs,
-    MemoryBreakdown,
-    MemoryBudgetError,
-    fmt_gib,
-    kv_cache_bytes,
-)
+from vllm_uma.plugin.memory import BudgetInputs, MemoryBudgetError, fmt_gib, kv_cache_bytes
 from vllm_uma.plugin.platform import total_ram_bytes
 from vllm_uma.plugin.settings import read_settings
 from vllm_uma.plugin.wiring import WiringResult, read_maps, wire_new_memory
+from vllm_uma.plugin.worker_memory import (
+    kv_allocation_bytes,
+    memory_breakdown,
+    min_request_kv_bytes,
+    peak_rss,
+    reset_peak_rss,
+    rss,
+    workers_sharing_ram,
+)
 
 # vLLM internals used here, checked now: a changed one fails this import in
 # one line (plugin/vllm_contract/), not a request later.
@@ -66,52 +67,6 @@ def _memory_node() -> int:
     allowed_nodes = get_visible_memory_node()
     node = get_allowed_cpu_list()[0].numa_node
     return node if node in allowed_nodes else allowed_nodes[0]
-
-
-def _rss() -> int:
-    return psutil.Process(os.getpid()).memory_info().rss
-
-
-def reset_peak_rss(clear_refs: str = "/proc/self/clear_refs") -> bool:
-    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets
-    VmHWM to the current RSS). False where the kernel does not offer it."""
-    try:
-        with open(clear_refs, "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def peak_rss(status: str = "/proc/self/status") -> int | None:
-    """The process's peak RSS (VmHWM) in bytes, or None if /proc does not say."""
-    try:
-        with open(status) as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def workers_sharing_ram(parallel_config) -> int:
-    """Workers on this machine that each size a KV cache from the same RAM."""
-    engines = max(1, parallel_config.data_parallel_size_local or 1)
-    return max(1, parallel_config.local_world_size) * engines
-
-
-def kv_allocation_bytes(kv_cache_config: KVCacheConfig) -> int:
-    # All KVCacheTensors describe one shared backing allocation of ``size``.
-    return max((t.size for t in kv_cache_config.kv_cache_tensors), default=0)
-
-
-def min_request_kv_bytes(specs: dict[str, KVCacheSpec], vllm_config) -> int:
-    """KV bytes one request of max_model_len tokens needs, summed over the
-    layers as vLLM counts them (``max_memory_usage_bytes``): every token for
-    a full-attention layer, only the window (plus a step's tokens) for a
-    sliding-window layer."""
-    return sum(spec.max_memory_usage_bytes(vllm_config) for spec in specs.values())
 
 
 class UmaWorker(CPUWorker):
@@ -154,9 +109,9 @@ class UmaWorker(CPUWorker):
         # CPU repacks linear weights into C++-owned buffers after loading,
         # so counting parameters would miss most of them (wiring.py).
         maps_before = read_maps()
-        rss_before = _rss()
+        rss_before = rss()
         super().load_model(load_dummy_weights=load_dummy_weights)
-        self.weights_bytes = max(0, _rss() - rss_before)
+        self.weights_bytes = max(0, rss() - rss_before)
         # The activations are what the profile run reaches beyond this point
         # at its peak: torch frees its workspace after the run, so the RSS
         # left afterwards undercounts them (determine_available_memory).
@@ -224,7 +179,7 @@ class UmaWorker(CPUWorker):
     def _activation_high_water(self) -> int:
         """The RSS the profile run peaked at (VmHWM since the weights were
         loaded), or the RSS now where the kernel keeps no peak."""
-        now = _rss()
+        now = rss()
         peak = peak_rss() if getattr(self, "peak_window", False) else None
         return max(now, peak or 0)
 
@@ -242,18 +197,26 @@ class UmaWorker(CPUWorker):
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         self.lazy_kv = not kv_cache_config.needs_kv_cache_zeroing
-        rss_before = _rss()
+        rss_before = rss()
         super().initialize_from_config(kv_cache_config)
         kv_bytes = kv_allocation_bytes(kv_cache_config)
         logger.info(
             "KV cache allocated %s: %s reserved, %s resident after allocation.",
             "lazily" if self.lazy_kv else "zeroed (the layout needs zeroing)",
             fmt_gib(kv_bytes),
-            fmt_gib(max(0, _rss() - rss_before)),
+            fmt_gib(max(0, rss() - rss_before)),
         )
         config = self.uma_config
         fleet = (config.fleet_member, config.fleet_size) if config.fleet_size else None
-        logger.info("%s", self.breakdown(kv_cache_config).log_line(fleet))
+        breakdown = memory_breakdown(
+            self.vllm_config,
+            kv_cache_config,
+            self.budget,
+            self.weights_bytes,
+            self.wiring.wired_bytes,
+            total_ram_bytes(),
+        )
+        logger.info("%s", breakdown.log_line(fleet))
         L1_PAGES.set(self._l1_page_map(kv_cache_config))
 
     def _l1_page_map(self, kv_cache_config: KVCacheConfig) -> L1PageMap | None:
@@ -279,32 +242,6 @@ class UmaWorker(CPUWorker):
         # the KV cache is freed (memory_release/scheduler.py).
         L1_PAGES.close()
         super().shutdown()
-
-    def breakdown(self, kv_cache_config: KVCacheConfig) -> MemoryBreakdown:
-        budget = self.budget
-        kv_bytes = kv_allocation_bytes(kv_cache_config)
-        num_blocks = kv_cache_config.num_blocks
-        groups = kv_cache_config.kv_cache_groups
-        block_size = groups[0].kv_cache_spec.block_size if groups else 0
-        if len(groups) > 1:
-            # Several groups draw on the same blocks: vLLM's group-aware count.
-            max_tokens, _ = get_kv_cache_capacity(self.vllm_config, kv_cache_config)
-        else:
-            max_tokens = num_blocks * block_size
-        return MemoryBreakdown(
-            total=budget.total if budget else total_ram_bytes(),
-            budget=budget.budget if budget else 0,
-            weights=self.weights_bytes,
-            activations=budget.activations if budget else 0,
-            kv_cache=kv_bytes,
-            kv_offload_pool=budget.kv_offload_pool if budget else 0,
-            wired=self.wiring.wired_bytes,
-            per_block_bytes=kv_bytes // num_blocks if num_blocks else 0,
-            num_blocks=num_blocks,
-            max_tokens_cached=max_tokens,
-            block_size=block_size,
-            kv_groups=len(groups),
-        )
 
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
         base = super()._maybe_get_memory_pool_context(tag)

@@ -35,6 +35,13 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
+def at_rank(sorted_values: list[float], fraction: float) -> float:
+    """The value ``fraction`` of the way up ``sorted_values`` (ascending),
+    its index rounded down: a value that was measured, never interpolated
+    (the p99 of the fleet and ledger benchmarks)."""
+    return sorted_values[int(fraction * (len(sorted_values) - 1))]
+
+
 @dataclass(frozen=True)
 class Column:
     title: str

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin.vllm_contract.entries_core import NAMESPACE_MODEL_FIELDS
 
 # vLLM internals used here, checked now: a changed one fails this import in
 # one line (plugin/vllm_contract/), not a request later.
@@ -79,17 +80,10 @@ def namespace_inputs(vllm_config) -> dict[str, Any]:
         "load_format": str(load.load_format),
         "vllm": installed_vllm_version(),
     }
-    # Present in vLLM 0.32.0's ModelConfig; each can change the weights or
-    # the code that computes the KV. Read defensively: a dataclass field
-    # that is absent is simply not part of the namespace.
-    for name in (
-        "hf_config_path",
-        "code_revision",
-        "model_impl",
-        "config_format",
-        "quantization_config",
-        "model_class_overrides",
-    ):
+    # Each can change the weights or the code that computes the KV; the
+    # contract lists them and checks they are ModelConfig fields. Read
+    # defensively: a field that is absent is simply not part of the namespace.
+    for name in NAMESPACE_MODEL_FIELDS:
         inputs[name] = _plain(getattr(model, name, None))
     if model.trust_remote_code:
         inputs["remote_code_sha256"] = remote_code_digest(Path(model.model))

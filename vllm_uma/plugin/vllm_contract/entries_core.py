@@ -1,138 +1,45 @@
-"""Contract entries of the worker, the platform, the KV memory release and the command line.
+"""Contract entries of the worker, the platform, the command line and the offloading flags.
 
-Entries of modules that import no vLLM module themselves (l1_pages, lazy_kv,
-engine_watch, namespace_inputs, kv_offload/config) are texts read from
-vLLM's files, so that checking them imports nothing.
+Entries of modules that import no vLLM module themselves (lazy_kv,
+engine_watch, lifeline, namespace_inputs, kv_offload/config and refusals)
+are texts read from vLLM's files, so that checking them imports nothing.
+The KV memory release's entries are entries_release.py's.
 """
 
 from __future__ import annotations
 
-from vllm_uma.plugin.vllm_contract import scheduler_methods
 from vllm_uma.plugin.vllm_contract.kinds import (
-    Attribute,
     InstanceAttribute,
     Method,
-    PublicNames,
     ReplacedBody,
     Text,
 )
 
-MANAGER = "vllm.v1.kv_offload.cpu.manager:CPUOffloadingManager"
-POLICY = "vllm.v1.kv_offload.cpu.policies.base:CachePolicy"
-CHUNK = "vllm.v1.kv_offload.cpu.policies.base:ChunkStatus"
-EVENT = "vllm.v1.kv_offload.base:OffloadingEvent"
-SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
-TIERING = "vllm.v1.kv_offload.tiering.manager:TieringOffloadingManager"
-BLOCK_POOL = "vllm.v1.core.block_pool:BlockPool"
-FREE_QUEUE = "vllm.v1.core.kv_cache_utils:FreeKVCacheBlockQueue"
-BLOCK = "vllm.v1.core.kv_cache_utils:KVCacheBlock"
 CPU_WORKER = "vllm.v1.worker.cpu_worker:CPUWorker"
 MODEL_CONFIG_FILE = "vllm.config.model"
 
-ROWS = ("vllm_uma.memory_release.pool_rows",)
-RELEASE = ("vllm_uma.memory_release.scheduler",)
-BLOCKS = ("vllm_uma.memory_release.l1_blocks",)
 WORKER = ("vllm_uma.plugin.worker",)
 LAZY = ("vllm_uma.plugin.lazy_kv",)
 WATCH = ("vllm_uma.commands.engine_watch",)
 NAMESPACE = ("vllm_uma.kv_offload.disk.namespace_inputs",)
 OFFLOAD_CONFIG = ("vllm_uma.kv_offload.config",)
-TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
+OFFLOAD_REFUSALS = ("vllm_uma.kv_offload.refusals",)
 LIFELINE = ("vllm_uma.lifeline",)
 ENGINE_CORE_FILE = "vllm.v1.engine.core"
 
+# ModelConfig fields of vLLM 0.32.0 that can change the weights or the code
+# computing the KV: the contract checks each is a field, and the disk tier's
+# namespace reads them from here (disk/namespace_inputs.py), the one list.
+NAMESPACE_MODEL_FIELDS = (
+    "hf_config_path",
+    "code_revision",
+    "model_impl",
+    "config_format",
+    "quantization_config",
+    "model_class_overrides",
+)
+
 ENTRIES = (
-    # -- memory_release/pool_rows.py: evicts pool rows the way the manager does
-    InstanceAttribute(MANAGER, "_num_allocated_chunks", ROWS, "the allocation mark"),
-    InstanceAttribute(MANAGER, "_free_list", ROWS, "rows holding no block"),
-    InstanceAttribute(MANAGER, "_policy", ROWS, "the cache policy: idle rows, LRU order"),
-    InstanceAttribute(MANAGER, "_num_evictable_cache_chunks", ROWS, "kept right on eviction"),
-    InstanceAttribute(MANAGER, "events", ROWS, "where an eviction is announced"),
-    InstanceAttribute(MANAGER, "medium", ROWS, "the medium of that announcement"),
-    Method(MANAGER, "_free_chunk", ROWS, "returns an evicted row to the free list", ("chunk",)),
-    Text(
-        MANAGER,
-        "prepare_store",
-        ROWS,
-        "PoolRows.evict mirrors the manager's own eviction step",
-        text="self._num_evictable_cache_chunks -= len(evicted)",
-    ),
-    Text(
-        MANAGER,
-        "prepare_store",
-        ROWS,
-        "PoolRows.evict mirrors the manager's own eviction step",
-        text="self._free_chunk(chunk)",
-    ),
-    Method(POLICY, "evict", ROWS, "takes idle rows, LRU first", ("n", "protected")),
-    Method(POLICY, "get", ROWS, "does the pool hold a key", ("key",)),
-    InstanceAttribute(
-        "vllm.v1.kv_offload.cpu.policies.lru:LRUCachePolicy",
-        "chunks",
-        ROWS,
-        "read with a default (ARC has none): a rename would silently evict nothing",
-    ),
-    Attribute(CHUNK, "ref_cnt", ROWS, "0 means idle"),
-    Attribute(CHUNK, "chunk_id", ROWS, "the row number"),
-    Attribute(CHUNK, "is_ready", ROWS, "written and readable"),
-    Attribute(EVENT, "keys", ROWS + TIER_REPORTS, "built by keyword"),
-    Attribute(EVENT, "medium", ROWS + TIER_REPORTS, "built by keyword"),
-    Attribute(EVENT, "removed", ROWS + TIER_REPORTS, "built by keyword"),
-    Attribute(EVENT, "locality", TIER_REPORTS, "built by keyword"),
-    Attribute(EVENT, "ownership", TIER_REPORTS, "built by keyword"),
-    # -- memory_release/scheduler.py: the release lock over vLLM's Scheduler
-    PublicNames(
-        SCHEDULER,
-        "",
-        RELEASE,
-        "each public method is reviewed: locked or not (scheduler_methods.py)",
-        names=frozenset(scheduler_methods.LOCKED) | frozenset(scheduler_methods.UNLOCKED),
-    ),
-    PublicNames(
-        "vllm.v1.core.sched.async_scheduler:AsyncScheduler",
-        "",
-        RELEASE,
-        "each public method is reviewed: locked or not (scheduler_methods.py)",
-        names=frozenset(scheduler_methods.LOCKED) | frozenset(scheduler_methods.UNLOCKED),
-    ),
-    Method(SCHEDULER, "add_request", RELEASE, "overridden: notes activity", ("request",)),
-    Method(SCHEDULER, "shutdown", RELEASE, "overridden: stops the release thread first", ()),
-    Method(SCHEDULER, "has_requests", RELEASE, "idle means no request", ()),
-    InstanceAttribute(SCHEDULER, "connector", RELEASE, "the offloading connector, if any"),
-    InstanceAttribute(SCHEDULER, "kv_cache_manager", RELEASE, "its block_pool is L1"),
-    InstanceAttribute(
-        TIERING,
-        "primary_tier",
-        RELEASE,
-        "read with a default: a rename would give back rows of the wrong object",
-    ),
-    InstanceAttribute(
-        TIERING,
-        "secondary_tiers",
-        RELEASE,
-        "read with a default: a rename would forget the disk tier's holds",
-    ),
-    # -- memory_release/l1_blocks.py: takes free blocks out of vLLM's prefix cache
-    Method(
-        BLOCK_POOL, "evict_blocks", BLOCKS, "drops blocks from the prefix cache", ("block_ids",)
-    ),
-    InstanceAttribute(BLOCK_POOL, "blocks", BLOCKS, "every block by id"),
-    InstanceAttribute(BLOCK_POOL, "free_block_queue", BLOCKS, "free blocks, eviction order"),
-    Method(FREE_QUEUE, "get_all_free_blocks", BLOCKS, "free blocks, LRU first", ()),
-    Method(FREE_QUEUE, "remove", BLOCKS, "moves a given-back block", ("block",)),
-    Method(FREE_QUEUE, "prepend_n", BLOCKS, "to the front: reused first", ("blocks",)),
-    Attribute(BLOCK, "ref_cnt", BLOCKS, "in use when > 0"),
-    Attribute(BLOCK, "is_null", BLOCKS, "the null block is never given back"),
-    Attribute(BLOCK, "block_id", BLOCKS, "the block's id"),
-    Attribute(BLOCK, "block_hash", BLOCKS, "cached when set"),
-    # -- memory_release/l1_pages.py (imports no vLLM module: a text)
-    Text(
-        "vllm.v1.kv_cache_interface",
-        "",
-        ("vllm_uma.memory_release.l1_pages",),
-        "read with a default: a rename would map every layer of a uniform group wrongly",
-        text="    kv_cache_specs: dict[str, KVCacheSpec]",
-    ),
     # -- plugin/worker.py: UmaWorker skips CPUWorker.__init__
     ReplacedBody(
         CPU_WORKER,
@@ -268,23 +175,23 @@ ENTRIES = (
         "ENGINE_DEAD: the exception vLLM logs when the engine died",
         text="class EngineDeadError(",
     ),
-    # -- kv_offload/config.py (imports vLLM lazily: texts)
+    # -- kv_offload/refusals.py and config.py (import vLLM lazily: texts)
     Text(
         "vllm.config.vllm",
         "",
-        OFFLOAD_CONFIG,
+        OFFLOAD_REFUSALS + OFFLOAD_CONFIG,
         "vLLM names the connector after our hook; we keep its name (CONNECTOR)",
         text='config_connector = "OffloadingConnector"',
     ),
     Text(
         MODEL_CONFIG_FILE,
         "",
-        OFFLOAD_CONFIG,
+        OFFLOAD_REFUSALS,
         "refuse_model reads it with a default: a rename would serve speech-to-text models",
         text="self._model_info = ",
     ),
     *(
-        Text(module, "", OFFLOAD_CONFIG, "KNOWN_EXTRA_KEYS passes it to vLLM", text=f'"{key}"')
+        Text(module, "", OFFLOAD_REFUSALS, "KNOWN_EXTRA_KEYS passes it to vLLM", text=f'"{key}"')
         for module, key in (
             ("vllm.config.vllm", "cpu_bytes_to_use"),
             ("vllm.v1.kv_offload.cpu.spec", "eviction_policy"),
@@ -305,13 +212,6 @@ ENTRIES = (
             f"disk tier's namespace, and two configurations could share KV",
             text=f"    {field}: ",
         )
-        for field in (
-            "hf_config_path",
-            "code_revision",
-            "model_impl",
-            "config_format",
-            "quantization_config",
-            "model_class_overrides",
-        )
+        for field in NAMESPACE_MODEL_FIELDS
     ),
 )

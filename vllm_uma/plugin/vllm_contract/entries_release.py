@@ -1,0 +1,128 @@
+"""Contract entries of the KV memory release: pool rows, the release lock, L1 blocks and pages.
+
+memory_release/ evicts host-pool rows and L1 blocks the way vLLM's own
+managers do, and holds its lock over vLLM's Scheduler; each member it reads
+or calls is listed here. The l1_pages entry (a module that imports no vLLM
+module) is a text read from vLLM's file, so that checking it imports nothing.
+"""
+
+from __future__ import annotations
+
+from vllm_uma.plugin.vllm_contract import scheduler_methods
+from vllm_uma.plugin.vllm_contract.kinds import (
+    Attribute,
+    InstanceAttribute,
+    Method,
+    PublicNames,
+    Text,
+)
+
+MANAGER = "vllm.v1.kv_offload.cpu.manager:CPUOffloadingManager"
+POLICY = "vllm.v1.kv_offload.cpu.policies.base:CachePolicy"
+CHUNK = "vllm.v1.kv_offload.cpu.policies.base:ChunkStatus"
+EVENT = "vllm.v1.kv_offload.base:OffloadingEvent"
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+TIERING = "vllm.v1.kv_offload.tiering.manager:TieringOffloadingManager"
+BLOCK_POOL = "vllm.v1.core.block_pool:BlockPool"
+FREE_QUEUE = "vllm.v1.core.kv_cache_utils:FreeKVCacheBlockQueue"
+BLOCK = "vllm.v1.core.kv_cache_utils:KVCacheBlock"
+
+ROWS = ("vllm_uma.memory_release.pool_rows",)
+RELEASE = ("vllm_uma.memory_release.scheduler",)
+BLOCKS = ("vllm_uma.memory_release.l1_blocks",)
+# The disk tier announces its stores and evictions with the same event.
+TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
+
+ENTRIES = (
+    # -- memory_release/pool_rows.py: evicts pool rows the way the manager does
+    InstanceAttribute(MANAGER, "_num_allocated_chunks", ROWS, "the allocation mark"),
+    InstanceAttribute(MANAGER, "_free_list", ROWS, "rows holding no block"),
+    InstanceAttribute(MANAGER, "_policy", ROWS, "the cache policy: idle rows, LRU order"),
+    InstanceAttribute(MANAGER, "_num_evictable_cache_chunks", ROWS, "kept right on eviction"),
+    InstanceAttribute(MANAGER, "events", ROWS, "where an eviction is announced"),
+    InstanceAttribute(MANAGER, "medium", ROWS, "the medium of that announcement"),
+    Method(MANAGER, "_free_chunk", ROWS, "returns an evicted row to the free list", ("chunk",)),
+    Text(
+        MANAGER,
+        "prepare_store",
+        ROWS,
+        "PoolRows.evict mirrors the manager's own eviction step",
+        text="self._num_evictable_cache_chunks -= len(evicted)",
+    ),
+    Text(
+        MANAGER,
+        "prepare_store",
+        ROWS,
+        "PoolRows.evict mirrors the manager's own eviction step",
+        text="self._free_chunk(chunk)",
+    ),
+    Method(POLICY, "evict", ROWS, "takes idle rows, LRU first", ("n", "protected")),
+    Method(POLICY, "get", ROWS, "does the pool hold a key", ("key",)),
+    InstanceAttribute(
+        "vllm.v1.kv_offload.cpu.policies.lru:LRUCachePolicy",
+        "chunks",
+        ROWS,
+        "read with a default (ARC has none): a rename would silently evict nothing",
+    ),
+    Attribute(CHUNK, "ref_cnt", ROWS, "0 means idle"),
+    Attribute(CHUNK, "chunk_id", ROWS, "the row number"),
+    Attribute(CHUNK, "is_ready", ROWS, "written and readable"),
+    Attribute(EVENT, "keys", ROWS + TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "medium", ROWS + TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "removed", ROWS + TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "locality", TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "ownership", TIER_REPORTS, "built by keyword"),
+    # -- memory_release/scheduler.py: the release lock over vLLM's Scheduler
+    PublicNames(
+        SCHEDULER,
+        "",
+        RELEASE,
+        "each public method is reviewed: locked or not (scheduler_methods.py)",
+        names=frozenset(scheduler_methods.LOCKED) | frozenset(scheduler_methods.UNLOCKED),
+    ),
+    PublicNames(
+        "vllm.v1.core.sched.async_scheduler:AsyncScheduler",
+        "",
+        RELEASE,
+        "each public method is reviewed: locked or not (scheduler_methods.py)",
+        names=frozenset(scheduler_methods.LOCKED) | frozenset(scheduler_methods.UNLOCKED),
+    ),
+    Method(SCHEDULER, "add_request", RELEASE, "overridden: notes activity", ("request",)),
+    Method(SCHEDULER, "shutdown", RELEASE, "overridden: stops the release thread first", ()),
+    Method(SCHEDULER, "has_requests", RELEASE, "idle means no request", ()),
+    InstanceAttribute(SCHEDULER, "connector", RELEASE, "the offloading connector, if any"),
+    InstanceAttribute(SCHEDULER, "kv_cache_manager", RELEASE, "its block_pool is L1"),
+    InstanceAttribute(
+        TIERING,
+        "primary_tier",
+        RELEASE,
+        "read with a default: a rename would give back rows of the wrong object",
+    ),
+    InstanceAttribute(
+        TIERING,
+        "secondary_tiers",
+        RELEASE,
+        "read with a default: a rename would forget the disk tier's holds",
+    ),
+    # -- memory_release/l1_blocks.py: takes free blocks out of vLLM's prefix cache
+    Method(
+        BLOCK_POOL, "evict_blocks", BLOCKS, "drops blocks from the prefix cache", ("block_ids",)
+    ),
+    InstanceAttribute(BLOCK_POOL, "blocks", BLOCKS, "every block by id"),
+    InstanceAttribute(BLOCK_POOL, "free_block_queue", BLOCKS, "free blocks, eviction order"),
+    Method(FREE_QUEUE, "get_all_free_blocks", BLOCKS, "free blocks, LRU first", ()),
+    Method(FREE_QUEUE, "remove", BLOCKS, "moves a given-back block", ("block",)),
+    Method(FREE_QUEUE, "prepend_n", BLOCKS, "to the front: reused first", ("blocks",)),
+    Attribute(BLOCK, "ref_cnt", BLOCKS, "in use when > 0"),
+    Attribute(BLOCK, "is_null", BLOCKS, "the null block is never given back"),
+    Attribute(BLOCK, "block_id", BLOCKS, "the block's id"),
+    Attribute(BLOCK, "block_hash", BLOCKS, "cached when set"),
+    # -- memory_release/l1_pages.py (imports no vLLM module: a text)
+    Text(
+        "vllm.v1.kv_cache_interface",
+        "",
+        ("vllm_uma.memory_release.l1_pages",),
+        "read with a default: a rename would map every layer of a uniform group wrongly",
+        text="    kv_cache_specs: dict[str, KVCacheSpec]",
+    ),
+)
