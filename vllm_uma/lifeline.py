@@ -79,22 +79,36 @@ def supervised_env() -> dict[str, str]:
 def stop_with_supervisor() -> bool:
     """In ``vllm-uma serve``: stop when the process that started us exits.
 
-    Only when $VLLM_UMA_SUPERVISOR_PID names our parent: a value inherited
-    from further up (a server a supervised process started in turn) ties
-    nothing. Returns whether the watch started."""
+    When $VLLM_UMA_SUPERVISOR_PID names our parent, or a process that is
+    gone (our parent died before we looked: we stop at once). A value naming
+    a live process that is not our parent was inherited from further up and
+    ties nothing. Returns whether the watch started."""
     parent = _pid_from(SUPERVISOR_ENV)
-    if parent is None or os.getppid() != parent:
+    if parent is None or _supervisor_state(parent) == "other":
         return False
     return _watch(
         parent, "supervisor", _stop_self, f"the process that started this server (pid {parent})"
     )
 
 
+def _supervisor_state(pid: int) -> str:
+    """ "parent", "gone" (exited before we looked) or "other" (alive, not ours)."""
+    if os.getppid() == pid:
+        return "parent"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        pass  # alive, another user's
+    return "other"
+
+
 def follow_api_server() -> bool:
     """In vLLM's engine core: stop when the API server that started it exits
     (see the module's docstring for when a signal is safe)."""
     parent = _pid_from(API_SERVER_ENV)
-    if parent is None or os.getpid() == parent or os.getppid() != parent:
+    if parent is None or os.getpid() == parent or _supervisor_state(parent) == "other":
         return False
     return _watch(parent, "api-server", _stop_engine_core, f"the API server (pid {parent})")
 
@@ -193,6 +207,13 @@ def run_shim(argv: list[str]) -> int:
         print("vllm_uma.lifeline: no program to run", file=sys.stderr)
         return 2
     supervisor = _pid_from(SUPERVISOR_ENV)
+    # Decided before the program starts: a supervisor that is already gone
+    # gets no program that would outlive it.
+    state = None if supervisor is None else _supervisor_state(supervisor)
+    if state == "gone":
+        print(f"vllm_uma.lifeline: the supervisor (pid {supervisor}) has exited; not "
+              f"starting {argv[0]}.", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
     try:
         child = subprocess.Popen(argv)
     except OSError as exc:
@@ -205,7 +226,7 @@ def run_shim(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    if supervisor is not None and os.getppid() == supervisor:
+    if state == "parent":
 
         def stop_child() -> None:
             wait_for_exit(supervisor)

@@ -170,6 +170,25 @@ def test_no_tie_unless_the_variable_names_our_parent(monkeypatch, value):
     assert tied == (False, False)
 
 
+def test_a_parent_gone_before_the_child_looked_still_stops_it(tmp_path):
+    # The race the watch must not lose: the supervisor dies before the
+    # child checks its parent. A pid that no process has: "gone".
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    code = (
+        "import os, signal, sys, time\n"
+        "from vllm_uma import lifeline\n"
+        "signal.signal(signal.SIGTERM, lambda *a: os._exit(42))\n"
+        "assert lifeline.stop_with_supervisor()\n"
+        "time.sleep(30)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": ROOT, lifeline.SUPERVISOR_ENV: dead.stdout.strip()}
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=30).returncode == 42
+    shim = lifeline.shim_command([sys.executable, "-c", "import time; time.sleep(30)"])
+    started = subprocess.run(shim, env=env, timeout=30, capture_output=True, text=True)
+    assert started.returncode == 1 and "not starting" in started.stderr
+
+
 def test_the_api_server_itself_does_not_follow_itself(monkeypatch):
     monkeypatch.setenv(lifeline.API_SERVER_ENV, str(os.getpid()))
     assert not lifeline.follow_api_server()
