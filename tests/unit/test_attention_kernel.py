@@ -59,6 +59,8 @@ def test_the_kernels_are_vllms_own_choice_for_each_group():
 
 
 def test_the_kernels_join_the_namespace_inputs_and_change_the_namespace(monkeypatch):
+    from test_namespace_inputs import OFFLOADING
+
     from vllm_uma.kv_offload.disk.namespace import namespace_for
 
     ids = []
@@ -66,15 +68,7 @@ def test_the_kernels_join_the_namespace_inputs_and_change_the_namespace(monkeypa
         monkeypatch.setattr(cpu_attn, "_get_attn_isa", lambda *a, m=machine: m)
         inputs = ak.with_attention_kernels(plan(), VLLM, KV).namespace_inputs.values()
         assert inputs == {"model": "m", ak.INPUT: [machine]}
-        offloading = SimpleNamespace(
-            model=SimpleNamespace(name="m", dtype="bfloat16"),
-            kv_cache_layout="NHD",
-            worker_kv_bytes_per_block=1,
-            cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=1),
-            parallel=SimpleNamespace(world_size=1),
-            groups=[],
-        )
-        ids.append(namespace_for(offloading, "fp", inputs).id)
+        ids.append(namespace_for(OFFLOADING, "fp", inputs).id)
     assert ids[0] != ids[1]
 
 
