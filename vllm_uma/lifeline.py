@@ -228,23 +228,15 @@ def run_shim(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, forward)
     if state == "parent":
 
-        def stop_child() -> None:
-            wait_for_exit(supervisor)
-            print(
-                f"vllm_uma.lifeline: the supervisor (pid {supervisor}) has exited; "
-                f"stopping {argv[0]}.", file=sys.stderr, flush=True,
-            )  # fmt: skip
+        def stop_child(who: str) -> None:
+            print(f"vllm_uma.lifeline: {who} has exited; stopping {argv[0]}.",
+                  file=sys.stderr, flush=True)  # fmt: skip
             forward(signal.SIGTERM, None)
             try:
                 child.wait(timeout=SHIM_STOP_S)
             except subprocess.TimeoutExpired:
                 child.kill()
 
-        threading.Thread(target=stop_child, name="vllm-uma-lifeline-shim", daemon=True).start()
-    while True:
-        try:
-            status = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-            continue
+        _watch(supervisor, "shim", stop_child, f"the supervisor (pid {supervisor})")
+    status = child.wait()
     return status if status >= 0 else 128 - status

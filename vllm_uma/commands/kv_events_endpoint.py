@@ -29,7 +29,7 @@ import os
 import stat
 from pathlib import Path
 
-from vllm_uma.commands.argv import given
+from vllm_uma.commands.argv import FlagValueMissing, given, take
 from vllm_uma.commands.preflight import PreflightError
 from vllm_uma.log import get_logger
 from vllm_uma.models import default_cache_root
@@ -46,20 +46,20 @@ def endpoint_given(argv: list[str], key: str = "endpoint") -> bool:
     or in vLLM's dotted form, ``--kv-events-config.endpoint``)."""
     if given(argv, f"{FLAG}.{key}"):
         return True
-    for i, arg in enumerate(argv):
-        if arg == FLAG and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(FLAG + "="):
-            value = arg.split("=", 1)[1]
-        else:
-            continue
+    rest = list(argv)
+    while True:
+        try:
+            value = take(rest, FLAG)  # each occurrence in turn
+        except FlagValueMissing:
+            return False  # vLLM's parser refuses it with its own message
+        if value is None:
+            return False
         try:
             parsed = json.loads(value)
         except ValueError:
-            continue  # vLLM's parser refuses it with its own message
+            continue  # the same
         if isinstance(parsed, dict) and key in parsed:
             return True
-    return False
 
 
 def reach(endpoint: str) -> str | None:
@@ -75,8 +75,10 @@ def reach(endpoint: str) -> str | None:
 def private_dir() -> Path:
     """This user's directory for the socket, created 0700 and checked."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) if runtime and Path(runtime).is_dir() else default_cache_root()
-    directory = base / "vllm-uma" if runtime and Path(runtime).is_dir() else base / "run"
+    if runtime and Path(runtime).is_dir():
+        directory = Path(runtime) / "vllm-uma"
+    else:
+        directory = default_cache_root() / "run"
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(directory)
     problem = None
