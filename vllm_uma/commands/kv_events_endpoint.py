@@ -33,6 +33,10 @@ from vllm_uma.commands.argv import FlagValueMissing, given, take
 from vllm_uma.commands.preflight import PreflightError
 from vllm_uma.log import get_logger
 from vllm_uma.models import default_cache_root
+from vllm_uma.plugin import vllm_contract
+
+# vLLM behaviour relied on, checked now (texts read from vLLM's files).
+vllm_contract.require(__name__)
 
 logger = get_logger(__name__)
 

@@ -72,7 +72,11 @@ from vllm_uma.kv_offload.config import OffloadPlan, translate
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputs
 from vllm_uma.kv_offload.pool_size import PoolSize
+from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+
+# vLLM behaviour relied on, checked now (texts read from vLLM's files).
+vllm_contract.require(__name__)
 
 PLAN_KEY = "vllm_uma_plan"
 PLAN_ENV = "VLLM_UMA_PLAN"

@@ -131,6 +131,22 @@ ENTRIES = (
         "keep_single_worker_in_process undoes this switch of a single worker",
         text='parallel_config.distributed_executor_backend = "mp"',
     ),
+    # -- plugin/settings.py: why the plan is not in additional_config (texts)
+    Text(
+        "vllm.config.vllm",
+        "",
+        ("vllm_uma.plugin.settings",),
+        "additional_config is hashed into the compile-cache key: only a constant marker there",
+        text="json.dumps(additional_config, sort_keys=True)",
+    ),
+    # -- commands/kv_events_endpoint.py: the private default socket (texts)
+    Text(
+        "vllm.distributed.kv_events",
+        "",
+        ("vllm_uma.commands.kv_events_endpoint",),
+        "vLLM's publisher binds an ipc:// endpoint, so subscribers connect to its path",
+        text='endpoint.startswith(("ipc://", "inproc://"))',
+    ),
     # -- lifeline.py: how an orphaned engine core may be stopped (texts)
     Text(
         ENGINE_CORE_FILE,
