@@ -147,12 +147,37 @@ def test_reconcile_takes_the_files_as_the_truth(tmp_path, ledger):
     layout = Layout(tmp_path)
     stored(ledger, 0, 100)  # its file is gone: forgotten
     found = [FoundBlock(ref(1), 10, 50), FoundBlock(ref(2), 10, 40)]  # unknown files: added
-    done = reconcile(ledger, found, lambda r: False, "w9")
+    done = reconcile(ledger, found, lambda r: r in (ref(1), ref(2)), "w9")
     assert (done.added, done.forgotten) == (2, 1)
     assert ledger.used_bytes() == 20
     present, _ = ledger.snapshot(NS)
     assert [k for k, _ in present] == [ref(2).key, ref(1).key]  # by mtime
     del layout
+
+
+def test_a_file_a_peer_evicts_after_the_scan_gets_no_phantom_row(tmp_path, ledger):
+    """The scan runs before reconcile's transaction: a block it saw that a
+    peer evicts in between (row and file gone) must not come back."""
+    files = tmp_path / "files"
+    files.mkdir()
+
+    def path(r: BlockRef) -> Path:
+        return files / r.key.hex()
+
+    for i in (0, 1):
+        stored(ledger, i, 100 + i, writer="peer")
+        path(ref(i)).write_bytes(b"x" * 10)
+    found = [FoundBlock(ref(i), 10, 100 + i) for i in (0, 1)]  # what our scan saw
+    peer = Ledger(tmp_path)
+    try:  # the peer makes room for 10 bytes under a 10-byte cap: block 0 goes
+        peer.evict_to_cap(10, "peer", never, lambda r: path(r).unlink())
+    finally:
+        peer.close()
+    assert not path(ref(0)).exists()
+    done = reconcile(ledger, found, lambda r: path(r).exists(), "w9")
+    present, _ = ledger.snapshot(NS)
+    assert [k for k, _ in present] == [ref(1).key]
+    assert ledger.used_bytes() == 10 and done.added == 0
 
 
 def _worker(root: str, writer: str, first: int, count: int, cap: int, size: int) -> None:
@@ -257,7 +282,7 @@ def test_a_deletion_left_by_a_dead_process_is_finished_or_undone_at_start(tmp_pa
     db.commit()
     db.close()
     # Block 0's file was not unlinked yet: a block again. Block 1's was.
-    done = reconcile(ledger, [FoundBlock(ref(0), 10, 100)], lambda r: False, "w9")
+    done = reconcile(ledger, [FoundBlock(ref(0), 10, 100)], lambda r: r == ref(0), "w9")
     assert done.reclaimed == 1
     present, _ = ledger.snapshot(NS)
     assert [k for k, _ in present] == [ref(0).key] and ledger.used_bytes() == 10

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import stat
+import threading
+import time
 
 import pytest
 from disk_tier_kit import (
@@ -14,6 +17,7 @@ from disk_tier_kit import (
     FILE,
     NS,
     OTHER_NS,
+    InfoLog,
     Jobs,
     Primary,
     block_files,
@@ -31,6 +35,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk.io_threads import IOPool, Priority
 from vllm_uma.kv_offload.disk.tier import DiskTier
 
 
@@ -56,6 +61,47 @@ def test_store_then_restore_the_exact_bytes_into_other_rows(tmp_path, aligned):
     assert result.transfer_bytes == 2 * 8192
     assert primary.row(7) == data[2] and primary.row(5) == data[0]
     tier.shutdown()
+
+
+def test_a_stop_writes_every_store_queued_before_it(tmp_path, primary, monkeypatch):
+    """Ctrl-C or SIGTERM while stores wait for an I/O thread: they are on
+    disk when the tier has stopped, not dropped (the log says 0)."""
+    release = held_io(monkeypatch, "write_block")
+    tier = make_tier(tmp_path, primary, io_threads=1)
+    jobs = Jobs(tier)
+    for row in range(6):
+        primary.fill(row, seed=row + 1)
+        jobs.store([key(row)], [row])  # one in hand, five queued behind it
+    threading.Timer(0.2, release.set).start()
+    with InfoLog() as log:
+        tier.shutdown()
+    assert len(block_files(tmp_path)) == 6
+    assert any("6 block(s) written" in line and "0 store(s)" in line for line in log.messages)
+
+
+def test_a_stop_gives_up_queued_stores_at_its_deadline(tmp_path):
+    """The pool's stop waits ``timeout_s`` at most: stores still queued then
+    are dropped and counted; queued loads are dropped at once."""
+    ran = []
+
+    def slow_store(io):
+        time.sleep(0.1)
+        ran.append(io)  # 20 of them take 2 s: past the stop's deadline
+
+    pool = IOPool(1, queue.SimpleQueue(), "test-io")
+    go = threading.Event()
+    pool.submit(Priority.STORE, lambda io: go.wait(5), "in hand")  # holds the thread
+    time.sleep(0.05)
+    for i in range(20):
+        pool.submit(Priority.STORE, slow_store, i)
+    pool.submit(Priority.LOAD, lambda io: ran.append(io), "a load")
+    threading.Timer(0.1, go.set).start()  # the stop is under way by then
+    started = time.monotonic()
+    stopped = pool.shutdown(timeout_s=1.0)
+    assert time.monotonic() - started < 1.5
+    time.sleep(0.2)  # a store in hand at the deadline ends (a thread left behind)
+    assert "a load" not in ran and stopped.dropped[Priority.LOAD] == 1
+    assert len(ran) >= 2 and stopped.dropped[Priority.STORE] == 20 - len(ran)
 
 
 def test_a_block_still_being_written_is_a_miss(tmp_path, primary, monkeypatch):

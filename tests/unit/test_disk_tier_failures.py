@@ -31,7 +31,11 @@ from vllm.v1.kv_offload.base import LookupResult
 from vllm_uma.kv_offload.disk import block_file as bf
 from vllm_uma.kv_offload.disk import io_tasks, layout
 from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import tier as tier_module
 from vllm_uma.kv_offload.disk.block_write import write_block
+from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Shared
+from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
+from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 
 
 @pytest.fixture
@@ -282,6 +286,47 @@ def test_a_store_is_refused_when_everything_else_is_pinned(tmp_path, primary, mo
     tier.drain_jobs()  # the restore's touch is in the ledger: no longer protected
     assert jobs.stored([key(1)], [1]).success  # unpinned: key 0 may go now
     tier.shutdown()
+
+
+@pytest.mark.parametrize("damage", [delete, flip_a_payload_byte])
+def test_a_bad_blocks_delete_spares_a_fresh_copy_a_peer_stored_meanwhile(
+    tmp_path, primary, monkeypatch, damage
+):
+    """Between our load finding a block bad and our delete of it, a peer
+    evicts that file and stores the block again: the fresh copy stays."""
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    fresh = primary.fill(1, seed=9)
+    assert jobs.stored([key(1)], [1]).success
+    damage(tmp_path, primary)
+    ref = BlockRef(NS, key(1))
+    real_delete = tier_module.delete_task
+
+    def a_peer_stores_first(io):
+        peer_ledger = Ledger(tmp_path / ".noindex")
+        peer = Shared(Layout(tmp_path), peer_ledger, "peer-1", None, lambda r: False)
+        peer.layout.open()
+        try:
+            # The peer's eviction of the bad file, then its store of the block.
+            peer_ledger.forget([ref], "peer-1", peer.layout.unlink)
+            row = memoryview(bytearray(fresh))
+            assert io_tasks.store_task(BlockIO(99, ref, peer, row=row, stamp=time.time_ns())).ok
+        finally:
+            peer.layout.close()
+            peer_ledger.close()
+        return real_delete(io)
+
+    monkeypatch.setattr(tier_module, "delete_task", a_peer_stores_first)
+    with WarningLog():
+        assert not jobs.loaded([key(1)], [5]).success
+    tier.drain_jobs()
+    tier.get_finished_jobs()
+    assert path_of(tmp_path, key(1)).exists()
+    tier.shutdown()
+    again = make_tier(tmp_path, primary)  # the copy is a block for every server
+    primary.clear()
+    assert Jobs(again).loaded([key(1)], [5]).success and primary.row(5) == fresh
+    again.shutdown()
 
 
 def test_a_block_evicted_between_lookup_and_load_fails_that_key(tmp_path, primary):

@@ -75,6 +75,16 @@ class BadReason(Enum):
     NOT_A_FILE = "not_a_file"  # a symlink, FIFO, device or directory under the name
 
 
+# A file's identity: its inode and the time it last changed. A store's
+# rename brings a new inode; an inode number reused after an unlink comes
+# with a new change time.
+FileId = tuple[int, int]
+
+
+def file_id(st: os.stat_result) -> FileId:
+    return (st.st_ino, st.st_ctime_ns)
+
+
 class BadBlock(Exception):
     """A block file that must not be served; the caller recomputes the block."""
 
@@ -82,6 +92,9 @@ class BadBlock(Exception):
         super().__init__(f"{path}: {reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
+        # The (inode, ctime) of the file found bad, when it was opened; None
+        # when it could not be (missing, or a planted name refused at open).
+        self.seen: FileId | None = None
 
 
 def file_bytes(payload_bytes: int) -> int:

@@ -30,6 +30,7 @@ from vllm_uma.kv_offload.disk.block_file import (
     BadBlock,
     BadReason,
     check_header,
+    file_id,
 )
 from vllm_uma.kv_offload.disk.direct_io import O_DIRECT
 
@@ -48,13 +49,18 @@ def read_block(
     Every field is checked against what the caller expects (key, namespace,
     payload length) and the payload against its checksum: ``dest`` is either
     the block, or the call raises and ``dest`` must be treated as garbage.
-    With ``dir_fd`` only ``path.name`` is resolved, relative to it."""
+    With ``dir_fd`` only ``path.name`` is resolved, relative to it. A
+    BadBlock raised once the file is open names it (``seen``), so that only
+    that file is deleted, never a fresh copy stored under the name since."""
     expected = HEADER_BYTES + dest.nbytes
     header = mmap.mmap(-1, HEADER_BYTES)
+    seen = None
     try:
         fd = _open_for_read(path, direct, dir_fd)
         try:
-            _check_file(fd, path, expected)
+            st = os.fstat(fd)
+            seen = file_id(st)
+            _check_file(st, path, expected)
             try:
                 got = os.preadv(fd, [header, dest], 0)
             except OSError as exc:
@@ -69,13 +75,15 @@ def read_block(
         if got != expected:
             raise BadBlock(BadReason.TRUNCATED, path, f"read {got} bytes, expected {expected}")
         check_header(header, path, key, namespace, dest)
+    except BadBlock as bad:
+        bad.seen = seen
+        raise
     finally:
         header.close()
 
 
-def _check_file(fd: int, path: Path, expected: int) -> None:
-    """A regular file of ``expected`` bytes is open as ``fd``, or BadBlock."""
-    st = os.fstat(fd)
+def _check_file(st: os.stat_result, path: Path, expected: int) -> None:
+    """``st`` is a regular file of ``expected`` bytes, or BadBlock."""
     if not stat.S_ISREG(st.st_mode):
         kind = _file_kind(st.st_mode)
         raise BadBlock(BadReason.NOT_A_FILE, path, f"a {kind}, not a block file")

@@ -20,7 +20,7 @@ from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.kv_offload.tiering.base import JobResult
 
 from vllm_uma.kv_offload.disk import metrics as m
-from vllm_uma.kv_offload.disk.block_file import BadReason
+from vllm_uma.kv_offload.disk.block_file import BadReason, FileId
 from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
 from vllm_uma.kv_offload.disk.index import DiskIndex
@@ -46,7 +46,7 @@ class Completion:
         file_bytes: int,
         load_deadline_s: float,
         touch: Callable[[Iterable[OffloadKey]], None],
-        delete_file: Callable[[BlockRef], None],
+        delete_file: Callable[[BlockRef, FileId | None], None],
     ):
         self._ns = namespace
         self._index = index
@@ -224,7 +224,7 @@ class Completion:
             self._reports.event([ref.key], removed=True)
             # Out of the ledger too (a missing file's row would mislead every
             # server), and the file deleted in the same transaction.
-            self._delete_file(ref)
+            self._delete_file(ref, outcome.seen)
 
     def _finish(self, job: PendingJob) -> None:
         del self._jobs[job.job_id]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from vllm_uma.kv_offload.disk.block_file import BadReason
+from vllm_uma.kv_offload.disk.block_file import BadReason, FileId
 from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
@@ -80,6 +80,7 @@ class BlockIO:
     direct: bool = False
     stamp: int = 0  # a store's place in the LRU order (ns)
     ticket: Ticket | None = None  # a load the scheduler may give up on while queued
+    seen: FileId | None = None  # a bad block's delete: the file its load found (None: none)
 
     @property
     def path(self) -> Path:  # for messages
@@ -102,6 +103,7 @@ class Outcome:
     taken: BlockState | None = None  # a store found the name held already
     freed: bool = False  # a delete removed a file
     unlink_errors: tuple[str, ...] = ()  # victims whose file could not be removed
+    seen: FileId | None = None  # a load's bad block: the file found bad (None: none)
 
 
 def failed(io: BlockIO, failure: BadReason | StoreFailure | Refusal, detail: str) -> Outcome:

@@ -10,6 +10,7 @@ the I/O, keeps the shared ledger (ledger/) and says what happened in an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import sqlite3
@@ -122,7 +123,10 @@ def load_task(io: BlockIO) -> Outcome | None:
             with contextlib.suppress(OSError):
                 os.utime(io.path.name, dir_fd=dir_fd, follow_symlinks=False)
     except BadBlock as bad:
-        return failed(io, bad.reason, str(bad))
+        seen = bad.seen
+        if seen is None and bad.reason is not BadReason.MISSING:
+            seen = io.shared.layout.identity(io.ref)  # planted, refused at open
+        return dataclasses.replace(failed(io, bad.reason, str(bad)), seen=seen)
     except FileNotFoundError:
         return failed(io, BadReason.MISSING, f"{io.path}: its directory is gone")
     except OSError as exc:
@@ -139,10 +143,17 @@ def load_task(io: BlockIO) -> Outcome | None:
 
 def delete_task(io: BlockIO) -> Outcome:
     """Forget a bad block in the ledger and delete its file, in one
-    transaction (no store of the same name can land in between)."""
+    transaction (no store of the same name can land in between). Only the
+    file the load found bad (``io.seen``; None: it found none): if a peer
+    evicted that one and stored a fresh copy meanwhile, the copy stays."""
     shared, errors = io.shared, []
+
+    def still_bad(ref: BlockRef) -> bool:
+        return shared.layout.identity(ref) == io.seen
+
     try:
-        gone = shared.ledger.forget([io.ref], shared.writer, unlinker(shared.layout, errors))
+        unlink = unlinker(shared.layout, errors)
+        gone = shared.ledger.forget([io.ref], shared.writer, unlink, still_bad)
     except sqlite3.Error as exc:
         return failed(io, StoreFailure.LEDGER, f"ledger {shared.ledger.path}: {exc}")
     if errors:

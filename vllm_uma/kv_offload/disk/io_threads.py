@@ -35,10 +35,10 @@ SHUTDOWN_TIMEOUT_S = 5.0
 
 
 class Priority(IntEnum):
-    STOP = 0
     LOAD = 1
     DELETE = 2
     STORE = 3
+    STOP = 4  # after every store queued before it: a stop drains them
 
 
 class IOPool:
@@ -50,6 +50,11 @@ class IOPool:
         self._tasks: queue.PriorityQueue = queue.PriorityQueue()
         self._outcomes = outcomes
         self._seq = itertools.count()  # FIFO among equal priorities
+        # Set by shutdown: stores queued until then are written until this
+        # time (monotonic), loads no longer run (no request waits for them).
+        self._drain_until: float | None = None
+        self._lock = threading.Lock()
+        self._dropped: dict[Priority, int] = {}
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
             for i in range(num_threads)
@@ -68,6 +73,8 @@ class IOPool:
             try:
                 if priority is Priority.STOP:
                     return
+                if self._drop(priority):
+                    continue
                 try:
                     outcome = task(io)
                 except Exception as exc:  # a bug must still end its job
@@ -77,25 +84,39 @@ class IOPool:
             finally:
                 self._tasks.task_done()
 
+    def _drop(self, priority: Priority) -> bool:
+        """Whether a task dequeued during a stop is left undone (counted)."""
+        until = self._drain_until
+        if until is None or (priority is not Priority.LOAD and time.monotonic() < until):
+            return False
+        with self._lock:
+            self._dropped[priority] = self._dropped.get(priority, 0) + 1
+        return True
+
     def wait_idle(self) -> None:
         """Block until every submitted task has run and put its outcome."""
         self._tasks.join()
 
     def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> "PoolStopped":
-        """Stop the threads after the tasks they are running; queued tasks
-        are dropped (a dropped store leaves no file, a temp file at most).
-        Waits at most ``timeout_s`` in all: a thread stuck in the kernel on
-        a file (a hung network mount) is left behind, a daemon that dies
-        with the process."""
+        """Stop the threads once every store queued before now is written,
+        for up to ``timeout_s`` in all; queued loads are dropped (nobody
+        waits for them now), and so are the stores still queued at the
+        deadline (a dropped store leaves no file, a temp file at most). A
+        thread stuck in the kernel on a file (a hung network mount) is left
+        behind, a daemon that dies with the process."""
+        deadline = time.monotonic() + timeout_s
+        # A store takes milliseconds: none starts in the last 10% of the
+        # wait, so that the ones in hand can finish before the join gives up.
+        self._drain_until = deadline - 0.1 * timeout_s
         for _ in self._threads:
             self._tasks.put((Priority.STOP, next(self._seq), None, None))
-        deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         stuck = sum(thread.is_alive() for thread in self._threads)
         # Dropped tasks hold slices of the primary rows: let them go, or the
         # primary tier's mmap cannot be closed.
-        dropped: dict[Priority, int] = {}
+        with self._lock:
+            dropped = dict(self._dropped)
         while True:
             try:
                 priority, _, _, _ = self._tasks.get_nowait()

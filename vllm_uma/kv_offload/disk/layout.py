@@ -34,7 +34,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from vllm_uma.kv_offload.disk.block_file import NAMESPACE_BYTES, block_path, temp_name
+from vllm_uma.kv_offload.disk.block_file import (
+    NAMESPACE_BYTES,
+    FileId,
+    block_path,
+    file_id,
+    temp_name,
+)
 
 NOINDEX = ".noindex"
 NAMESPACE_FILE = "namespace.json"
@@ -123,6 +129,16 @@ class Layout:
         except FileNotFoundError:
             return False
         return True
+
+    def identity(self, ref: BlockRef) -> FileId | None:
+        """Which file is under ``ref``'s name now (None: none reachable), to
+        tell the file a load found bad from a fresh copy a peer stored since."""
+        try:
+            with self.block_dir(ref, create=False) as dir_fd:
+                st = os.stat(self.path(ref).name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        return file_id(st)
 
     def exists(self, ref: BlockRef) -> bool:
         """Whether something is under ``ref``'s name (start-up only)."""

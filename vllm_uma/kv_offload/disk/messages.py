@@ -128,8 +128,8 @@ class DiskWarnings:
     def stopped(self, written: int, dropped_stores: int) -> None:
         logger.info(
             "Disk KV tier stopped: %d block(s) written to %s since start-up; %d "
-            "store(s) still queued were dropped (those blocks are recomputed if "
-            "they come back).",
+            "store(s) still queued at the stop's deadline were dropped (those "
+            "blocks are recomputed if they come back).",
             written,
             self._root_dir,
             dropped_stores,

@@ -48,6 +48,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk.block_file import FileId
 from vllm_uma.kv_offload.disk.completion import Completion
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
@@ -223,10 +224,11 @@ class DiskTier(SecondaryTierManager):
         state = self._index.state(ref)
         return None if state is None else state.label
 
-    def _delete_file(self, ref: BlockRef) -> None:
+    def _delete_file(self, ref: BlockRef, seen: FileId | None) -> None:
         deleting = self._done.deleting
         deleting[ref] = deleting.get(ref, 0) + 1
-        self._pool.submit(Priority.DELETE, delete_task, BlockIO(None, ref, self._shared))
+        io = BlockIO(None, ref, self._shared, seen=seen)
+        self._pool.submit(Priority.DELETE, delete_task, io)
 
     # -- loads --------------------------------------------------------------
 
@@ -282,7 +284,10 @@ class DiskTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        stopped = self._pool.shutdown()
+        stopped = self._pool.shutdown()  # writes the stores queued so far first
+        # No step comes after this one to apply what the drain wrote: count
+        # it here, for the stop's line.
+        self._done.finished_jobs(self._outcomes)
         self._feed.stop(timeout_s=2.0)
         dropped_stores = stopped.dropped.get(Priority.STORE, 0)
         self._warnings.stopped(self._done.written_this_run, dropped_stores)

@@ -31,8 +31,9 @@ processes, so the store must be on a local filesystem (the docs say why).
 Invariants, at every commit:
 - ``meta.used`` is the sum of ``blocks.size``, rows being written and
   deleted included; ``meta.deleting`` the sum over rows being deleted;
-- after a reservation ``used`` <= the reserving server's cap (servers on one
-  store should give the same cap; if not, each store obeys its own);
+- after a reservation ``used - deleting`` <= the reserving server's cap
+  (victims stay counted until their files are gone; servers on one store
+  should give the same cap; if not, each store obeys its own);
 - a row being written (WRITING) is never a victim; one whose writer's
   process is gone, or that is over an hour old, is reclaimed when room is
   short (its temp file is the start-up scan's to remove);

@@ -130,10 +130,18 @@ class Ledger(LedgerDB):
             self._deferred.append(release)
 
     def forget(
-        self, refs: Iterable[BlockRef], writer: str, unlink: Unlink | None
+        self,
+        refs: Iterable[BlockRef],
+        writer: str,
+        unlink: Unlink | None,
+        still_bad: Protected | None = None,
     ) -> list[BlockRef]:
         """Remove present blocks (bad, or deleted by an administrator), with
-        their files if ``unlink``; returns those the ledger held."""
+        their files if ``unlink``; returns those the ledger held. With
+        ``still_bad``, only the blocks it says still hold what was found bad:
+        asked inside the transaction, where a present row's file cannot
+        change (a store renames its file in before it commits, an eviction
+        condemns the row first)."""
         with self.transaction() as db:
             gone = []
             for ref in refs:
@@ -141,7 +149,7 @@ class Ledger(LedgerDB):
                     "SELECT size FROM blocks WHERE ns=? AND key=? AND state=?",
                     (ref.namespace, ref.key, BlockState.PRESENT),
                 ).fetchone()
-                if size is not None:
+                if size is not None and (still_bad is None or still_bad(ref)):
                     gone.append(Victim(ref, size[0], BlockState.PRESENT))
             doomed = condemn(db, gone, writer)
         self._delete_files(doomed, writer, unlink)

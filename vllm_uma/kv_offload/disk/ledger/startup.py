@@ -7,9 +7,12 @@ by hand, a server killed between a file's rename and its commit, a power
 loss that lost the last commits).
 
 Other servers may be using the store meanwhile, so everything is decided
-inside one write transaction: no peer can commit while we compare, and a
-file the scan missed because a peer renamed it just after is looked up
-again by name before its row is removed.
+inside one write transaction: no peer can commit while we compare. The
+scan ran before it, so what it saw may be stale either way: a file it missed
+because a peer renamed it just after is looked up again by name before its
+row is removed, and a file it saw that a peer evicted since (row and file
+gone) is looked up again before a row is added for it, or it would come
+back as a phantom block every server then tries to restore.
 
 Servers of a fleet start at once on one store, and a reconcile of a large
 store holds the write lock for seconds to minutes, past the 10 s a store
@@ -104,13 +107,14 @@ class Reconciled:
 def reconcile(
     ledger: Ledger, found: list[FoundBlock], exists: Callable[[BlockRef], bool], writer: str
 ) -> Reconciled:
-    """Rows for every file found, no row for a file that is gone, and the
-    used total recounted from the rows."""
+    """Rows for every file found that is still there, no row for a file that
+    is gone, and the used total recounted from the rows. ``exists`` is asked
+    inside the transaction, so it is the truth where ``found`` may be stale."""
     files = {block.ref: block for block in found}
     now = time.time()
     with ledger.transaction() as db:
         known, forgotten, reclaimed = _check_rows(db, files, exists, writer, now)
-        added = _add_unknown_files(db, files, known, writer, now)
+        added = _add_unknown_files(db, files, known, exists, writer, now)
         _recount(db)
     return Reconciled(added, forgotten, reclaimed)
 
@@ -130,7 +134,6 @@ def _check_rows(
     for ns, key, state, pid, since in rows:
         ref = BlockRef(ns, key)
         known.add(ref)
-        on_disk = ref in files or exists(ref)
         if state != BlockState.PRESENT:
             # Being written or deleted: its owner finishes it. A gone
             # owner's file (renamed, or not yet unlinked) is a block.
@@ -138,8 +141,8 @@ def _check_rows(
             if pid_is_alive(pid) and not ours_before and now - since < STALE_WRITE_S:
                 continue
             size = files[ref].size if ref in files else 0
-            reclaimed += _settle_unfinished(db, ref, on_disk, size, writer)
-        elif not on_disk:
+            reclaimed += _settle_unfinished(db, ref, exists(ref), size, writer)
+        elif ref not in files and not exists(ref):
             db.execute("DELETE FROM blocks WHERE ns=? AND key=?", (ns, key))
             log_change(db, ref, 0, added=False, writer=writer)
             forgotten += 1
@@ -166,13 +169,15 @@ def _add_unknown_files(
     db: sqlite3.Connection,
     files: dict[BlockRef, FoundBlock],
     known: set[BlockRef],
+    exists: Callable[[BlockRef], bool],
     writer: str,
     now: float,
 ) -> int:
-    """A row for every file the ledger did not know; how many were added."""
+    """A row for every file the ledger did not know that is still there (a
+    peer may have evicted it since the scan); how many were added."""
     added = 0
     for ref, block in files.items():
-        if ref not in known:
+        if ref not in known and exists(ref):
             # No writer process: the file is complete, found on disk.
             insert_block(db, ref, block.size, BlockState.PRESENT, block.mtime_ns, writer, 0, now)
             log_change(db, ref, block.size, added=True, writer=writer)
