@@ -22,6 +22,10 @@ def test_resident_pages_of_the_kv_cache_and_the_pool_are_counted_exactly():
     # Odd sizes, so no other mapping of this process matches them.
     kv_bytes, pool_bytes = 4099 * PAGE, 7 * ROW + 3 * PAGE  # pool: 7 whole rows
     kv = mmap.mmap(-1, kv_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # Flags of its own keep the kernel from merging it with an anonymous
+    # neighbour (which an earlier test in this process may have left): the
+    # merged mapping would be within the size slack and count its pages too.
+    kv.madvise(mmap.MADV_DONTFORK)
     pool = mmap.mmap(-1, 7 * ROW)  # MAP_SHARED | MAP_ANONYMOUS, like HostPool
     views = [np.frombuffer(kv, dtype=np.uint8), np.frombuffer(pool, dtype=np.uint8)]
     try:
