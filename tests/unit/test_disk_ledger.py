@@ -214,7 +214,9 @@ def _bytes_of_blocks(root: Path) -> int:
 
 def test_three_processes_keep_one_cap_and_the_ledger_matches_the_files(tmp_path):
     size, cap, per = 4096, 10 * 4096, 150
-    ctx = multiprocessing.get_context("spawn")
+    # Forked, not spawned: a spawned child re-imports this module and the
+    # tier (about 8 s each here) before its first store.
+    ctx = multiprocessing.get_context("fork")
     procs = [
         ctx.Process(target=_worker, args=(str(tmp_path), f"s{n}", n * 1000, per, cap, size))
         for n in range(3)
