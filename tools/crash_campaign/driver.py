@@ -129,7 +129,11 @@ class Campaign:
     def _start(self) -> _Server:
         self._starts += 1
         plan = worker.WorkerPlan(
-            self.root, self.cap_blocks, self.rng.randrange(2**32), self.logs / "servers.log"
+            self.root,
+            self.cap_blocks,
+            self.rng.randrange(2**32),
+            self.logs / "servers.log",
+            os.getpid(),
         )
         return _Server(plan, self.cap_bytes)
 
@@ -160,7 +164,7 @@ class Campaign:
 
     def _kill(self, server: _Server) -> None:
         if not server.process.is_alive():
-            self._violation(f"server pid {server.pid} died unbidden: {self._exit_of(server)}")
+            self._died_unbidden(server)
         server.kill()
         self.tally.kills += 1
 
@@ -168,22 +172,14 @@ class Campaign:
         live = [s for s in self._servers if s.process.is_alive()]
         for server in self._servers:
             if server not in live:
-                self._violation(f"server pid {server.pid} died unbidden: {self._exit_of(server)}")
+                self._died_unbidden(server)
         for server in live:
             os.kill(server.pid, signal.SIGSTOP)
         try:
-            found = invariants.check_store(
-                self.root,
-                cap_bytes=self.cap_bytes,
-                file_bytes=file_bytes(worker.ROW_BYTES),
-                live_pids={s.pid for s in live},
-                io_threads=worker.IO_THREADS,
-            )
+            self._check_store(f"after kill {self.tally.kills}", {s.pid for s in live})
         finally:
             for server in live:
                 os.kill(server.pid, signal.SIGCONT)
-        for line in found:
-            self._violation(f"after kill {self.tally.kills}: {line}")
 
     def _stop_all(self) -> None:
         """SIGTERM every server (each drains its tier), then the strict check."""
@@ -194,20 +190,25 @@ class Campaign:
             server.process.join(STOP_TIMEOUT_S)
             if server.process.is_alive():
                 self._violation(f"server pid {server.pid} did not stop in {STOP_TIMEOUT_S} s")
-                server.kill()
             elif server.process.exitcode != 0:
                 self._violation(f"server pid {server.pid} stopped with {self._exit_of(server)}")
-            server.kill()  # reaped already; closes its pipe
+            server.kill()  # what did not stop; reaps, and closes its pipe
+        self._check_store("after the clean stop", set(), strict=True)
+
+    def _check_store(self, when: str, live_pids: set[int], strict: bool = False) -> None:
         found = invariants.check_store(
             self.root,
             cap_bytes=self.cap_bytes,
             file_bytes=file_bytes(worker.ROW_BYTES),
-            live_pids=set(),
+            live_pids=live_pids,
             io_threads=worker.IO_THREADS,
-            strict=True,
+            strict=strict,
         )
         for line in found:
-            self._violation(f"after the clean stop: {line}")
+            self._violation(f"{when}: {line}")
+
+    def _died_unbidden(self, server: _Server) -> None:
+        self._violation(f"server pid {server.pid} died unbidden: {self._exit_of(server)}")
 
     def _exit_of(self, server: _Server) -> str:
         code = server.process.exitcode

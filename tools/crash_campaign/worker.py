@@ -21,8 +21,8 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,6 +49,7 @@ class WorkerPlan:
     cap_blocks: int
     seed: int
     log_path: Path
+    driver_pid: int
 
 
 def key_of(i: int) -> bytes:
@@ -69,8 +70,6 @@ def run(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> None:
         code = _serve(plan, ready_fd, cap_bytes)
     except BaseException as exc:  # the log says what, the exit code that it failed
         print(f"worker {os.getpid()} failed: {exc!r}", file=sys.stderr, flush=True)
-        import traceback
-
         traceback.print_exc()
     finally:
         sys.stderr.flush()
@@ -95,9 +94,11 @@ def _redirect_output(log_path: Path) -> None:
 def _serve(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    # Never outlive the driver: its death stops us as its SIGTERM would.
-    driver = os.getppid()
-    threading.Thread(target=_stop_with, args=(driver,), daemon=True).start()
+    # Never outlive the driver: lifeline's supervisor watch, as `vllm-uma
+    # serve` uses it, stops us as SIGTERM would when the driver exits (the
+    # driver's pid, taken before the fork: one gone already counts as gone).
+    os.environ[lifeline.SUPERVISOR_ENV] = str(plan.driver_pid)
+    lifeline.stop_with_supervisor()
     buffer = mmap.mmap(-1, ROWS * ROW_BYTES)
     view = memoryview(buffer).cast("B", (ROWS, ROW_BYTES))
     config = DiskTierConfig(
@@ -125,11 +126,6 @@ def _serve(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> int:
     tier.shutdown()
     print(f"worker {os.getpid()} stopped: {loop.counts}", flush=True)
     return 0
-
-
-def _stop_with(driver: int) -> None:
-    lifeline.wait_for_exit(driver)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _Loop:

@@ -73,19 +73,15 @@ ENTRIES = (
     Attribute(EVENT, "locality", TIER_REPORTS, "built by keyword"),
     Attribute(EVENT, "ownership", TIER_REPORTS, "built by keyword"),
     # -- memory_release/scheduler.py: the release lock over vLLM's Scheduler
-    PublicNames(
-        SCHEDULER,
-        "",
-        RELEASE,
-        "each public method is reviewed: locked or not (scheduler_methods.py)",
-        names=frozenset(scheduler_methods.LOCKED) | frozenset(scheduler_methods.UNLOCKED),
-    ),
-    PublicNames(
-        "vllm.v1.core.sched.async_scheduler:AsyncScheduler",
-        "",
-        RELEASE,
-        "each public method is reviewed: locked or not (scheduler_methods.py)",
-        names=frozenset(scheduler_methods.LOCKED) | frozenset(scheduler_methods.UNLOCKED),
+    *(
+        PublicNames(
+            scheduler,
+            "",
+            RELEASE,
+            "each public method is reviewed: locked or not (scheduler_methods.py)",
+            names=frozenset(scheduler_methods.LOCKED) | frozenset(scheduler_methods.UNLOCKED),
+        )
+        for scheduler in (SCHEDULER, "vllm.v1.core.sched.async_scheduler:AsyncScheduler")
     ),
     Method(SCHEDULER, "add_request", RELEASE, "overridden: notes activity", ("request",)),
     Method(SCHEDULER, "shutdown", RELEASE, "overridden: stops the release thread first", ()),
