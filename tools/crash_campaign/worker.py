@@ -14,6 +14,7 @@ worker exits with VIOLATION_EXIT. SIGTERM drains the tier and exits 0.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import mmap
@@ -41,6 +42,7 @@ NAMESPACE = bytes.fromhex("c7" * 16)
 VIOLATION_EXIT = 3
 JOB_TIMEOUT_S = 30.0
 IO_THREADS = 2
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,11 @@ def _serve(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> int:
     # driver's pid, taken before the fork: one gone already counts as gone).
     os.environ[lifeline.SUPERVISOR_ENV] = str(plan.driver_pid)
     lifeline.stop_with_supervisor()
+    # A frozen server (SIGSTOP, while the driver checks the store) runs no
+    # thread: if the driver dies then, only the kernel can end it. SIGKILL
+    # wakes a stopped process; the driver forks from its only thread, so the
+    # parent-death signal fires when the driver exits.
+    _kill_me_with_my_parent(plan.driver_pid)
     buffer = mmap.mmap(-1, ROWS * ROW_BYTES)
     view = memoryview(buffer).cast("B", (ROWS, ROW_BYTES))
     config = DiskTierConfig(
@@ -126,6 +133,14 @@ def _serve(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> int:
     tier.shutdown()
     print(f"worker {os.getpid()} stopped: {loop.counts}", flush=True)
     return 0
+
+
+def _kill_me_with_my_parent(driver_pid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != driver_pid:  # it died before the signal was set
+        os._exit(1)
 
 
 class _Loop:
