@@ -38,6 +38,34 @@ def test_a_short_campaign_breaks_no_invariant(tmp_path):
     assert restored > 0, log[-2000:]
 
 
+def test_a_campaign_on_a_full_disk_breaks_no_invariant(tmp_path):
+    """Half the rounds with the store's file system full to its last byte,
+    start-ups included (tools/crash_campaign/disk_full.py)."""
+    from tools.crash_campaign.disk_full import SmallFsError, mount_small_fs, unmount
+
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    try:
+        mount_small_fs(mount, 32 << 20)
+    except SmallFsError as exc:
+        pytest.skip(str(exc))
+    try:
+        store, logs = mount / "store", tmp_path / "logs"
+        store.mkdir(mode=0o700)
+        logs.mkdir()
+        campaign = Campaign(
+            store, logs, servers=3, cap_blocks=64, seed=1, traffic_s=0.5,
+            filler=mount / "filler", full_share=0.5,
+        )  # fmt: skip
+        tally = campaign.run(40)
+        log = (logs / "servers.log").read_text()
+        assert tally.violations == [], "\n".join(tally.violations) + "\n" + log[-3000:]
+        assert tally.full_rounds >= 5
+        assert "is full" in log  # the disk was full where the servers wrote
+    finally:
+        unmount(mount)
+
+
 @pytest.fixture
 def store(tmp_path):
     """A store of 4 blocks, written by a real tier that then stopped."""

@@ -15,7 +15,7 @@ from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, cores_for, plan_fl
 def ask(**kw) -> FleetRequest:
     base = dict(
         servers=2, model="/models/m", serve_flags=(), host="127.0.0.1", port=8000,
-        policy="kv_aware", kv_store=Path("/var/kv"),
+        policy="kv_aware", kv_store=Path("/var/kv"), events_dir=Path("/run/user/0/vllm-uma"),
     )  # fmt: skip
     return FleetRequest(**{**base, **kw})
 
@@ -39,8 +39,9 @@ def test_cores_are_split_into_disjoint_ranges_the_first_taking_the_rest():
 
 def test_each_server_gets_its_share_and_its_own_port_socket_and_membership():
     plan = plan_fleet(ask(serve_flags=("--dtype", "float32")), [0, 1, 2, 3], ports())
-    assert [(m.port, m.events_in_port, m.events_out_port) for m in plan.members] == [
-        (9001, 9002, 9003), (9004, 9005, 9006)]  # fmt: skip
+    sockets = "ipc:///run/user/0/vllm-uma/fleet-127.0.0.1-8000-server-{}.sock"
+    assert [(m.port, m.events_in, m.events_out_port) for m in plan.members] == [
+        (9001, sockets.format(1), 9002), (9003, sockets.format(2), 9004)]  # fmt: skip
     assert [m.env["VLLM_CPU_OMP_THREADS_BIND"] for m in plan.members] == ["0-1", "2-3"]
     for i, member in enumerate(plan.members, start=1):
         argv = member.argv
@@ -49,7 +50,7 @@ def test_each_server_gets_its_share_and_its_own_port_socket_and_membership():
         uma = json.loads(flag(argv, "--additional-config"))["vllm_uma"]
         assert uma == {"fleet_member": i, "fleet_size": 2}
         events = json.loads(flag(argv, "--kv-events-config"))
-        assert events["endpoint"] == f"tcp://127.0.0.1:{member.events_in_port}"  # connects
+        assert events["endpoint"] == member.events_in  # vLLM binds it: this user only
         assert events["topic"] == ""  # the only topic vllm-router 0.1.17 reads
         assert flag(argv, "--kv-offloading-size") == "1.0"
         assert "--enable-scale-out" in argv  # the router renders requests into tokens
@@ -64,8 +65,8 @@ def test_the_router_subscribes_to_every_server_with_the_cpu_block_size():
     assert flag(argv, "--policy") == "kv_aware" and flag(argv, "--port") == "8000"
     sources = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-event-source"]
     assert sources == [
-        "http://127.0.0.1:9001=tcp://127.0.0.1:9003",
-        "http://127.0.0.1:9004=tcp://127.0.0.1:9006",
+        "http://127.0.0.1:9001=tcp://127.0.0.1:9002",
+        "http://127.0.0.1:9003=tcp://127.0.0.1:9004",
     ]
     assert flag(argv, "--kv-event-block-size") == "128"
     assert flag(argv, "--kv-event-model") == "/models/m"
@@ -117,7 +118,7 @@ def test_the_users_own_transfer_config_is_kept_as_given_without_a_store():
     assert member.argv.count("--kv-transfer-config") == 1
 
 
-def test_the_relay_passes_placeable_events_and_drops_the_rest_keeping_the_sequence():
+def test_the_relay_passes_placeable_events_and_drops_the_rest_keeping_the_sequence(tmp_path):
     import time
 
     import msgspec
@@ -131,9 +132,9 @@ def test_the_relay_passes_placeable_events_and_drops_the_rest_keeping_the_sequen
     placeholder = {**stored, "token_ids": [], "block_size": 0, "medium": "STORAGE"}
     batch = msgspec.msgpack.encode([1.0, [stored, placeholder], None])
     ctx = zmq.Context()
-    relay = EventRelay(ctx, free_port(), free_port(), block_tokens=4, name="server 1")
     pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
-    pub.connect(relay.inbound)  # as vLLM does with a tcp://127.0.0.1 endpoint
+    relay = EventRelay(ctx, f"ipc://{tmp_path}/s.sock", free_port(), block_tokens=4, name="1")
+    pub.bind(relay.inbound)  # as vLLM does with an ipc:// endpoint, after the relay starts
     sub.connect(relay.outbound)  # as vllm-router does
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, 200)
@@ -185,3 +186,9 @@ def test_fleet_and_serve_read_a_flags_presence_through_one_function(argv, presen
 def test_a_flag_without_its_value_is_refused_by_the_fleet():
     with pytest.raises(FleetPlanError, match="--additional-config needs a value"):
         plan_fleet(ask(serve_flags=("--additional-config",)), [0, 1], ports())
+
+
+def test_an_events_directory_too_deep_for_a_unix_socket_is_refused_with_the_fix():
+    deep = Path("/") / ("d" * 100)
+    with pytest.raises(FleetPlanError, match=r"characters long, over the 107.*VLLM_UMA_CACHE_DIR"):
+        plan_fleet(ask(events_dir=deep), [0, 1], ports())

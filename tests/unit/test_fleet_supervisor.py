@@ -26,13 +26,13 @@ from vllm_uma.server_process import free_port
 FAKE_SERVE = [sys.executable, str(Path(__file__).with_name("fake_serve.py"))]
 
 
-def plan(*hangs: bool) -> FleetPlan:
+def plan(tmp_path: Path, *hangs: bool) -> FleetPlan:
     members = tuple(
         MemberPlan(
             index=i,
             port=free_port(),
             cores=(0,),
-            events_in_port=free_port(),
+            events_in=f"ipc://{tmp_path}/server-{i}.sock",
             events_out_port=free_port(),
             argv=(),
             env={"FAKE_SERVE_HANG": "1" if hang else "0"},
@@ -57,7 +57,7 @@ def servers_of(fleet_plan: FleetPlan, *indexes: int) -> list[psutil.Process]:
 
 
 def test_a_server_whose_start_hangs_is_stopped_with_the_fleet(tmp_path):
-    fleet_plan = plan(False, True)
+    fleet_plan = plan(tmp_path, False, True)
     fleet = Fleet(fleet_plan, FAKE_SERVE, tmp_path)
     fleet.ready_timeout = 3
     try:
@@ -71,7 +71,7 @@ def test_a_server_whose_start_hangs_is_stopped_with_the_fleet(tmp_path):
 
 
 def test_a_stop_during_a_start_is_honoured_within_seconds(tmp_path):
-    fleet_plan = plan(True, True)
+    fleet_plan = plan(tmp_path, True, True)
     fleet = Fleet(fleet_plan, FAKE_SERVE, tmp_path)  # the default 300 s to get ready
     threading.Timer(1.0, fleet.request_stop).start()
     started = time.monotonic()
@@ -86,7 +86,7 @@ def test_a_stop_during_a_start_is_honoured_within_seconds(tmp_path):
 
 
 def test_a_server_that_will_not_stop_does_not_keep_the_others_running(tmp_path, monkeypatch):
-    fleet_plan = plan(False, False)
+    fleet_plan = plan(tmp_path, False, False)
     fleet = Fleet(fleet_plan, FAKE_SERVE, tmp_path)
     monkeypatch.setattr(Fleet, "_start_router", lambda self: None)  # no vllm-router here
     fleet.start()
@@ -101,6 +101,15 @@ def test_a_server_that_will_not_stop_does_not_keep_the_others_running(tmp_path, 
     monkeypatch.setattr(first, "stop", broken_stop)
     fleet.stop()  # logs server 1's failure, stops server 2 regardless
     assert servers_of(fleet_plan) == []
+
+
+def test_a_stop_removes_the_event_sockets_killed_servers_left(tmp_path):
+    fleet_plan = plan(tmp_path, False, False)
+    left = [Path(m.events_in.removeprefix("ipc://")) for m in fleet_plan.members]
+    for path in left:  # what a server killed with SIGKILL leaves behind
+        path.touch()
+    Fleet(fleet_plan, FAKE_SERVE, tmp_path).stop()
+    assert [path for path in left if path.exists()] == []
 
 
 def test_each_server_has_its_own_restart_budget():

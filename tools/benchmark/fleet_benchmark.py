@@ -54,6 +54,7 @@ from tools.benchmark.lib import client
 from tools.benchmark.lib.prompts import MODEL, document
 from tools.benchmark.lib.report import write_json
 from tools.harness.server import free_port, metric
+from vllm_uma.commands.kv_events_endpoint import private_dir
 from vllm_uma.fleet.plan import FleetPlan, FleetRequest, plan_fleet
 from vllm_uma.fleet.supervisor import Fleet
 
@@ -150,6 +151,7 @@ def _plan(policy: str, args, work: Path, disk: bool) -> tuple[FleetRequest, Flee
     ask = FleetRequest(
         servers=2, model=str(args.model), serve_flags=SERVE_FLAGS, host="127.0.0.1",
         port=free_port(), policy=policy, kv_store=store, metrics_port=free_port(),
+        events_dir=private_dir(),
     )  # fmt: skip
     return ask, plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)
 

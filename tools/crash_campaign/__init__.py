@@ -21,6 +21,8 @@ In the spirit of SQLite's crash tests. What runs:
   (mid-scan, mid-reconcile), restarts it, freezes every worker (SIGSTOP: the
   store then holds exactly what a power cut would leave) and checks it.
 - ``invariants.py``: what must hold then, whatever the moment of the kill.
+- ``disk_full.py``: for ``--full-disk-share``, the store on a small tmpfs
+  of the campaign's own, filled to its last byte in a share of the rounds.
 - ``__main__.py``: ``python -m tools.crash_campaign``, printing
   ``kills=N rounds=N violations=N``; docs/crash_campaign.md has the command.
 

@@ -10,6 +10,14 @@ mid-eviction to the cap). The victim is then restarted; once it is ready,
 every live server is frozen with SIGSTOP, the store checked
 (invariants.py), and the servers thawed. A server that died unbidden, or
 said VIOLATION, or a start that does not finish, is a violation too.
+
+With a ``filler`` (disk_full.py), a share of the rounds (``full_share``)
+run on a full disk: the file system under the store is filled before the
+kill, and stays full until a round draws otherwise, start-ups included. A
+start on a full disk cannot reconcile the ledger (it is put off), so that
+round's check spares dead servers' unfinished rows; the clean stop first
+gives the space back and starts one more server, whose start-up settles
+them, so the strict check spares nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools.crash_campaign import invariants, worker
+from tools.crash_campaign.disk_full import DiskFiller
 from vllm_uma.kv_offload.disk.block_file import file_bytes
 
 READY_TIMEOUT_S = 60.0
@@ -38,13 +47,15 @@ class Tally:
     kills: int = 0
     startup_kills: int = 0
     rounds: int = 0
+    full_rounds: int = 0  # rounds run on a full disk
     violations: list[str] = field(default_factory=list)
 
     def line(self) -> str:
+        full = f", on a full disk: {self.full_rounds} rounds" if self.full_rounds else ""
         return (
             f"kills={self.kills} rounds={self.rounds} violations={len(self.violations)} "
             f"(start-up kills={self.startup_kills}, under traffic="
-            f"{self.kills - self.startup_kills})"
+            f"{self.kills - self.startup_kills}{full})"
         )
 
 
@@ -91,6 +102,28 @@ class _Server:
             self._ready_fd = None
 
 
+def _wait_stopped(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Until every thread of ``pid`` is stopped (or gone): a SIGSTOP is
+    delivered asynchronously, and a thread still running could change the
+    store while it is checked."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            return  # gone: nothing of it runs
+        states = []
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass  # that thread ended
+        if all(state in "tTZX" for state in states):
+            return
+        time.sleep(0.001)
+
+
 class Campaign:
     def __init__(
         self,
@@ -102,8 +135,12 @@ class Campaign:
         seed: int,
         traffic_s: float,
         progress: Callable[[Tally], None] | None = None,
+        filler: Path | None = None,
+        full_share: float = 0.0,
     ):
         self.root, self.logs = root, logs
+        self._disk = None if filler is None else DiskFiller(filler)
+        self.full_share = full_share
         self._progress = progress
         self.cap_blocks, self.traffic_s = cap_blocks, traffic_s
         self.cap_bytes = cap_blocks * file_bytes(worker.ROW_BYTES)
@@ -146,6 +183,9 @@ class Campaign:
         self._violation(f"a server's start did not finish in {READY_TIMEOUT_S:.0f} s")
 
     def _round(self) -> None:
+        if self._disk is not None:
+            self._disk.set_full(self.rng.random() < self.full_share)
+            self.tally.full_rounds += self._disk.full
         slot = self.rng.randrange(len(self._servers))
         victim = self._servers[slot]
         if self.rng.random() < STARTUP_SHARE:
@@ -175,14 +215,21 @@ class Campaign:
                 self._died_unbidden(server)
         for server in live:
             os.kill(server.pid, signal.SIGSTOP)
+        for server in live:  # a stop lands asynchronously: wait for every thread's
+            _wait_stopped(server.pid)
         try:
-            self._check_store(f"after kill {self.tally.kills}", {s.pid for s in live})
+            settled = self._disk is None or not self._disk.full
+            self._check_store(f"after kill {self.tally.kills}", {s.pid for s in live}, settled)
         finally:
             for server in live:
                 os.kill(server.pid, signal.SIGCONT)
 
     def _stop_all(self) -> None:
         """SIGTERM every server (each drains its tier), then the strict check."""
+        if self._disk is not None and self._disk.full:
+            self._disk.set_full(False)
+            self._servers.append(extra := self._start())  # it settles what the full disk left
+            self._ready(extra)
         for server in self._servers:
             if server.process.exitcode is None:
                 os.kill(server.pid, signal.SIGTERM)
@@ -195,7 +242,9 @@ class Campaign:
             server.kill()  # what did not stop; reaps, and closes its pipe
         self._check_store("after the clean stop", set(), strict=True)
 
-    def _check_store(self, when: str, live_pids: set[int], strict: bool = False) -> None:
+    def _check_store(
+        self, when: str, live_pids: set[int], settled: bool = True, strict: bool = False
+    ) -> None:
         found = invariants.check_store(
             self.root,
             cap_bytes=self.cap_bytes,
@@ -203,6 +252,7 @@ class Campaign:
             live_pids=live_pids,
             io_threads=worker.IO_THREADS,
             strict=strict,
+            settled=settled,
         )
         for line in found:
             self._violation(f"{when}: {line}")

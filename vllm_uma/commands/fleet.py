@@ -66,6 +66,8 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     fleet_args, serve_flags = parser.parse_known_args(argv)
     from vllm_uma import models
+    from vllm_uma.commands.kv_events_endpoint import private_dir
+    from vllm_uma.commands.preflight import PreflightError
     from vllm_uma.commands.serve import parse_serve_args
     from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, plan_fleet
     from vllm_uma.fleet.supervisor import Fleet, FleetError
@@ -85,8 +87,13 @@ def main(argv: list[str]) -> int:
         kv_store = models.default_cache_root() / "kv-store"
     else:
         kv_store = None if fleet_args.kv_store == "none" else Path(fleet_args.kv_store)
+    try:
+        events_dir = private_dir()  # the servers' KV event sockets: this user's only
+    except PreflightError as exc:
+        return _fail(str(exc), 2)
     ask = FleetRequest(
         metrics_port=free_port(),
+        events_dir=events_dir,
         servers=fleet_args.servers,
         model=str(model),
         serve_flags=tuple(serve_flags),

@@ -10,7 +10,7 @@ may enter (mode 0700, checked, never followed through a symlink):
 ``$XDG_RUNTIME_DIR/vllm-uma`` when that exists, else the cache root's
 ``run/`` (vllm_uma/models/publish.py). vLLM binds ``ipc://`` endpoints (its
 ZmqEventPublisher), so a subscriber connects to that path; the log line says
-which.
+which. The API server removes that socket file when it exits.
 
 An endpoint the user names is theirs: it is kept as given, and when it is
 reachable beyond this user (TCP on any address, loopback included: every
@@ -24,6 +24,7 @@ from that config.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import stat
@@ -120,12 +121,23 @@ def settle(args, argv: list[str]) -> None:
                 f"VLLM_UMA_CACHE_DIR, or name an endpoint with --kv-events-config.endpoint."
             )
         events.endpoint = f"ipc://{path}"
+        # vLLM's publisher leaves its socket file behind: ours goes with us.
+        atexit.register(remove_socket_file, path)
         logger.info(
             "KV events: published on %s (this user only). To publish elsewhere, name an "
             "endpoint: --kv-events-config.endpoint tcp://127.0.0.1:5557.", events.endpoint,
         )  # fmt: skip
     if events.replay_endpoint is not None:
         _warn_if_open("replay_endpoint", events.replay_endpoint)
+
+
+def remove_socket_file(path: Path) -> None:
+    """Unlink ``path`` if it is a socket (never another kind of file)."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass  # gone already, or not ours to remove: nothing to do at exit
 
 
 def _warn_if_open(key: str, endpoint: str) -> None:

@@ -9,8 +9,10 @@ A server's share:
   ``VLLM_CPU_OMP_THREADS_BIND``;
 - memory: ``--gpu-memory-utilization`` (the fleet's, default 0.9) divided
   by the number of servers: together they stay within the one ceiling;
-- KV events through its own loopback relay (relay.py): the server
-  publishes to 127.0.0.1:in, the router subscribes at 127.0.0.1:out;
+- KV events through its own relay (relay.py): the server publishes on a
+  Unix socket in this user's private directory (``events_dir``, mode 0700,
+  commands/kv_events_endpoint.private_dir), the router subscribes at
+  127.0.0.1:out;
 - a host pool (``--kv-offloading-size``, default 1 GiB each) and the shared
   disk store, one ``root_dir`` for all (its cap shared, disk/ledger/).
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_uma.commands.argv import FlagValueMissing, given, take
+from vllm_uma.commands.kv_events_endpoint import MAX_SOCKET_PATH
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 DEFAULT_POOL_GIB = 1.0
@@ -44,7 +47,7 @@ class MemberPlan:
     index: int  # 1-based, as in the breakdown line
     port: int
     cores: tuple[int, ...]
-    events_in_port: int  # the relay's: the server publishes (connects) here
+    events_in: str  # ipc:// the server publishes on (binds); its relay connects
     events_out_port: int  # the relay's: the router subscribes (connects) here
     argv: tuple[str, ...]  # everything after `vllm-uma serve`
     env: dict[str, str] = field(default_factory=dict)
@@ -78,6 +81,7 @@ class FleetRequest:
     port: int
     policy: str
     kv_store: Path | None  # None: no disk tier
+    events_dir: Path  # private (0700): the servers' KV event sockets
     metrics_port: int = 29000  # the router's Prometheus /metrics
 
 
@@ -186,13 +190,23 @@ def _member_plan(
 ) -> MemberPlan:
     """Server ``index``'s ports, its share of the memory and its cores, its
     fleet identity and where it publishes its KV events."""
-    port, events_in, events_out = free_port(), free_port(), free_port()
+    port, events_out = free_port(), free_port()
+    # Named by the router's address, which no other live fleet holds (and a
+    # fleet started again on it reuses the names instead of adding files).
+    socket = ask.events_dir / f"fleet-{ask.host}-{ask.port}-server-{index}.sock"
+    if len(str(socket)) > MAX_SOCKET_PATH:
+        raise FleetPlanError(
+            f"the KV events socket {socket} is {len(str(socket))} characters long, over "
+            f"the {MAX_SOCKET_PATH} a Unix socket allows. Set a shorter VLLM_UMA_CACHE_DIR "
+            f"(or XDG_RUNTIME_DIR)."
+        )
+    events_in = f"ipc://{socket}"
     uma = {**additional.get("vllm_uma", {}), "fleet_member": index, "fleet_size": ask.servers}
     events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        # Not a wildcard: vLLM then connects, to the relay (relay.py).
-        "endpoint": f"tcp://127.0.0.1:{events_in}",
+        # vLLM binds an ipc:// endpoint; only this user may reach it.
+        "endpoint": events_in,
         "topic": EVENTS_TOPIC,
     }
     argv = [

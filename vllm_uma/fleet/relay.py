@@ -1,13 +1,23 @@
-"""Carry one server's KV events to the router, on loopback only.
+"""Carry one server's KV events to the router.
 
 Why a relay: vllm-router 0.1.17 subscribes by *connecting* to
 ``tcp://HOST:PORT`` (it refuses ipc:// and anything else: "KV endpoint
-must be tcp://HOST:PORT"), so something must listen. vLLM's publisher
-listens only on a wildcard (``tcp://*:PORT``, every interface: anyone who
-can reach the host could read which prompts it holds) and otherwise
-connects. So the supervisor listens for both, on 127.0.0.1:
+must be tcp://HOST:PORT"), so something must listen on TCP. vLLM's
+publisher binds a wildcard (``tcp://*:PORT``: every interface, anyone who
+can reach the host could read which prompts it holds, or publish events
+that steer the router) or an ``ipc://`` path, and otherwise connects. So
+each server binds a Unix socket in this user's private directory (mode
+0700: no other local user can connect, plan.py), the relay connects to it,
+and listens for the router on 127.0.0.1:
 
-    server PUB --connect--> [XSUB 127.0.0.1:in | relay | XPUB 127.0.0.1:out] <--connect-- router SUB
+    server PUB  --bind-->  ipc://<private dir>/fleet-...-server-N.sock
+                                  ^ connect
+                     [XSUB | relay | XPUB 127.0.0.1:out]  <--connect--  router SUB
+
+What is left open, because the router reads TCP only: any local user may
+subscribe at 127.0.0.1:out and read the block hashes (docs/fleet.md says
+so). Nobody but this user can inject events: the XPUB side carries
+subscriptions upstream, never events.
 
 One relay per server (the router tells workers apart by endpoint), each a
 thread of the ``vllm-uma fleet`` process: subscriptions flow up unchanged;
@@ -15,7 +25,9 @@ each event batch flows down through router_admission.admit_batch, which
 drops the events the router would refuse (one of them makes it forget the
 whole server) and keeps the batch's sequence number. Each kind of drop is
 logged once per relay, and counted (``dropped``). Nothing is kept between
-batches. A server that restarts connects to the same port again.
+batches. A server that restarts binds the same path again (ZeroMQ replaces
+a dead server's socket file) and the relay's connection comes back by
+itself.
 """
 
 from __future__ import annotations
@@ -33,18 +45,18 @@ logger = get_logger(__name__)
 
 class EventRelay:
     def __init__(
-        self, ctx: zmq.Context, inbound_port: int, outbound_port: int, block_tokens: int, name: str
+        self, ctx: zmq.Context, inbound: str, outbound_port: int, block_tokens: int, name: str
     ):
         self.name = name  # for the log: which server's events
         self.block_tokens = block_tokens  # the router's --kv-event-block-size
         self.dropped: collections.Counter[str] = collections.Counter()  # reason -> events
-        self.inbound = f"tcp://127.0.0.1:{inbound_port}"  # the server publishes here
+        self.inbound = inbound  # the server publishes (binds) here: ipc://
         self.outbound = f"tcp://127.0.0.1:{outbound_port}"  # the router reads here
         self._ctx = ctx
-        self._control = f"inproc://relay-{inbound_port}"
+        self._control = f"inproc://relay-{outbound_port}"
         self._ready = threading.Event()
         self._error: Exception | None = None
-        self._thread = threading.Thread(target=self._run, name=f"kv-relay-{inbound_port}")
+        self._thread = threading.Thread(target=self._run, name=f"kv-relay-{outbound_port}")
         self._thread.daemon = True
         self._thread.start()
         self._ready.wait(5)
@@ -56,7 +68,7 @@ class EventRelay:
         backend = self._ctx.socket(zmq.XPUB)
         control = self._ctx.socket(zmq.PAIR)
         try:
-            frontend.bind(self.inbound)
+            frontend.connect(self.inbound)  # retried by ZeroMQ until the server binds
             backend.bind(self.outbound)
             control.bind(self._control)
         except zmq.ZMQError as exc:

@@ -96,12 +96,12 @@ class Fleet:
             raise
 
     def start(self) -> None:
-        # Relays first: a server's publisher connects to its relay at start-up.
+        # Relays first: each connects to its server's socket once that is bound.
         for member in self.plan.members:
             self._relays.append(
                 EventRelay(
                     self._zmq,
-                    member.events_in_port,
+                    member.events_in,
                     member.events_out_port,
                     BLOCK_TOKENS,
                     f"server {member.index}",
@@ -229,6 +229,8 @@ class Fleet:
         for relay in self._relays:
             relay.stop()
         self._zmq.term()
+        for member in self.plan.members:  # a killed server leaves its socket file
+            Path(member.events_in.removeprefix("ipc://")).unlink(missing_ok=True)
         logger.info("fleet: stopped.")
 
 

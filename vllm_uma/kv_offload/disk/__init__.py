@@ -8,6 +8,7 @@ tier's own I/O threads, so serving never waits on the disk.
 The tier vLLM calls (scheduler thread):
     tier.py              DiskTier: lookups, store and load submission, life cycle
     tier_startup.py      open the store, load what it holds (once, before serving)
+    tier_settle.py       the start-up's settling, when a full disk put it off
     completion.py        the I/O's outcomes applied to the index; jobs finished
     jobs.py              one vLLM transfer job in flight, until its JobResult
     index.py             which blocks are on disk, for lookups without a syscall

@@ -23,6 +23,7 @@ from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.block_write import write_block
 from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Outcome, StoreFailure, failed
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
+from vllm_uma.kv_offload.disk.ledger.db import is_disk_full
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
 
 
@@ -98,8 +99,7 @@ def unlinker(layout: Layout, errors: list[str]) -> Callable[[BlockRef], None]:
 
 
 def _ledger_failure(exc: sqlite3.Error) -> StoreFailure:
-    # SQLite's own "database or disk is full" is the volume's ENOSPC.
-    if getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL":
+    if is_disk_full(exc):
         return StoreFailure.DISK_FULL
     return StoreFailure.LEDGER
 

@@ -39,6 +39,25 @@ class DiskWarnings:
             retry_in_s,
         )
 
+    def settle_put_off(self, detail: str) -> None:
+        logger.warning(
+            "Disk KV tier: the volume of %s is full (%s), so this start-up could not "
+            "bring the shared ledger up to date with the block files (a crashed server's "
+            "writes, files added or removed by hand) nor within the cap. The blocks the "
+            "ledger lists are restored meanwhile; that work is done as soon as a store "
+            "finds space. Free space on that volume or lower max_size_gib.",
+            self._root_dir,
+            detail,
+        )
+
+    def settled_late(self, evicted: int) -> None:
+        logger.info(
+            "Disk KV tier: the ledger under %s is up to date with the block files again "
+            "(%d block(s) evicted to fit the cap).",
+            self._root_dir,
+            evicted,
+        )
+
     def space_is_back(self) -> None:
         logger.info(
             "Disk KV tier: there is space again under %s; disk stores resume.", self._root_dir

@@ -62,7 +62,8 @@ from vllm_uma.kv_offload.disk.ledger.feed import LedgerFeed
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 from vllm_uma.kv_offload.disk.reports import TierReports
-from vllm_uma.kv_offload.disk.tier_startup import load_existing, open_store
+from vllm_uma.kv_offload.disk.tier_settle import DeferredSettle
+from vllm_uma.kv_offload.disk.tier_startup import load_existing, open_store, settle
 from vllm_uma.plugin import vllm_contract
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -148,6 +149,15 @@ class DiskTier(SecondaryTierManager):
         )
         self._done.used_bytes = found.used_bytes
         self._feed = LedgerFeed(ledger, namespace_id, writer, found.seq, self._outcomes)
+        self._settle = None
+        if not found.settled:  # a full disk: tried again once stores find space
+            self._settle = DeferredSettle(
+                lambda: settle(
+                    store, config.cap_bytes, f"{writer}-settle", self._protected,
+                    self._warnings, live_writer=writer,
+                ),
+                self._warnings,
+            )  # fmt: skip
 
     def _protected(self, ref: BlockRef) -> bool:
         """I/O threads: a block our load reads, or that a lookup just hit
@@ -199,6 +209,9 @@ class DiskTier(SecondaryTierManager):
         # recent and goes last: without its head, the rest of a prefix is
         # useless (vLLM's block pool frees a request's blocks in reverse too).
         cap, file_bytes = self._config.cap_bytes, self._store.file_bytes
+        settling = self._settle
+        if settling is not None and not self._full.paused and settling.due():
+            self._pool.submit(Priority.STORE, settling.run, None)
         for key, chunk in reversed(pairs):
             ref = BlockRef(self._ns, key)
             skip = self._skip_reason(ref)

@@ -5,13 +5,18 @@ blocking I/O is fine here: the namespace's directories, the O_DIRECT probe,
 the shared ledger (created, or a damaged one moved aside), the scan of the
 block files, the ledger reconciled with them and brought within the cap,
 then this namespace's blocks into the tier's index. The tier's shutdown
-closes the store again (``OpenStore.close``).
+closes the store again (``OpenStore.close``). On a full volume the ledger
+cannot be written: the tier then starts with the blocks the ledger lists,
+and the reconcile and the eviction (``settle``) run later, on an I/O
+thread, once stores find space (tier_settle.py).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +28,7 @@ from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_tasks import unlinker
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
-from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE
+from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE, is_disk_full
 from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, patiently, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 from vllm_uma.kv_offload.disk.reports import TierReports
@@ -92,6 +97,47 @@ class Existing:
 
     seq: int  # the ledger's last change the index includes: the feed's start
     used_bytes: int  # the store's bytes, all servers
+    settled: bool  # False: a full disk put the reconcile off (tier_settle.py)
+
+
+@dataclass(frozen=True)
+class Settled:
+    found: int  # block files the scan found, every namespace
+    temps: int  # leftover temp files it removed
+    evicted: list[tuple[BlockRef, int]]  # present blocks evicted to the cap
+
+
+def settle(
+    store: OpenStore,
+    cap_bytes: int | None,
+    writer: str,
+    protected: Callable[[BlockRef], bool],
+    warnings: DiskWarnings,
+    live_writer: str | None = None,
+) -> Settled:
+    """The store's files and its ledger made to agree, then brought within
+    the cap: at start-up, or later (tier_settle.py). Raises SQLite's error
+    when the volume is full (ledger.db.is_disk_full)."""
+    found, temps = scan_store(store.layout.noindex)
+    path = store.ledger.path
+    patiently(
+        lambda: reconcile(store.ledger, found, store.layout.exists, writer, live_writer),
+        "reconcile",
+        path,
+        warnings,
+    )
+    errors: list[str] = []
+    victims = patiently(
+        lambda: store.ledger.evict_to_cap(  # the cap may have been lowered
+            cap_bytes, writer, protected, unlinker(store.layout, errors)
+        ),
+        "eviction to the cap",
+        path,
+        warnings,
+    )
+    for error in errors:
+        warnings.unlink(error)
+    return Settled(len(found), temps, victims)
 
 
 def load_existing(
@@ -104,30 +150,21 @@ def load_existing(
     io_threads: int,
 ) -> Existing:
     """Scan, reconcile and evict to the cap; this namespace's blocks into
-    ``index``, announced as KV events; the start-up line logged."""
+    ``index``, announced as KV events; the start-up line logged. On a full
+    volume the ledger cannot be written: the tier starts with the blocks the
+    ledger has, and settles the store once it has space (tier_settle.py)."""
     # A large store takes a while to walk: say so first (log_startup
     # then says what was found).
     warnings.scanning()
-    found, temps = scan_store(store.layout.noindex)
-    path = store.ledger.path
-    patiently(
-        lambda: reconcile(store.ledger, found, store.layout.exists, store.writer),
-        "reconcile",
-        path,
-        warnings,
-    )
-    errors: list[str] = []
-    victims = patiently(
-        lambda: store.ledger.evict_to_cap(  # the cap may have been lowered
-            config.cap_bytes, store.writer, lambda ref: False, unlinker(store.layout, errors)
-        ),
-        "eviction to the cap",
-        path,
-        warnings,
-    )
-    for error in errors:
-        warnings.unlink(error)
-    reports.stats.count(m.EVICTED_BLOCKS, len(victims))
+    try:
+        done = settle(store, config.cap_bytes, store.writer, lambda ref: False, warnings)
+    except sqlite3.OperationalError as exc:
+        if not is_disk_full(exc):
+            raise
+        warnings.settle_put_off(str(exc))
+        done = None
+    else:
+        reports.stats.count(m.EVICTED_BLOCKS, len(done.evicted))
     present, seq = store.ledger.snapshot(namespace_id)
     for key, size in present:
         index.add_present(BlockRef(namespace_id, key), size)
@@ -136,5 +173,6 @@ def load_existing(
     reports.event([key for key, _ in present], removed=False)
     used_bytes = store.ledger.used_bytes()
     io = f"{'O_DIRECT' if store.direct else 'buffered'} I/O on {io_threads} threads"
-    log_startup(config, len(found), len(present), used_bytes, len(victims), temps, io)
-    return Existing(seq, used_bytes)
+    if done is not None:
+        log_startup(config, done.found, len(present), used_bytes, len(done.evicted), done.temps, io)
+    return Existing(seq, used_bytes, settled=done is not None)

@@ -113,6 +113,11 @@ class LedgerDB:
                 conn.close()
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """SQLite's own "database or disk is full": the volume's ENOSPC."""
+    return getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL"
+
+
 def used(db: sqlite3.Connection) -> int:
     return meta_value(db, "used")
 

@@ -38,6 +38,7 @@ from vllm_uma.kv_offload.disk.ledger.db import (
     LEDGER_FILE,
     LedgerError,
     insert_block,
+    is_disk_full,
     log_change,
 )
 from vllm_uma.kv_offload.disk.ledger.room import STALE_WRITE_S
@@ -85,6 +86,12 @@ def open_ledger(layout: Layout, warnings: DiskWarnings) -> Ledger:
     except sqlite3.DatabaseError as exc:
         ledger.close()
         if isinstance(exc, sqlite3.OperationalError):
+            if is_disk_full(exc):  # a new store on a full volume: nothing to start from
+                raise LedgerError(
+                    f"the volume of {layout.root_dir} is full: the shared ledger "
+                    f"{ledger.path} cannot be created ({exc}). Free space on that volume, "
+                    f"or give the disk tier a root_dir on another."
+                ) from None
             raise  # locked past the timeout, or unwritable: not damage
         aside = ledger.path.with_name(f"{LEDGER_FILE}.damaged-{time.time_ns()}")
         os.rename(ledger.path, aside)
@@ -105,15 +112,22 @@ class Reconciled:
 
 
 def reconcile(
-    ledger: Ledger, found: list[FoundBlock], exists: Callable[[BlockRef], bool], writer: str
+    ledger: Ledger,
+    found: list[FoundBlock],
+    exists: Callable[[BlockRef], bool],
+    writer: str,
+    live_writer: str | None = None,
 ) -> Reconciled:
     """Rows for every file found that is still there, no row for a file that
     is gone, and the used total recounted from the rows. ``exists`` is asked
-    inside the transaction, so it is the truth where ``found`` may be stale."""
+    inside the transaction, so it is the truth where ``found`` may be stale.
+    ``live_writer``: this process's tier whose rows are its writes in
+    flight, when the reconcile runs after its start-up (tier_settle.py);
+    other rows of this pid are an earlier tier's, abandoned."""
     files = {block.ref: block for block in found}
     now = time.time()
     with ledger.transaction() as db:
-        known, forgotten, reclaimed = _check_rows(db, files, exists, writer, now)
+        known, forgotten, reclaimed = _check_rows(db, files, exists, writer, live_writer, now)
         added = _add_unknown_files(db, files, known, exists, writer, now)
         _recount(db)
     return Reconciled(added, forgotten, reclaimed)
@@ -124,19 +138,22 @@ def _check_rows(
     files: dict[BlockRef, FoundBlock],
     exists: Callable[[BlockRef], bool],
     writer: str,
+    live_writer: str | None,
     now: float,
 ) -> tuple[set[BlockRef], int, int]:
     """Every row against the files: the rows' blocks, and how many rows
     were forgotten (file gone) and reclaimed (a dead writer's, no file)."""
-    rows = db.execute("SELECT ns, key, state, writer_pid, since FROM blocks").fetchall()
+    rows = db.execute("SELECT ns, key, state, writer_pid, writer, since FROM blocks").fetchall()
     known = set()
     forgotten = reclaimed = 0
-    for ns, key, state, pid, since in rows:
+    for ns, key, state, pid, row_writer, since in rows:
         ref = BlockRef(ns, key)
         known.add(ref)
         if state != BlockState.PRESENT:
             # Being written or deleted: its owner finishes it. A gone
             # owner's file (renamed, or not yet unlinked) is a block.
+            if live_writer is not None and row_writer == live_writer:
+                continue  # ours, in flight now
             ours_before = pid == os.getpid()  # an earlier tier of this process
             if pid_is_alive(pid) and not ours_before and now - since < STALE_WRITE_S:
                 continue
