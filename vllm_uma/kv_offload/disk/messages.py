@@ -114,9 +114,10 @@ class DiskWarnings:
     def ledger(self, detail: str) -> None:
         self._once(
             "ledger",
-            "Disk KV tier: the shared ledger could not be written in time (%s); the "
-            "block stays in RAM only. Another process holding it for long? Later "
-            'failures count in %s{reason="ledger"}.',
+            "Disk KV tier: the shared ledger could not be written (%s); the block "
+            "stays in RAM only. Locked or busy: another process holds it for long; an "
+            "I/O error or a read-only database: the kernel log (dmesg) says what the "
+            'volume did. Later failures count in %s{reason="ledger"}.',
             detail,
             STORE_FAILED,
         )

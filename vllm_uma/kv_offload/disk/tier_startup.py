@@ -29,7 +29,12 @@ from vllm_uma.kv_offload.disk.io_tasks import unlinker
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE, is_disk_full
-from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, patiently, reconcile
+from vllm_uma.kv_offload.disk.ledger.startup import (
+    open_ledger,
+    patiently,
+    reconcile,
+    unwritable_ledger,
+)
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 from vllm_uma.kv_offload.disk.reports import TierReports
 from vllm_uma.kv_offload.disk.store_scan import scan_store
@@ -160,7 +165,7 @@ def load_existing(
         done = settle(store, config.cap_bytes, store.writer, lambda ref: False, warnings)
     except sqlite3.OperationalError as exc:
         if not is_disk_full(exc):
-            raise
+            raise unwritable_ledger(store.layout.root_dir, store.ledger.path, exc) from None
         warnings.settle_put_off(str(exc))
         done = None
     else:

@@ -29,6 +29,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from vllm_uma.kv_offload.disk.block_state import BlockState
@@ -76,6 +77,22 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
+def unwritable_ledger(root: Path, path: Path, exc: sqlite3.OperationalError) -> LedgerError:
+    """A start-up that cannot write the ledger for another reason than a full
+    disk or a lock (those have their own ways): a volume gone read-only
+    (ext4's errors=remount-ro after an I/O error), or failing."""
+    try:
+        read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    state = "is mounted read-only" if read_only else "refuses writes"
+    return LedgerError(
+        f"the shared ledger {path} cannot be written ({exc}): the volume of {root} "
+        f"{state}. The kernel log (dmesg) says why; after a repair (fsck), remount it "
+        f"read-write, or give the disk tier a root_dir on another volume."
+    )
+
+
 def open_ledger(layout: Layout, warnings: DiskWarnings) -> Ledger:
     """The store's ledger, created if missing. A file SQLite cannot read
     (damaged, or not a database) is moved aside and started afresh: the
@@ -92,7 +109,9 @@ def open_ledger(layout: Layout, warnings: DiskWarnings) -> Ledger:
                     f"{ledger.path} cannot be created ({exc}). Free space on that volume, "
                     f"or give the disk tier a root_dir on another."
                 ) from None
-            raise  # locked past the timeout, or unwritable: not damage
+            if _is_locked(exc):
+                raise  # patiently waits for its holder
+            raise unwritable_ledger(layout.root_dir, ledger.path, exc) from None
         aside = ledger.path.with_name(f"{LEDGER_FILE}.damaged-{time.time_ns()}")
         os.rename(ledger.path, aside)
         for suffix in ("-wal", "-shm"):
