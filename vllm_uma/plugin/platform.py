@@ -22,6 +22,8 @@ What changes from the CPU platform, and why:
   vLLM CPU would reserve a core for the frontend (``keep_single_worker_in_process``).
 - Only vLLM 0.32.0 is accepted: importing this module with another version
   raises one line naming both (vllm_version.py).
+- ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_BF16 on an AMX CPU with bf16 is
+  refused: vLLM's kernels would abort on the first prompt (cpu_kernels.py).
 - The scheduler is vLLM's with a thread that gives free KV memory back
   (memory_release/scheduler.py), unless that is turned off.
 - Every setting the plugin acts on (``--additional-config '{"vllm_uma":
@@ -42,6 +44,7 @@ from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+from vllm_uma.plugin.cpu_kernels import check_onednn_cap
 from vllm_uma.plugin.memory import fmt_gib
 from vllm_uma.plugin.settings import settings_for_hook
 from vllm_uma.plugin.vllm_version import require_supported_vllm
@@ -146,6 +149,8 @@ class UmaPlatform(CpuPlatform):
         )
         # Checked here, in the API server, before any weights load; read
         # back when vLLM runs the hook again (settings.py).
+        if vllm_config.model_config is not None:
+            check_onednn_cap(vllm_config.model_config.dtype)
         settings = settings_for_hook(vllm_config, total_ram_bytes())
         plan = settings.offload
         if plan is not None:

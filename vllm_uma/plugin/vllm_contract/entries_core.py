@@ -169,6 +169,14 @@ ENTRIES = (
         "SIG_DFL before the teardown: no signal may reach it then",
         text="signal.signal(signal.SIGTERM, signal.SIG_DFL)",
     ),
+    # -- plugin/cpu_kernels.py: why a low oneDNN cap aborts on AMX (texts)
+    Text(
+        "vllm.model_executor.layers.utils",
+        "",
+        ("vllm_uma.plugin.cpu_kernels",),
+        "bf16 linear kernels are chosen by the CPU's AMX tiles, not by oneDNN's cap",
+        text="if not torch.cpu._is_amx_tile_supported() or dtype not in (",
+    ),
     # -- commands/engine_watch.py: vLLM's log lines it matches (texts)
     Text(
         "vllm.v1.engine.core_client",
