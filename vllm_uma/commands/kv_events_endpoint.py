@@ -10,7 +10,8 @@ may enter (mode 0700, checked, never followed through a symlink):
 ``$XDG_RUNTIME_DIR/vllm-uma`` when that exists, else the cache root's
 ``run/`` (vllm_uma/models/publish.py). vLLM binds ``ipc://`` endpoints (its
 ZmqEventPublisher), so a subscriber connects to that path; the log line says
-which. The API server removes that socket file when it exits.
+which. The API server removes that socket file when it exits (also when stopped
+during its start-up: startup_stop.py).
 
 An endpoint the user names is theirs: it is kept as given, and when it is
 reachable beyond this user (TCP on any address, loopback included: every
@@ -30,6 +31,7 @@ import os
 import stat
 from pathlib import Path
 
+from vllm_uma import startup_stop
 from vllm_uma.commands.argv import FlagValueMissing, given, take
 from vllm_uma.commands.preflight import PreflightError
 from vllm_uma.log import get_logger
@@ -123,6 +125,7 @@ def settle(args, argv: list[str]) -> None:
         events.endpoint = f"ipc://{path}"
         # vLLM's publisher leaves its socket file behind: ours goes with us.
         atexit.register(remove_socket_file, path)
+        startup_stop.on_stop(lambda: remove_socket_file(path))
         logger.info(
             "KV events: published on %s (this user only). To publish elsewhere, name an "
             "endpoint: --kv-events-config.endpoint tcp://127.0.0.1:5557.", events.endpoint,

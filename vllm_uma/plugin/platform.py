@@ -24,6 +24,8 @@ What changes from the CPU platform, and why:
   raises one line naming both (vllm_version.py).
 - ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_BF16 on an AMX CPU with bf16 is
   refused: vLLM's kernels would abort on the first prompt (cpu_kernels.py).
+- In ``vllm-uma serve``, SIGTERM and SIGINT before vLLM serves stop the
+  server at once (startup_stop.py; vLLM's own handler is lost then).
 - The scheduler is vLLM's with a thread that gives free KV memory back
   (memory_release/scheduler.py), unless that is turned off.
 - Every setting the plugin acts on (``--additional-config '{"vllm_uma":
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING
 import psutil
 from vllm.platforms.cpu import CpuPlatform
 
+from vllm_uma import startup_stop
 from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
@@ -151,6 +154,9 @@ class UmaPlatform(CpuPlatform):
         # back when vLLM runs the hook again (settings.py).
         if vllm_config.model_config is not None:
             check_onednn_cap(vllm_config.model_config.dtype)
+        # From here until vLLM serves, a stop in vllm-uma serve is honoured
+        # at once (vLLM's own start-up handler is lost in its zmq polls).
+        startup_stop.arm()
         settings = settings_for_hook(vllm_config, total_ram_bytes())
         plan = settings.offload
         if plan is not None:

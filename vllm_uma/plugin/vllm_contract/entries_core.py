@@ -177,6 +177,29 @@ ENTRIES = (
         "bf16 linear kernels are chosen by the CPU's AMX tiles, not by oneDNN's cap",
         text="if not torch.cpu._is_amx_tile_supported() or dtype not in (",
     ),
+    # -- startup_stop.py: vLLM's start-up handler, then serving's (texts)
+    Text(
+        "vllm.entrypoints.launchers.api_server.entry",
+        "",
+        ("vllm_uma.startup_stop",),
+        "vLLM puts its start-up SIGTERM handler in before building the config, so ours "
+        "(from the platform hook) comes after it",
+        text="signal.signal(signal.SIGTERM, _interrupt_init)",
+    ),
+    Text(
+        "vllm.entrypoints.launchers.launcher",
+        "",
+        ("vllm_uma.startup_stop",),
+        "serving replaces our handlers with vLLM's own (graceful: the disk tier drains)",
+        text="loop.add_signal_handler(signal.SIGTERM, signal_handler)",
+    ),
+    Text(
+        "vllm.entrypoints.launchers.launcher",
+        "",
+        ("vllm_uma.startup_stop",),
+        "and so for SIGINT",
+        text="loop.add_signal_handler(signal.SIGINT, signal_handler)",
+    ),
     # -- commands/engine_watch.py: vLLM's log lines it matches (texts)
     Text(
         "vllm.v1.engine.core_client",
