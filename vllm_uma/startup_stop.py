@@ -15,11 +15,15 @@ What we do: in the API server of ``vllm-uma serve`` (the platform's config
 hook calls :func:`arm` there, after vLLM installed its handler and before
 it starts the engine core), SIGTERM and SIGINT run :func:`_stop_now`
 until vLLM starts serving, when its own handlers replace ours
-(``loop.add_signal_handler`` in ``serve_http``). The handler does not raise
-(it would be dropped too): it logs one line, SIGKILLs the engine core and
-everything it started, runs the clean-ups registered with :func:`on_stop`
-(the private KV-events socket), and ends this process by the same signal,
-as a process without a handler would end: supervisors see a clean stop.
+(``loop.add_signal_handler`` in ``serve_http``, and so for gRPC). Only in
+vLLM's single async API server, the one that replaces them: the hook must
+run inside its event loop (headless mode, several API servers and the DP
+supervisor build the config outside one, and are left as vLLM makes them).
+The handler does not raise (it would be dropped too): it logs one line,
+SIGKILLs the engine core and everything it started, runs the clean-ups
+registered with :func:`on_stop` (the private KV-events socket), and ends
+this process by the same signal, as a process without a handler would
+end: supervisors see a clean stop.
 
 Why a SIGKILL loses nothing here: before vLLM serves, no request has run,
 so no KV block was computed and no store is queued; the disk tier's
@@ -36,6 +40,7 @@ keep vLLM's behaviour: only ``vllm-uma serve`` marks its process
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -72,6 +77,13 @@ def arm() -> bool:
         return False  # not vllm-uma serve's API server
     if threading.current_thread() is not threading.main_thread():
         return False  # only the main thread may install handlers
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        # Not vLLM's async API server (headless, several API servers, the
+        # DP supervisor: their parents build the config outside a loop), so
+        # nothing of vLLM's would replace our handlers once it serves.
+        return False
     if not _armed:
         for signum in STOP_SIGNALS:
             signal.signal(signum, _stop_now)

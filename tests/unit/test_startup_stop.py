@@ -35,8 +35,13 @@ STAND_IN = textwrap.dedent(
         os.environ["VLLM_UMA_API_SERVER_PID"] = str(os.getpid())
         signal.signal(signal.SIGTERM, interrupt_init)
         if sys.argv[1] == "armed":
+            import asyncio
             from vllm_uma import startup_stop
-            assert startup_stop.arm()
+
+            async def platform_hook():  # vLLM builds its config in its loop
+                return startup_stop.arm()
+
+            assert asyncio.run(platform_hook())
             marker = sys.argv[2]
             startup_stop.on_stop(lambda: open(marker, "w").close())
         core = multiprocessing.get_context("fork").Process(target=engine_core, daemon=True)
@@ -123,9 +128,12 @@ def test_without_it_pyzmq_drops_the_stop_and_the_wait_goes_on(tmp_path):
 
 
 def test_it_arms_only_in_vllm_uma_serves_api_server(monkeypatch):
+    # (In the stand-in above it arms inside asyncio.run, as in vLLM.)
     before = signal.getsignal(signal.SIGTERM)
     monkeypatch.setenv(lifeline.API_SERVER_ENV, str(os.getpid() + 1))
     assert startup_stop.arm() is False  # a plain `vllm serve`, or the engine core
     monkeypatch.delenv(lifeline.API_SERVER_ENV)
     assert startup_stop.arm() is False  # the LLM class in a user's program
+    monkeypatch.setenv(lifeline.API_SERVER_ENV, str(os.getpid()))
+    assert startup_stop.arm() is False  # no event loop: headless, several API servers
     assert signal.getsignal(signal.SIGTERM) is before
