@@ -1,0 +1,134 @@
+"""The architectures people serve, scaled down, through the real server and every tier.
+
+One server start per family (tools/model_zoo: Qwen3, Qwen2.5, Llama 3,
+Mistral, Phi-3, Qwen3-MoE; two layers, the published head_dim, KV-head
+ratio and features, synthetic weights), in float32, with an L1 of 18
+blocks, a host pool of 30 and a disk tier. All six share one disk store,
+one after another. Each serves long prompts cold, once more (an L1 hit),
+pushes them out of L1 with others, then comes back to one still in the
+pool and to one only the disk has. Checked per family:
+
+- the published check: vLLM's greedy tokens equal transformers' float32
+  ones for the same build;
+- the breakdown line's bytes per block are the architecture's KV bytes
+  (layers x KV heads x head_dim x K and V x 4 B x 128 tokens);
+- a pool restore and a disk restore give exactly the L1 hit's tokens, and
+  /metrics says which tier each came from;
+- every block file a family wrote carries its own namespace, none another's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.disk_store import BLOCK_TOKENS, block_files
+from tests.e2e.test_disk_tier import namespace_of
+from tests.e2e.traffic import EAGER, metrics, prompt
+from tools.harness.reference import TransformersReference
+from tools.harness.server import metric
+from tools.model_zoo import build
+from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token
+from vllm_uma.plugin.memory import parse_breakdown
+from vllm_uma.server_process import Server
+
+pytestmark = pytest.mark.slow
+
+BUILDS = [build_name(f, "scaled") for f in FAMILIES.values()]
+L1_BLOCKS = 18  # one prompt of 10 blocks, not two
+POOL_BLOCKS = 30  # the last three prompts
+MAX_TOKENS = 8
+CACHED = "vllm:prompt_tokens_cached_by_source_total"
+# Prompt 0 and 1 cold, again at once (L1 hits), then 2-5 push them out.
+# Prompt 4 is then in the pool (L1 holds 5), prompt 0 on disk only.
+POOL_REVISIT, DISK_REVISIT = 4, 0
+
+
+def serve_family(exe: str, name: str, root: Path, log: Path) -> dict:
+    family = FAMILIES[next(k for k, f in FAMILIES.items() if build_name(f, "scaled") == name)]
+    path = build.build(name)
+    per_block = kv_bytes_per_token(family.config("scaled"), dtype_bytes=4) * BLOCK_TOKENS
+    tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
+    tiers = json.dumps({"kv_connector_extra_config": {"secondary_tiers": [tier]}})
+    args = [
+        str(path),
+        *EAGER,
+        *("--dtype", "float32", "--max-model-len", "2048", "--served-model-name", name),
+        *("--kv-cache-memory-bytes", str(per_block * L1_BLOCKS + 1)),
+        *("--kv-offloading-size", f"{per_block * POOL_BLOCKS / 2**30:.6f}"),
+        *("--kv-transfer-config", tiers),
+    ]  # fmt: skip
+    before = set(block_files(root))
+    srv = Server(exe, args, log).wait_ready()
+    try:
+        run = {"name": name, "path": path, "per_block": per_block, "log": srv.log()}
+
+        def complete(i: int) -> tuple[list[int], list[int]]:
+            reply = srv.complete(name, prompt(i), MAX_TOKENS, return_token_ids=True)
+            choice = reply["choices"][0]
+            return choice["prompt_token_ids"], choice["token_ids"]
+
+        run["prompt_ids"], run["cold"] = complete(0)
+        run["hit"] = complete(0)[1]
+        for i in range(1, 6):
+            ids = complete(i)[1]
+            if i == POOL_REVISIT:
+                run["cold_4"] = ids
+        for label, i in (("pool", POOL_REVISIT), ("disk", DISK_REVISIT)):
+            start = metrics(srv)
+            run[f"{label}_tokens"] = complete(i)[1]
+            end = metrics(srv)
+            run[f"{label}_sources"] = {
+                source: metric(end, CACHED, f'source="{source}"')
+                - metric(start, CACHED, f'source="{source}"')
+                for source in ("host", "disk")
+            }
+    finally:
+        srv.stop()
+    run["files"] = set(block_files(root)) - before
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo-store") / "kv"
+    logs = tmp_path_factory.mktemp("zoo-logs")
+    return {name: serve_family(vllm_uma_exe, name, root, logs / f"{name}.log") for name in BUILDS}
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_vllm_gives_transformers_float32_greedy_tokens(runs, name):
+    run = runs[name]
+    reference = TransformersReference(run["path"], "float32")
+    expected, _ = reference.greedy(run["prompt_ids"], MAX_TOKENS)
+    assert run["cold"] == expected
+    assert len(set(expected)) > MAX_TOKENS // 2  # not one token repeated
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_the_breakdown_counts_the_architectures_kv_bytes(runs, name):
+    line = next(x for x in runs[name]["log"].splitlines() if "memory breakdown:" in x)
+    breakdown = parse_breakdown(line)
+    assert breakdown["per_block_bytes"] == runs[name]["per_block"]
+    assert breakdown["block_size"] == BLOCK_TOKENS
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_a_pool_and_a_disk_restore_give_the_l1_hits_tokens(runs, name):
+    run = runs[name]
+    assert run["hit"] == run["cold"]
+    assert run["pool_sources"]["host"] >= BLOCK_TOKENS  # from the pool, not recomputed
+    assert run["pool_tokens"] == run["cold_4"]
+    assert run["disk_sources"]["disk"] >= BLOCK_TOKENS  # from the disk
+    assert run["disk_tokens"] == run["hit"]
+
+
+def test_families_sharing_one_store_never_share_a_namespace(runs):
+    by_family = {}
+    for name, run in runs.items():
+        spaces = {namespace_of(path) for path in run["files"] if path.exists()}
+        assert len(spaces) == 1, (name, spaces)  # all of its files, one namespace
+        by_family[name] = spaces.pop()
+    assert len(set(by_family.values())) == len(BUILDS)
