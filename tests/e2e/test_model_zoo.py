@@ -15,6 +15,10 @@ pool and to one only the disk has. Checked per family:
 - a pool restore and a disk restore give exactly the L1 hit's tokens, and
   /metrics says which tier each came from;
 - every block file a family wrote carries its own namespace, none another's.
+
+Then the default model in bfloat16 with ``--kv-cache-dtype fp8`` on the same
+store: half the bytes per block in the breakdown and in every block file,
+and its pool and disk restores give an L1 hit's tokens.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ import pytest
 
 from tests.e2e.disk_store import BLOCK_TOKENS, block_files
 from tests.e2e.test_disk_tier import namespace_of
-from tests.e2e.traffic import EAGER, metrics, prompt
+from tests.e2e.traffic import EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
 from tools.harness.server import metric
 from tools.model_zoo import build
 from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token
+from vllm_uma.kv_offload.disk import block_file
 from vllm_uma.plugin.memory import parse_breakdown
 from vllm_uma.server_process import Server
 
@@ -46,16 +51,18 @@ CACHED = "vllm:prompt_tokens_cached_by_source_total"
 POOL_REVISIT, DISK_REVISIT = 4, 0
 
 
-def serve_family(exe: str, name: str, root: Path, log: Path) -> dict:
-    family = FAMILIES[next(k for k, f in FAMILIES.items() if build_name(f, "scaled") == name)]
-    path = build.build(name)
-    per_block = kv_bytes_per_token(family.config("scaled"), dtype_bytes=4) * BLOCK_TOKENS
+def serve_and_revisit(
+    exe: str, path: Path, name: str, kv_args: list[str], per_block: int, root: Path, log: Path
+) -> dict:
+    """One server of ``path`` on the shared store: the traffic above, and
+    what the tests read off it."""
     tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
     tiers = json.dumps({"kv_connector_extra_config": {"secondary_tiers": [tier]}})
     args = [
         str(path),
         *EAGER,
-        *("--dtype", "float32", "--max-model-len", "2048", "--served-model-name", name),
+        *kv_args,
+        *("--max-model-len", "2048", "--served-model-name", name),
         *("--kv-cache-memory-bytes", str(per_block * L1_BLOCKS + 1)),
         *("--kv-offloading-size", f"{per_block * POOL_BLOCKS / 2**30:.6f}"),
         *("--kv-transfer-config", tiers),
@@ -73,9 +80,11 @@ def serve_family(exe: str, name: str, root: Path, log: Path) -> dict:
         run["prompt_ids"], run["cold"] = complete(0)
         run["hit"] = complete(0)[1]
         for i in range(1, 6):
-            ids = complete(i)[1]
             if i == POOL_REVISIT:
-                run["cold_4"] = ids
+                complete(i)
+                run["hit_4"] = complete(i)[1]  # L1 hit of the pool revisit's prompt
+            else:
+                complete(i)
         for label, i in (("pool", POOL_REVISIT), ("disk", DISK_REVISIT)):
             start = metrics(srv)
             run[f"{label}_tokens"] = complete(i)[1]
@@ -88,7 +97,15 @@ def serve_family(exe: str, name: str, root: Path, log: Path) -> dict:
     finally:
         srv.stop()
     run["files"] = set(block_files(root)) - before
+    run["root"] = root
     return run
+
+
+def serve_family(exe: str, name: str, root: Path, log: Path) -> dict:
+    family = next(f for f in FAMILIES.values() if build_name(f, "scaled") == name)
+    per_block = kv_bytes_per_token(family.config("scaled"), dtype_bytes=4) * BLOCK_TOKENS
+    kv_args = ["--dtype", "float32"]
+    return serve_and_revisit(exe, build.build(name), name, kv_args, per_block, root, log)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +113,18 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo-store") / "kv"
     logs = tmp_path_factory.mktemp("zoo-logs")
     return {name: serve_family(vllm_uma_exe, name, root, logs / f"{name}.log") for name in BUILDS}
+
+
+@pytest.fixture(scope="module")
+def fp8_run(vllm_uma_exe, default_model_dir, runs, tmp_path_factory):
+    """The default model in bfloat16 with an fp8 KV cache, on the same store
+    after the families (``runs``: one store, one server at a time)."""
+    config = json.loads((default_model_dir / "config.json").read_text())
+    per_block = kv_bytes_per_token(config, dtype_bytes=1) * BLOCK_TOKENS
+    kv_args = ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8"]
+    root = runs[BUILDS[0]]["root"]
+    log = tmp_path_factory.mktemp("zoo-fp8") / "server.log"
+    return serve_and_revisit(vllm_uma_exe, default_model_dir, MODEL, kv_args, per_block, root, log)
 
 
 @pytest.mark.parametrize("name", BUILDS)
@@ -120,7 +149,7 @@ def test_a_pool_and_a_disk_restore_give_the_l1_hits_tokens(runs, name):
     run = runs[name]
     assert run["hit"] == run["cold"]
     assert run["pool_sources"]["host"] >= BLOCK_TOKENS  # from the pool, not recomputed
-    assert run["pool_tokens"] == run["cold_4"]
+    assert run["pool_tokens"] == run["hit_4"]
     assert run["disk_sources"]["disk"] >= BLOCK_TOKENS  # from the disk
     assert run["disk_tokens"] == run["hit"]
 
@@ -132,3 +161,19 @@ def test_families_sharing_one_store_never_share_a_namespace(runs):
         assert len(spaces) == 1, (name, spaces)  # all of its files, one namespace
         by_family[name] = spaces.pop()
     assert len(set(by_family.values())) == len(BUILDS)
+
+
+def test_an_fp8_kv_cache_halves_the_bytes_of_every_block_in_l1_and_on_disk(fp8_run):
+    line = next(x for x in fp8_run["log"].splitlines() if "memory breakdown:" in x)
+    # 30 layers x 3 KV heads x 64 x K and V x 1 B x 128: half of bfloat16's.
+    assert parse_breakdown(line)["per_block_bytes"] == fp8_run["per_block"] == 1_474_560
+    sizes = {path.stat().st_size for path in fp8_run["files"] if path.exists()}
+    assert sizes == {block_file.file_bytes(fp8_run["per_block"])}
+
+
+def test_an_fp8_kv_cache_restores_from_the_pool_and_the_disk_as_an_l1_hit(fp8_run):
+    # bfloat16: each restore against an L1 hit of the same prompt.
+    assert fp8_run["pool_sources"]["host"] >= BLOCK_TOKENS
+    assert fp8_run["pool_tokens"] == fp8_run["hit_4"]
+    assert fp8_run["disk_sources"]["disk"] >= BLOCK_TOKENS
+    assert fp8_run["disk_tokens"] == fp8_run["hit"]
