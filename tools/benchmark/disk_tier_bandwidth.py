@@ -1,18 +1,19 @@
 """L3 bandwidth: the disk tier's store and restore beside the disk's own read speed.
 
     .venv/bin/python -m tools.benchmark.disk_tier_bandwidth [--dir DIR] [--blocks 4000]
-        [--threads 4] [--json out.json]
+        [--threads 4] [--model zoo-qwen3-real] [--json out.json]
 
 1. The disk, two ways: a file of --seq-gib GiB read back with O_DIRECT in
    1 MiB requests one at a time (the disk's sequential speed, for the
    record), and block files read the way the tier reads them (O_DIRECT, as
    many at a time as the restore's threads, page cache dropped:
    lib/floors.py: disk_tier_read_gbps), the reference a restore is held to.
-2. The tier: --blocks blocks of the default model's row (vLLM CPU's block of
-   128 tokens, from the model's config) stored by the real DiskTier from an mmap'd primary
-   tier in jobs of 9 blocks, then the page cache is dropped for every block
-   file (sync + posix_fadvise DONTNEED on each), and a new DiskTier on the
-   same root (a restart) restores them all, checksums verified.
+2. The tier: --blocks blocks of the model's row (vLLM CPU's block of
+   128 tokens, from the model's config; --model as in lib/model_choice.py)
+   stored by the real DiskTier from an mmap'd primary tier in jobs of 9
+   blocks, then the page cache is dropped for every block file (sync +
+   posix_fadvise DONTNEED on each), and a new DiskTier on the same root
+   (a restart) restores them all, checksums verified.
 The ratio restore / read as the tier reads is the target (>= 90%); all figures come from
 one run, since the machine is shared. Files go under --dir (default: a temp
 directory beside the project, on its disk: never tmpfs, whose "disk" is RAM)
@@ -36,8 +37,9 @@ import numpy as np
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
+from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.floors import disk_tier_read_gbps, drop_page_cache
-from tools.benchmark.lib.geometry import BLOCK_TOKENS, kv_bytes_per_token
+from tools.benchmark.lib.geometry import kv_row_bytes
 from tools.benchmark.lib.report import write_json
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
@@ -45,11 +47,8 @@ from vllm_uma.kv_offload.disk.tier import DiskTier
 
 REPO = Path(__file__).resolve().parents[2]
 MiB, GiB = 1 << 20, 1 << 30
-# One KV block of the default model as vLLM CPU lays it out (128 tokens in
-# bf16), i.e. one primary-tier row: from the model's config, not a constant.
-ROW = BLOCK_TOKENS * kv_bytes_per_token()
 JOB_BLOCKS = 9  # a 1,200-token prompt's full blocks
-PRIMARY_ROWS = 64  # 180 MiB of primary tier; jobs reuse its rows
+PRIMARY_ROWS = 64  # jobs reuse its rows (180 MiB of the default model's)
 NS = bytes.fromhex("be" * 16)
 
 
@@ -136,8 +135,9 @@ TARGET = 0.9
 
 
 def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path, label=""):
+    row = view.shape[1]  # one block of the model's KV
     sequential_Bps = read_sequential(sequential)
-    disk = disk_tier_read_gbps(work, ROW, min(blocks * ROW, GiB), threads=n) * 1e9
+    disk = disk_tier_read_gbps(work, row, min(blocks * row, GiB), threads=n) * 1e9
     # Every block file, so the restore reads the disk, not the page cache.
     dropped = drop_page_cache(work / "tier")
     start = time.perf_counter()
@@ -147,7 +147,7 @@ def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path,
     took = run_jobs(tier, blocks, load=True)
     cpu = cpu_seconds() - cpu
     tier.shutdown()
-    nbytes = blocks * ROW
+    nbytes = blocks * row
     floor = nbytes / disk
     run = {
         "threads": n,
@@ -180,6 +180,7 @@ def main() -> int:
     ap.add_argument("--threads", default=str(DEFAULT_IO_THREADS), help="I/O threads, e.g. 1,2,4,8")
     ap.add_argument("--repeats", type=int, default=3, help="restores per thread count")
     ap.add_argument("--json", type=Path, default=None)
+    model_choice.add_argument(ap)
     args = ap.parse_args()
     parent = (args.dir or REPO).resolve()
     kind = fs_type(parent)
@@ -196,12 +197,15 @@ def main() -> int:
 
 
 def measure(work: Path, args, kind: str) -> dict:
-    nbytes = args.blocks * ROW
-    print(f"dir {work} ({kind}); {args.blocks} blocks of {ROW:,} B = {nbytes / GiB:.2f} GiB")
+    choice = model_choice.choose(args.model)
+    row = kv_row_bytes(choice.directory)
+    nbytes = args.blocks * row
+    print(f"model {choice.describe()}")
+    print(f"dir {work} ({kind}); {args.blocks} blocks of {row:,} B = {nbytes / GiB:.2f} GiB")
     sequential = work / "sequential.bin"
     seq_write = write_sequential(sequential, int(args.seq_gib * GiB))
-    primary = mmap.mmap(-1, PRIMARY_ROWS * ROW)
-    view = memoryview(primary).cast("B", (PRIMARY_ROWS, ROW))
+    primary = mmap.mmap(-1, PRIMARY_ROWS * row)
+    view = memoryview(primary).cast("B", (PRIMARY_ROWS, row))
     primary[:] = np.random.default_rng(0).bytes(len(primary))
     threads = [int(t) for t in args.threads.split(",")]
     tier = make_tier(work / "tier", view, threads[0])
@@ -214,7 +218,8 @@ def measure(work: Path, args, kind: str) -> dict:
         "dir": str(work),
         "fs": kind,
         "blocks": args.blocks,
-        "row_bytes": ROW,
+        "model": choice.describe(),
+        "row_bytes": row,
         "disk_seq_write_Bps": seq_write,
         "store_Bps": nbytes / stored,
         "runs": [],

@@ -55,18 +55,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if bad or not chosen:
             ap.error(f"--{key} {getattr(args, key)!r}: choose from {', '.join(known)}")
         setattr(args, key, [x for x in known if x in chosen])
-    if not models.is_recipe(args.model):
-        ap.error(f"--model {args.model!r}: choose a recipe: {', '.join(models.RECIPES)}")
+    if args.model.startswith("zoo-"):
+        # A model zoo build (synthetic weights): served and named by its
+        # directory, which vLLM then reports as the model's name.
+        from tools.model_zoo import build
+
+        try:
+            args.model = str(build.build(args.model, dtype="bfloat16"))
+        except ValueError as exc:
+            ap.error(f"--model: {exc}")
+    elif not models.is_recipe(args.model):
+        ap.error(
+            f"--model {args.model!r}: choose a recipe ({', '.join(models.RECIPES)}) or a "
+            f"model zoo build (python -m tools.model_zoo list)"
+        )
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1 (3 or more give a range)")
     if args.prompt_tokens + args.max_tokens > args.max_model_len:
         ap.error("--prompt-tokens + --max-tokens must fit in --max-model-len")
     args.disk_dir = (args.disk_dir or args.out.parent).absolute()
+    # L1 and the pool default to as many KV blocks as the default model's
+    # 400 MB and 1 GiB hold, in the chosen model's blocks: a model with five
+    # times the KV per token gets five times the bytes, the same workload.
+    zoo = Path(args.model)
+    row = args.row_bytes = kv_row_bytes(zoo if zoo.is_dir() else models.prepare(args.model))
+    if args.l1_bytes is None:
+        args.l1_bytes = DEFAULT_L1_BLOCKS * row + row // 2
+    if args.pool_gib is None:
+        args.pool_gib = round(DEFAULT_POOL_BLOCKS * row / GiB, 2)
     if args.disk_cap_gib is None:
         # The spill set fits the pool by construction; twice the pool leaves
         # room for the controls' stores too.
         args.disk_cap_gib = 2 * args.pool_gib
     return args
+
+
+# The defaults' sizes in KV blocks (what 400 MB and 1 GiB held of the
+# default model's 2,949,120-byte blocks).
+DEFAULT_L1_BLOCKS = 135
+DEFAULT_POOL_BLOCKS = 364
 
 
 def _add_run_flags(ap: argparse.ArgumentParser) -> None:
@@ -80,8 +107,8 @@ def _add_run_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--model",
         default=models.DEFAULT_MODEL_NAME,
-        help=f"the model every server serves, by recipe name ({', '.join(models.RECIPES)}); "
-        "prepared first if needed",
+        help=f"the model every server serves, by recipe name ({', '.join(models.RECIPES)}) "
+        "or model zoo build (zoo-qwen3-real, ...: synthetic weights); prepared first if needed",
     )
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
@@ -107,10 +134,17 @@ def _add_memory_and_disk_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--l1-bytes",
         type=int,
-        default=400_000_000,
-        help="--kv-cache-memory-bytes of every server: L1 (default: 135 blocks, 17,280 tokens)",
+        default=None,
+        help="--kv-cache-memory-bytes of every server: L1 (default: 135 blocks, 17,280 "
+        "tokens, of the model's KV: 400 MB for the default model)",
     )
-    ap.add_argument("--pool-gib", type=float, default=1.0, help="--kv-offloading-size")
+    ap.add_argument(
+        "--pool-gib",
+        type=float,
+        default=None,
+        help="--kv-offloading-size (default: 364 blocks of the model's KV: 1 GiB for the "
+        "default model)",
+    )
     ap.add_argument("--spill-factor", type=float, default=2.0, help="spill set / L1 tokens")
     ap.add_argument("--max-model-len", type=int, default=8192, help="of every server")
     ap.add_argument(
@@ -150,7 +184,7 @@ def measure_bandwidth(args: argparse.Namespace) -> dict:
     # The disk reference reads as the tier does: one KV block per file
     # (the row from the model's config; the runner checks it against the
     # servers' breakdown line), O_DIRECT, on the tier's I/O threads.
-    row = kv_row_bytes(models.prepare(args.model))
+    row = args.row_bytes
     bw = {
         "memcpy_gbps": round(memcpy_gbps(nbytes, repeats=3), 2),
         "disk_read_gbps": round(

@@ -2,10 +2,11 @@
 disk restore, each split into its parts.
 
     .venv/bin/python -m tools.benchmark.restore_breakdown [--prompt-tokens 4000]
-        [--rounds 3] [--out bench-out/restore_breakdown.json]
+        [--rounds 3] [--model zoo-qwen3-real] [--out bench-out/restore_breakdown.json]
 
-One server (eager, an L1 of about two prompts, a 2 GiB pool, a disk tier in
-a temporary directory on the project's disk). Each round: prompt P cold
+One server (eager, an L1 of about two prompts and a half, a pool of eight
+prompts and at least 2 GiB, both in the model's KV bytes (lib/model_choice.py),
+a disk tier in a temporary directory on the project's disk). Each round: prompt P cold
 (recompute), P again (L1 hit), three other prompts (P leaves L1), P again
 (restored from the pool). Then the server stops, the block files are
 dropped from the page cache and a new server on the same disk tier serves
@@ -38,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.benchmark.lib import client, servers
+from tools.benchmark.lib import client, model_choice, servers
 from tools.benchmark.lib.floors import drop_page_cache
 from tools.benchmark.lib.prompts import MODEL, text
 from tools.benchmark.lib.report import Column, Table, write_json
@@ -47,7 +48,8 @@ from tools.harness.server import Server, metric
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--enforce-eager", "--max-model-len", "8192"]
-COMMON += ["--kv-cache-memory-bytes", str(220 * 10**6), "--kv-offloading-size", "2"]
+L1_PROMPTS = 2.4  # P and one other stay; three others push P out
+POOL_PROMPTS = 8  # P and the three others stay, with room
 HISTOGRAMS = {
     "queue": "vllm:request_queue_time_seconds_sum",
     "prefill": "vllm:request_prefill_time_seconds_sum",
@@ -68,13 +70,13 @@ def transfers(body: str) -> dict[str, float]:
     return out
 
 
-def measure(server: Server, prompt: str) -> dict[str, float]:
+def measure(server: Server, prompt: str, model: str = MODEL) -> dict[str, float]:
     url = server.url
     start = time.perf_counter()
-    server.post("/tokenize", {"model": MODEL, "prompt": prompt}, timeout=60)
+    server.post("/tokenize", {"model": model, "prompt": prompt}, timeout=60)
     tokenize = time.perf_counter() - start
     before = client.metrics(url, timeout=10)
-    payload = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+    payload = {"model": model, "prompt": prompt, "max_tokens": 1}
     first = client.stream(url, payload, timeout=300).ttft_s
     time.sleep(0.5)  # the step's metrics reach the API server
     after = client.metrics(url, timeout=10)
@@ -92,9 +94,23 @@ def measure(server: Server, prompt: str) -> dict[str, float]:
     return parts
 
 
-def start(args: list[str], log_dir: Path, name: str) -> Server:
+def sizing(choice: model_choice.ModelChoice, prompt_tokens: int) -> list[str]:
+    """L1 and pool flags in the model's KV bytes."""
+    per_prompt = choice.kv_bytes_per_token() * prompt_tokens
+    pool_gib = max(2.0, POOL_PROMPTS * per_prompt / 2**30)
+    l1 = int(L1_PROMPTS * per_prompt)
+    return ["--kv-cache-memory-bytes", str(l1), "--kv-offloading-size", f"{pool_gib:.2f}"]
+
+
+def start(args: list[str], log_dir: Path, name: str, choice) -> Server:
     print(f"starting {name} ...", file=sys.stderr, flush=True)
-    return servers.start(COMMON + args, log_dir / f"{name}.log")
+    server = servers.start(choice.serve_args + COMMON + args, log_dir / f"{name}.log")
+    try:
+        model_choice.check_breakdown(choice, servers.breakdown(server))
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def main() -> int:
@@ -102,37 +118,43 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "restore_breakdown.json")
+    model_choice.add_argument(ap)
     args = ap.parse_args()
+    choice = model_choice.choose(args.model)
+    print(f"model: {choice.describe()}", file=sys.stderr, flush=True)
+    model = choice.served_name
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cases: dict[str, list[dict]] = {"recompute": [], "l1_hit": [], "pool": [], "disk": []}
     with (
         tempfile.TemporaryDirectory(prefix="restore-breakdown-") as logs,
         tempfile.TemporaryDirectory(prefix="restore-breakdown-disk-", dir=REPO) as disk,
     ):
-        tier = disk_tier_args(Path(disk) / "kv", cap_gib=0)
+        tier = sizing(choice, args.prompt_tokens) + disk_tier_args(Path(disk) / "kv", cap_gib=0)
         prompts = [text(700 + r, args.prompt_tokens) for r in range(args.rounds)]
-        server = start(tier, Path(logs), "first")
+        server = start(tier, Path(logs), "first", choice)
         try:
-            measure(server, "Hello")  # first-request set-up, unmeasured
+            measure(server, "Hello", model)  # first-request set-up, unmeasured
             for r, prompt in enumerate(prompts):
-                cases["recompute"].append(measure(server, prompt))
-                cases["l1_hit"].append(measure(server, prompt))
+                cases["recompute"].append(measure(server, prompt, model))
+                cases["l1_hit"].append(measure(server, prompt, model))
                 for k in range(3):  # P leaves L1 (about two prompts fit)
-                    measure(server, text(900 + 10 * r + k, args.prompt_tokens))
-                cases["pool"].append(measure(server, prompt))
+                    measure(server, text(900 + 10 * r + k, args.prompt_tokens), model)
+                cases["pool"].append(measure(server, prompt, model))
         finally:
             server.stop()  # a clean stop: every block file is written
         drop_page_cache(Path(disk))
-        server = start(tier, Path(logs), "restarted")
+        server = start(tier, Path(logs), "restarted", choice)
         try:
-            measure(server, "Hello")
-            cases["disk"] = [measure(server, prompt) for prompt in prompts]
+            measure(server, "Hello", model)
+            cases["disk"] = [measure(server, prompt, model) for prompt in prompts]
         finally:
             server.stop()
     result = {case: _medians(runs) for case, runs in cases.items()}
     result["prompt_tokens"] = args.prompt_tokens
+    result["model"] = choice.describe()
     result["rounds"] = args.rounds
     write_json(args.out, result)
+    print(f"model: {result['model']}")
     print(_table(result))
     print(f"wrote {args.out}")
     return 0

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# K and V of every layer for one token, from config.json's fields.
+from tools.benchmark.lib.geometry import kv_bytes_per_token_of as kv_bytes_per_token  # noqa: F401
+
 TOKENIZER_VOCAB = 49_152  # SmolLM2's tokenizer
 SCALED_LAYERS = 2
 
@@ -45,13 +48,6 @@ class Family:
         if size == "scaled":
             fields.update(self.scaled, num_hidden_layers=SCALED_LAYERS)
         return fields
-
-
-def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
-    """Bytes of K and V one token costs in every layer's full-attention cache."""
-    heads = config["num_key_value_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return config["num_hidden_layers"] * heads * head_dim * 2 * dtype_bytes
 
 
 QWEN3 = Family(

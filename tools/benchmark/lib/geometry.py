@@ -28,10 +28,14 @@ def kv_bytes_per_token(model_dir: Path | None = None, dtype: str = "bfloat16") -
     """K and V of every layer for one token, from the model's config.json
     (the default model when ``model_dir`` is None): what a running server
     prints as per_block_bytes / block size in its breakdown line."""
-    config = model_config(model_dir)
+    return kv_bytes_per_token_of(model_config(model_dir), DTYPE_BYTES[dtype])
+
+
+def kv_bytes_per_token_of(config: dict, dtype_bytes: int) -> int:
+    """The same from a config.json's fields (the model zoo's, before a build)."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
-    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
 
 
 def kv_row_bytes(model_dir: Path | None = None, dtype: str = "bfloat16") -> int:

@@ -1,0 +1,37 @@
+"""The benchmarks' --model (tools/benchmark/lib/model_choice.py)."""
+
+import json
+
+import pytest
+
+from tools.benchmark.lib import model_choice
+
+
+def write_config(directory, **fields):
+    config = dict(
+        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        hidden_size=1024,
+    )  # fmt: skip
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+    return directory
+
+
+def test_a_directory_is_served_by_path_under_its_name(tmp_path):
+    directory = write_config(tmp_path / "my-model")
+    choice = model_choice.choose(str(directory))
+    assert choice.serve_args == [str(directory), "--served-model-name", "my-model"]
+    assert choice.kv_bytes_per_token() == 114_688  # Qwen3-0.6B's shape
+    assert "real weights" in choice.describe()
+
+
+def test_a_directory_without_a_config_is_refused_naming_it(tmp_path):
+    with pytest.raises(SystemExit, match="no config.json"):
+        model_choice.choose(str(tmp_path))
+
+
+def test_a_server_whose_kv_is_not_what_the_workload_was_sized_for_stops_the_run(tmp_path):
+    choice = model_choice.choose(str(write_config(tmp_path / "m")))
+    model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 128})
+    with pytest.raises(SystemExit, match="reports 7,340,032 KV bytes per block"):
+        model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 64})

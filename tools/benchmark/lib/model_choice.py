@@ -1,0 +1,75 @@
+"""``--model`` of the benchmarks: the default model, a model zoo build, or a directory.
+
+A benchmark sizes its L1, pool and prompts in KV bytes from the chosen
+model's config.json (geometry.py), then checks the size it assumed against
+the started server's own breakdown line, so that a workload is never sized
+for one model and run on another's KV.
+
+- no ``--model``: the default model (SmolLM2-135M-Instruct), bfloat16;
+- ``zoo-...``: a model zoo build (tools/model_zoo), built in bfloat16 if
+  missing; its figures are of synthetic weights, and the report says so;
+- anything else: a Hugging Face directory, served by path.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.benchmark.lib import geometry, prompts
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    served_name: str  # what requests name
+    serve_args: list[str]  # what `vllm-uma serve` is given for it
+    directory: Path
+    synthetic: bool  # a model zoo build: synthetic weights
+
+    def kv_bytes_per_token(self, dtype: str = "bfloat16") -> int:
+        return geometry.kv_bytes_per_token(self.directory, dtype)
+
+    def describe(self) -> str:
+        weights = "synthetic weights" if self.synthetic else "real weights"
+        per_token = self.kv_bytes_per_token()
+        return f"{self.served_name} ({weights}, {per_token:,} B of KV per token in bfloat16)"
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="the default model (unset), a model zoo build (zoo-qwen3-real, ...: "
+        "python -m tools.model_zoo list) or a model directory",
+    )
+
+
+def choose(model: str | None) -> ModelChoice:
+    if model is None:
+        from vllm_uma import models
+
+        return ModelChoice(prompts.MODEL, [], models.prepare(), synthetic=False)
+    if model.startswith("zoo-"):
+        from tools.model_zoo import build
+
+        directory = build.build(model, dtype="bfloat16")
+        return ModelChoice(model, [str(directory), "--served-model-name", model], directory, True)
+    directory = Path(model).expanduser()
+    if not (directory / "config.json").is_file():
+        raise SystemExit(f"--model {model}: no config.json in that directory")
+    name = directory.name
+    return ModelChoice(name, [str(directory), "--served-model-name", name], directory, False)
+
+
+def check_breakdown(choice: ModelChoice, breakdown: dict[str, int], dtype: str = "bfloat16"):
+    """Fail unless the server's KV bytes per block are what the workload
+    was sized for."""
+    assumed = geometry.kv_row_bytes(choice.directory, dtype)
+    found = breakdown["per_block_bytes"]
+    if found != assumed:
+        raise SystemExit(
+            f"{choice.served_name}: the server reports {found:,} KV bytes per block, the "
+            f"benchmark sized its workload for {assumed:,}: the model's config.json and "
+            f"vLLM's KV spec disagree; size from the breakdown line instead"
+        )
