@@ -50,6 +50,12 @@ def leftovers(root: Path) -> list[Path]:
     return [p for p in (root / ".noindex").rglob("*") if block_file.is_temp_name(p.name)]
 
 
+def namespace_of(path: Path) -> bytes:
+    """The namespace id in a block file's header."""
+    with open(path, "rb") as f:
+        return f.read(40)[24:40]  # see the layout in block_file.py
+
+
 def store_bytes(root: Path) -> int:
     """Bytes of block files and temp files under ``root`` (what the cap
     covers; the ledger's few pages are not blocks)."""

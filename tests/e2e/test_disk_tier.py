@@ -47,6 +47,7 @@ from tests.e2e.disk_store import (
     block_files,
     disk_args,
     leftovers,
+    namespace_of,
     start,
     store_bytes,
 )
@@ -65,11 +66,6 @@ EVICTIONS = "vllm:kv_offload_disk_evicted_blocks_total"
 STORE_FAILED = "vllm:kv_offload_disk_store_failed_blocks_total"
 OTHER_MODEL = b"\x01" * 16  # a namespace id no real model has
 C_REVISITS = [3, 2, 1, 0]  # C's completed prompts, the last stored first
-
-
-def namespace_of(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(40)[24:40]  # see the layout in block_file.py
 
 
 class EventListener:

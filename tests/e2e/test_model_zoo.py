@@ -28,8 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.disk_store import BLOCK_TOKENS, block_files
-from tests.e2e.test_disk_tier import namespace_of
+from tests.e2e.disk_store import BLOCK_TOKENS, block_files, namespace_of
 from tests.e2e.traffic import EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
 from tools.harness.server import metric
