@@ -34,9 +34,10 @@ from vllm_uma import models
 SEED = 20261204
 # transformers' initialisation draws weights from N(0, initializer_range).
 # At the publishers' 0.02 a random model's greedy text is one token repeated
-# (measured on every scaled-down family), which would let a restore that
-# changed KV bytes still give "the same tokens"; at 0.3 all sixteen greedy
-# tokens differ and the narrowest top-two margin is 0.009 logits or more,
+# or nearly (measured on the scaled builds: Qwen3 and Llama 1 distinct token
+# of 16, Qwen3-MoE 2, Phi-3 6), which would let a restore that changed KV
+# bytes still give "the same tokens"; at 0.3 all sixteen greedy tokens
+# differ in each and the narrowest top-two margin is 0.009 logits or more,
 # far above float32's differences between kernels.
 INIT_STD = 0.3
 BUILDER_VERSION = 2
