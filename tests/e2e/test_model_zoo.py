@@ -33,7 +33,7 @@ from tests.e2e.traffic import EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
 from tools.harness.server import metric
 from tools.model_zoo import build
-from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token
+from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token, parse_build_name
 from vllm_uma.kv_offload.disk import block_file
 from vllm_uma.plugin.memory import parse_breakdown
 from vllm_uma.server_process import Server
@@ -101,8 +101,8 @@ def serve_and_revisit(
 
 
 def serve_family(exe: str, name: str, root: Path, log: Path) -> dict:
-    family = next(f for f in FAMILIES.values() if build_name(f, "scaled") == name)
-    per_block = kv_bytes_per_token(family.config("scaled"), dtype_bytes=4) * BLOCK_TOKENS
+    family, size = parse_build_name(name)
+    per_block = kv_bytes_per_token(family.config(size), dtype_bytes=4) * BLOCK_TOKENS
     kv_args = ["--dtype", "float32"]
     return serve_and_revisit(exe, build.build(name), name, kv_args, per_block, root, log)
 

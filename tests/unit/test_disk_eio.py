@@ -15,50 +15,44 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from disk_tier_kit import CTX, Jobs, Primary, block_files, counters, key, make_tier
+from disk_tier_kit import (
+    CTX,
+    Jobs,
+    Primary,
+    block_files,
+    counters,
+    ext4_loop_mount,
+    key,
+    make_tier,
+    run_tool,
+)
 from vllm.v1.kv_offload.base import LookupResult
 
 from vllm_uma.kv_offload.disk import metrics as m
-
-
-def _run(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=False)
 
 
 @pytest.fixture
 def failing_device(tmp_path):
     """An ext4 of 64 MiB on a loop device; yields (mount, fail), where
     ``fail()`` makes the device fail every write from then on."""
-    needed = ("mkfs.ext4", "chattr", "losetup")
-    if os.geteuid() != 0 or any(shutil.which(tool) is None for tool in needed):
-        pytest.skip("a failing loop device needs root, mkfs.ext4, chattr and losetup")
-    image, mount = tmp_path / "ext4.img", tmp_path / "mnt"
-    mount.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(64 << 20)
-    made = _run("mkfs.ext4", "-q", "-F", str(image))
-    if made.returncode != 0:
-        pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
-    mounted = _run("mount", "-o", "loop,errors=continue", str(image), str(mount))
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot loop-mount ext4 here: {mounted.stderr.strip()}")
+    if shutil.which("chattr") is None:
+        pytest.skip("a failing loop device needs chattr")
+    with ext4_loop_mount(tmp_path, 64, "errors=continue") as (image, mount):
 
-    def fail() -> None:
-        # The loop driver writes through its open descriptor; an immutable
-        # file refuses those writes (EPERM), which it reports as EIO.
-        result = _run("chattr", "+i", str(image))
-        if result.returncode != 0:
-            pytest.skip(f"chattr +i failed on {image}: {result.stderr.strip()}")
+        def fail() -> None:
+            # The loop driver writes through its open descriptor; an
+            # immutable file refuses those writes (EPERM), reported as EIO.
+            result = run_tool("chattr", "+i", str(image))
+            if result.returncode != 0:
+                pytest.skip(f"chattr +i failed on {image}: {result.stderr.strip()}")
 
-    try:
-        yield mount, fail
-    finally:
-        _run("chattr", "-i", str(image))
-        _run("umount", "-l", str(mount))
+        try:
+            yield mount, fail
+        finally:
+            run_tool("chattr", "-i", str(image))  # else the image cannot be removed
 
 
 def _write_sees_eio(mount: Path) -> bool:

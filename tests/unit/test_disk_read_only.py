@@ -7,46 +7,25 @@ it is refused with the volume, the cause and the fix."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from disk_tier_kit import Jobs, Primary, counters, key, make_tier
+from disk_tier_kit import Jobs, Primary, counters, ext4_loop_mount, key, make_tier, run_tool
 
 from vllm_uma.kv_offload.disk import metrics as m
 from vllm_uma.kv_offload.disk.ledger.db import LedgerError
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=False)
-
-
 @pytest.fixture
 def ext4(tmp_path):
     """An ext4 file system of 32 MiB on a loop device; yields (mount, trigger)."""
-    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
-        pytest.skip("an ext4 loop mount needs root and mkfs.ext4")
-    image, mount = tmp_path / "ext4.img", tmp_path / "mnt"
-    mount.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(32 << 20)
-    made = _run("mkfs.ext4", "-q", "-F", str(image))
-    if made.returncode != 0:
-        pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
-    mounted = _run("mount", "-o", "loop,errors=remount-ro", str(image), str(mount))
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot loop-mount ext4 here: {mounted.stderr.strip()}")
-    try:
-        device = _run("findmnt", "-n", "-o", "SOURCE", str(mount)).stdout.strip()
+    with ext4_loop_mount(tmp_path, 32, "errors=remount-ro") as (_, mount):
+        device = run_tool("findmnt", "-n", "-o", "SOURCE", str(mount)).stdout.strip()
         trigger = Path("/sys/fs/ext4") / Path(device).name / "trigger_fs_error"
         if not trigger.exists():
             pytest.skip(f"this kernel has no {trigger}")
         yield mount, trigger
-    finally:
-        _run("umount", "-l", str(mount))
 
 
 def _break(trigger: Path, mount: Path) -> None:

@@ -28,6 +28,7 @@ from tools.benchmark.kv_offload_report import VARIANTS, busy, chart, compare, ex
 from tools.benchmark.kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
 from tools.benchmark.kv_offload_runner import Runner
 from tools.benchmark.kv_offload_workloads import WORKLOADS, Settings
+from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.floors import disk_tier_read_gbps, memcpy_gbps
 from tools.benchmark.lib.geometry import kv_row_bytes
@@ -58,10 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.model.startswith("zoo-"):
         # A model zoo build (synthetic weights): served and named by its
         # directory, which vLLM then reports as the model's name.
-        from tools.model_zoo import build
-
         try:
-            args.model = str(build.build(args.model, dtype="bfloat16"))
+            args.model = str(model_choice.choose(args.model).directory)
         except ValueError as exc:
             ap.error(f"--model: {exc}")
     elif not models.is_recipe(args.model):

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tools.model_zoo.families import Family, build_name, parse_build_name
+from tools.model_zoo.families import FAMILIES, Family, build_name, parse_build_name
 from vllm_uma import models
 
 SEED = 20261204
@@ -122,6 +122,4 @@ def _architecture(family: Family) -> str:
 
 
 def all_builds(size: str) -> list[str]:
-    from tools.model_zoo.families import FAMILIES
-
     return [build_name(f, size) for f in FAMILIES.values()]
