@@ -10,11 +10,13 @@ import torch
 from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
+from vllm_uma.kv_offload import mover as mover_module
 from vllm_uma.kv_offload.host_pool import HostPool, SharedPools
 from vllm_uma.kv_offload.mover import (
     HostPoolMover,
     LayoutError,
     consecutive_spans,
+    split_views,
 )
 
 NUM_BLOCKS, PAGE, LAYERS = 8, 64, 3
@@ -67,13 +69,17 @@ def l1(ids):
     return GPULoadStoreSpec(ids, group_sizes=[len(ids)], block_indices=[0])
 
 
+@pytest.mark.parametrize("threads", [1, 2, 5])
 @pytest.mark.parametrize("backing", [None, "layer_major", "block_major"])
-def test_store_then_load_restores_exact_bytes_into_other_blocks(backing):
+def test_store_then_load_restores_exact_bytes_into_other_blocks(backing, threads, monkeypatch):
+    # Every job split across the threads, however small (5 > LAYERS: capped).
+    monkeypatch.setattr(mover_module, "SPLIT_MIN_BYTES", 0)
     caches, layers = kv_caches(fill=True, backing=backing)
     original = [t.clone() for t in layers]
-    mover = HostPoolMover(caches, HostPool(6, LAYERS * PAGE + 64))  # padded rows
+    mover = HostPoolMover(caches, HostPool(6, LAYERS * PAGE + 64), copy_threads=threads)
     # Layers in one buffer are copied a block (every layer) at a time.
     assert len(mover.views) == (LAYERS if backing is None else 1)
+    assert len(mover.parts) == min(threads, LAYERS)
     mover.submit_store(1, l1([1, 4, 6]), CPULoadStoreSpec([5, 0, 2]))
     mover.wait({1})
     for t in layers:
@@ -91,6 +97,48 @@ def test_store_then_load_restores_exact_bytes_into_other_blocks(backing):
     assert all(r.success for r in results.values())
     assert results[1].transfer_size == 3 * LAYERS * PAGE
     assert mover.get_finished() == []  # reported once
+    mover.shutdown()
+
+
+@pytest.mark.parametrize("backing", [None, "layer_major"])
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_split_views_cover_every_byte_once(backing, threads):
+    caches, layers = kv_caches(fill=False, backing=backing)
+    mover = HostPoolMover(caches, HostPool(NUM_BLOCKS, LAYERS * PAGE))
+    parts = split_views(mover.views, threads)
+    assert 1 <= len(parts) <= threads
+    for part in parts:
+        for l1_view, pool_view in part:
+            l1_view[...] += 1  # each part counts the bytes it copies
+            pool_view[...] += 1
+    # Every byte of L1 and of the pool rows is in exactly one part.
+    assert all(bool((t == 1).all()) for t in layers)
+    assert bool((mover.pool.array == 1).all())
+    sizes = [sum(v[0][:, 0].size for v in part) for part in parts]
+    assert max(sizes) - min(sizes) <= NUM_BLOCKS
+    mover.shutdown()
+    with pytest.raises(ValueError, match="copy_threads=0"):
+        split_views(mover.views, 0)
+
+
+def test_a_failed_part_fails_the_job_after_every_part_stopped(monkeypatch):
+    monkeypatch.setattr(mover_module, "SPLIT_MIN_BYTES", 0)
+    caches, _ = kv_caches(fill=True, backing="layer_major")
+    mover = HostPoolMover(caches, HostPool(4, LAYERS * PAGE), copy_threads=3)
+    copied = []
+    real = mover_module._load_part
+
+    def load_part(part, spans):
+        if part is not mover.parts[0]:
+            raise OSError("helper copy failed")
+        real(part, spans)
+        copied.append(part)
+
+    monkeypatch.setattr(mover_module, "_load_part", load_part)
+    mover.submit_load(1, CPULoadStoreSpec([0, 1]), l1([2, 3]))
+    with pytest.raises(OSError, match="helper copy failed"):
+        mover.wait({1})
+    assert copied == [mover.parts[0]]
     mover.shutdown()
 
 
