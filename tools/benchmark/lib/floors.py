@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vllm_uma.kv_offload.mover import default_copy_threads
+
 
 def best_of(repeats: int, fn) -> float:
     """The shortest of ``repeats`` timed calls, in seconds: on a shared
@@ -27,10 +29,23 @@ def best_of(repeats: int, fn) -> float:
     return min(times)
 
 
-def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
-    """numpy's copy of one contiguous buffer: the floor for moving bytes in RAM."""
+def memcpy_gbps(nbytes: int, repeats: int = 5, threads: int | None = None) -> float:
+    """numpy's copy of one contiguous buffer, cut in ``threads`` equal parts
+    copied at once: the floor for moving bytes in RAM at the mover's
+    parallelism (its ``default_copy_threads`` unless told)."""
+    threads = threads or default_copy_threads()
     src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    return nbytes / best_of(repeats, lambda: np.copyto(dst, src)) / 1e9
+    bounds = np.linspace(0, nbytes, threads + 1).astype(int)
+    parts = list(zip(bounds, bounds[1:], strict=False))
+    if threads == 1:
+        return nbytes / best_of(repeats, lambda: np.copyto(dst, src)) / 1e9
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+
+        def copy() -> None:
+            # numpy drops the GIL while it copies: the parts run in parallel.
+            list(pool.map(lambda ab: np.copyto(dst[ab[0] : ab[1]], src[ab[0] : ab[1]]), parts))
+
+        return nbytes / best_of(repeats, copy) / 1e9
 
 
 def drop_page_cache(path: Path) -> int:
