@@ -9,6 +9,10 @@ the bytes of those 36 blocks, which the pool also holds, and the log and
 in and Python's heap: 0.3-0.5% here, too much for an exact claim.) Revisited, the prompts come
 back from the host pool, not from L1, with the L1 hit's tokens exactly: the
 fair reference in bfloat16 (same prefix/tail split; vllm_uma/models/oracles.py).
+
+The warm reserve (memory_release/warm_reserve.py): before the first request
+the KV cache's resident pages are the reserve's blocks, and the idle release
+leaves them resident.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ PROMPTS = range(4)
 FULL_BLOCKS = 9  # of 128 tokens in a 1,200-token prompt
 GIVEN_BACK = re.compile(r"KV memory: idle for \d+ s: gave back ([\d.]+) GiB.*")
 IDLE_SECONDS = 6
+RESERVE = re.compile(r"KV warm reserve: the next (\d+) free KV blocks")
 
 
 def l1_resident(server) -> int:
@@ -39,6 +44,13 @@ def l1_resident(server) -> int:
     found = kv_resident(model_process(server.proc.pid).pid, b["kv_cache"], b["kv_offload_pool"], 1)
     assert found.found_l1, "no KV cache mapping of the breakdown's size in smaps"
     return found.l1
+
+
+def wait_for_log(server, text: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in server.log():
+        assert time.monotonic() < deadline, f"no {text!r} in the log:\n{server.log()[-3000:]}"
+        time.sleep(0.2)
 
 
 def wait_for_release(server, timeout_s: float = 60) -> re.Match:
@@ -65,6 +77,8 @@ def run(vllm_uma_exe, default_model_dir, tmp_path_factory):
     args = [*EAGER, "--kv-offloading-size", "1", "--additional-config", json.dumps(uma)]
     srv = Server(vllm_uma_exe, args, log).wait_ready()
     try:
+        wait_for_log(srv, "KV warm reserve: made")
+        warm_l1 = l1_resident(srv)
         hits = {}
         for i in PROMPTS:
             complete(srv, i, max_tokens=4)
@@ -85,6 +99,7 @@ def run(vllm_uma_exe, default_model_dir, tmp_path_factory):
             revisits=revisits,
             busy_l1=busy_l1,
             idle_l1=idle_l1,
+            warm_l1=warm_l1,
             block_bytes=block_bytes,
             released=released,
             before=before,
@@ -116,3 +131,18 @@ def test_revisits_restore_from_the_pool_with_the_hits_tokens(run):
     assert host >= len(PROMPTS) * FULL_BLOCKS * 128 - 128, (host, device)
     assert device == 0
     assert run["revisits"] == run["hits"]
+
+
+def reserve_bytes(run) -> int:
+    return int(RESERVE.search(run["log"]).group(1)) * run["block_bytes"]
+
+
+def test_the_warm_reserve_is_resident_before_the_first_request(run):
+    reserve = reserve_bytes(run)
+    assert reserve > 0
+    # vLLM's start-up runs write no KV block; a block or two of slack.
+    assert reserve <= run["warm_l1"] <= reserve + 2 * run["block_bytes"], (run["warm_l1"], reserve)
+
+
+def test_the_idle_release_keeps_the_warm_reserve(run):
+    assert run["idle_l1"] >= reserve_bytes(run), (run["idle_l1"], reserve_bytes(run))

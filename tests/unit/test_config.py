@@ -66,6 +66,7 @@ def test_memory_release_defaults():
     assert config.release_free_kv is True
     assert config.release_idle_seconds == 60
     assert config.memory_pressure == "psi"
+    assert config.warm_kv_tokens == 8192
 
 
 def test_memory_release_settings_are_read():
@@ -75,14 +76,16 @@ def test_memory_release_settings_are_read():
                 "release_free_kv": False,
                 "release_idle_seconds": 0,
                 "memory_pressure": "off",
+                "warm_kv_tokens": 0,
             }
         }
     )
-    assert (config.release_free_kv, config.release_idle_seconds, config.memory_pressure) == (
-        False,
-        0,
-        "off",
-    )
+    assert (
+        config.release_free_kv,
+        config.release_idle_seconds,
+        config.memory_pressure,
+        config.warm_kv_tokens,
+    ) == (False, 0, "off", 0)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
@@ -95,12 +98,13 @@ def test_release_free_kv_must_be_a_boolean(value):
     )
 
 
+@pytest.mark.parametrize("key", ["release_idle_seconds", "warm_kv_tokens"])
 @pytest.mark.parametrize("value", [-1, 1.5, "60", True, None])
-def test_release_idle_seconds_must_be_a_whole_number_at_least_zero(value):
+def test_whole_number_settings_must_be_at_least_zero(key, value):
     with pytest.raises(UmaConfigError) as err:
-        UmaConfig.from_additional_config({"vllm_uma": {"release_idle_seconds": value}})
+        UmaConfig.from_additional_config({"vllm_uma": {key: value}})
     assert str(err.value) == (
-        f"--additional-config vllm_uma.release_idle_seconds={value!r} is invalid: "
+        f"--additional-config vllm_uma.{key}={value!r} is invalid: "
         "it must be a whole number >= 0."
     )
 

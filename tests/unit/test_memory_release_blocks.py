@@ -29,6 +29,10 @@ def world() -> L1World:
     return L1World()
 
 
+def free_order(world: L1World) -> list[int]:
+    return [b.block_id for b in world.pool.free_block_queue.get_all_free_blocks()]
+
+
 def held_below(world: L1World) -> set[bytes]:
     """Request A's keys: what the pool or the disk tier holds here."""
     return {world.key(world.a, 0), world.key(world.a, 1)}
@@ -134,3 +138,26 @@ def test_a_block_page_smaller_than_an_os_page_keeps_its_shared_pages():
     assert (kv == np.arange(1, NUM_BLOCKS + 1)[:, None]).all()
     assert l1.give_back([7, 4, 6, 5]) == PAGE
     assert not kv[4:].any() and (kv[:4] == np.arange(1, 5)[:, None]).all()
+
+
+def test_next_free_is_what_vllms_next_allocations_take(world):
+    # Free queue: 5 7 2 1 4 3. vLLM's get_new_blocks takes from its front.
+    assert world.l1.next_free(3) == [5, 7, 2]
+    assert world.l1.next_free(0) == []
+    assert world.l1.next_free(100) == [5, 7, 2, 1, 4, 3]  # stops at the end
+    taken = [b.block_id for b in world.pool.get_new_blocks(3)]
+    assert taken == [5, 7, 2]
+    assert world.l1.next_free(2) == [1, 4]
+
+
+def test_next_free_skips_blocks_a_transfer_still_reads():
+    world = L1World(busy={7, 2})
+    assert world.l1.next_free(3) == [5, 1, 4]
+
+
+def test_to_front_puts_free_blocks_first_in_the_order_given(world):
+    world.l1.to_front([4, 3])
+    assert free_order(world) == [4, 3, 5, 7, 2, 1]
+    world.l1.to_front([6])  # in use: not in the free queue, left alone
+    assert free_order(world) == [4, 3, 5, 7, 2, 1]
+    assert world.cached(world.b, 0) == [3]  # still cached: only its place moved

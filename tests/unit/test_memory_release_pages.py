@@ -23,6 +23,7 @@ from vllm_uma.memory_release.pages import (
     give_back,
     inward,
     merge,
+    populate,
     resident_bytes,
 )
 
@@ -180,4 +181,46 @@ def test_give_back_counts_only_the_pages_that_were_resident():
     assert resident_bytes(base, base + 8 * PAGE) == 0
     assert give_back([(base, base + 8 * PAGE)], MADV_REMOVE) == 0
     del view
+    region.close()
+
+
+def test_populate_makes_pages_resident_without_changing_a_byte():
+    # 8 pages, 3 written: populate faults in the other 5 and reports them;
+    # the written bytes stay, the others read zero as before.
+    region = mmap.mmap(-1, 8 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = np.frombuffer(region, dtype=np.uint8)
+    base = view.ctypes.data
+    for page in (1, 4, 6):
+        view[page * PAGE : (page + 1) * PAGE] = page + 1
+    assert populate([(base, base + 8 * PAGE)]) == 5 * PAGE
+    assert resident_bytes(base, base + 8 * PAGE) == 8 * PAGE
+    for page in range(8):
+        expected = page + 1 if page in (1, 4, 6) else 0
+        assert (view[page * PAGE : (page + 1) * PAGE] == expected).all(), page
+    assert populate([(base, base + 8 * PAGE)]) == 0  # nothing left to fault in
+    del view
+    region.close()
+
+
+def test_populate_of_the_shared_pool_counts_and_keeps_its_rows():
+    pool = HostPool(2, 4 * PAGE)
+    pool.array[0] = 9
+    base = pool.array.ctypes.data
+    assert populate([(base, base + 8 * PAGE)]) == 4 * PAGE
+    assert (pool.array[0] == 9).all() and not pool.array[1].any()
+    pool.close()
+
+
+def test_populate_of_an_unmapped_range_raises_madvise_error():
+    with pytest.raises(MadviseError) as err:
+        populate([(0, 4 * PAGE)])
+    assert err.value.errno == errno.ENOMEM
+
+
+def test_populate_of_read_only_memory_raises_madvise_error():
+    region = mmap.mmap(-1, 2 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+    base = np.frombuffer(region, dtype=np.uint8).ctypes.data
+    with pytest.raises(MadviseError) as err:
+        populate([(base, base + 2 * PAGE)])
+    assert "MADV_POPULATE_WRITE" in str(err.value)
     region.close()

@@ -166,3 +166,29 @@ def test_rows_a_reset_forgot_go_back_with_the_free_ones(pool):
     assert pool.zero_rows() == []
     pool.rows.give_back_free_rows(past_mark=True)  # the idle pass: no request, no load
     assert pool.zero_rows() == [2, 3, 4, 5, 6, 7]
+
+
+def test_next_rows_are_what_the_managers_next_stores_take(pool):
+    # Every row is handed out (mark 8); the free list is [7].
+    assert pool.rows.next_rows(3) == [7]
+    fresh = PoolWorld()
+    fresh.store([k(0), k(1)])
+    assert fresh.rows.next_rows(3) == [2, 3, 4]  # past the mark, in order
+    assert fresh.prepare([k(9), k(10), k(11)]) == [2, 3, 4]
+    fresh.host.close()
+
+
+def test_next_rows_after_the_mark_come_from_the_free_lists_end():
+    p = PoolWorld()
+    assert p.store([k(i) for i in range(6)]) == [0, 1, 2, 3, 4, 5]
+    assert p.prepare([k(100), k(101)]) == [6, 7]
+    p.manager.complete_store([k(100), k(101)], CTX, success=False)
+    assert p.manager._free_list == [6, 7]
+    assert p.rows.next_rows(3) == [7, 6]
+    assert p.prepare([k(200), k(201)]) == [7, 6]
+    p.host.close()
+
+
+def test_free_rows_in_the_reserve_keep_their_pages(pool):
+    assert pool.rows.give_back_free_rows(keep=frozenset({7})) == 0
+    assert pool.zero_rows() == []

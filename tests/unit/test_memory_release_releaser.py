@@ -21,6 +21,7 @@ from memory_release_kit import BLOCK_PAGE, CTX, LAYERS, ROW, L1World, PoolWorld,
 from vllm_uma.memory_release.l1_blocks import FreeBlocks
 from vllm_uma.memory_release.pool_rows import Evicted
 from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
+from vllm_uma.memory_release.warm_reserve import ReserveSize, WarmReserve
 
 L1_BYTES, ROW_BYTES, OTHER = 100, 1000, 50_000
 
@@ -81,7 +82,7 @@ class FakePool:
     def rows_in_use(self) -> int:
         return len(self.rows)
 
-    def give_back_free_rows(self, past_mark: bool = False) -> int:
+    def give_back_free_rows(self, past_mark: bool = False, keep=frozenset()) -> int:
         self.memory.log.append(("free rows", "past mark") if past_mark else ("free rows",))
         freed = [r for r in self.memory.resident if r[0] == "free row"]
         for r in freed:
@@ -289,3 +290,32 @@ def test_pressure_pass_on_the_real_pieces():
     assert real.l1.cached(real.l1.d, 0) == [6]
     assert (report.l1_blocks, report.pool_rows) == (6, 4)
     assert report.live_bytes == BLOCK_BYTES + ROW  # block 6 and row 5
+
+
+def test_idle_pass_keeps_the_warm_reserve_and_puts_it_in_front():
+    # The reserve is the front of the free queue (5 7) and the next rows
+    # the manager takes (6 and 7 past the mark, then 4 from the free list).
+    real = Real()
+    reserve = WarmReserve(real.l1.l1, real.pool.rows, ReserveSize(l1_blocks=2, pool_rows=3))
+    assert (reserve.l1_blocks(), reserve.pool_rows()) == ([5, 7], [6, 7, 4])
+    real.releaser.reserve = reserve
+    report = real.releaser.idle_pass()
+    assert report.steps == {  # no "free L1 blocks" step: 5 and 7, the reserve
+        "free pool rows": 0,  # row 4 (free list), 6 and 7 are the reserve
+        "L1 blocks held below": 3 * BLOCK_BYTES,  # 2 1 (pool) and 3 (disk), as without it
+    }
+    assert real.l1.zeroed_blocks() == [1, 2, 3]
+    assert real.pool.zero_rows() == [6, 7]  # row 4 keeps its (stale) bytes
+    # The blocks just emptied were put in front; the reserve is back ahead.
+    queue = real.l1.pool.free_block_queue.get_all_free_blocks()
+    assert [b.block_id for b in queue][:2] == [5, 7]
+    assert reserve.l1_blocks() == [5, 7]
+
+
+def test_pressure_pass_gives_back_the_warm_reserve_too():
+    real = Real()
+    real.releaser.reserve = WarmReserve(real.l1.l1, real.pool.rows, ReserveSize(2, 3))
+    report = real.releaser.pressure_pass(1 << 30)
+    assert report.steps["free L1 blocks"] == 2 * BLOCK_BYTES  # 5 and 7
+    assert report.steps["free pool rows"] == ROW  # row 4
+    assert real.l1.zeroed_blocks() == [1, 2, 3, 4, 5, 7]

@@ -59,7 +59,30 @@ def scheduler(uma: UmaConfig, idle_for: float, busy: bool = False, cls=UmaSchedu
     s.stats = Stats()
     s.connector = SimpleNamespace(connector_scheduler=SimpleNamespace(_connector_stats=s.stats))
     s.has_requests = lambda: busy
+    s._warmed_once = False
+    s._stop = threading.Event()
     return s
+
+
+class Reserve:
+    """A warm reserve that logs: ``ranges`` under the lock, ``warm`` after."""
+
+    def __init__(self, made: int = 8192, fails: str | None = None):
+        self.calls: list[str] = []
+        self.made, self.fails = made, fails
+        self.failed: str | None = None
+        self.lock_held_in_ranges: bool | None = None
+
+    def ranges(self):
+        self.calls.append("ranges")
+        return [(0, 4096)]
+
+    def warm(self, ranges, stop) -> int:
+        self.calls.append("warm")
+        if self.fails:
+            self.failed = self.fails
+            return 0
+        return self.made
 
 
 IDLE = UmaConfig(release_idle_seconds=60)
@@ -248,3 +271,52 @@ def test_closing_the_registry_waits_for_a_pass_in_progress():
     worker.join(timeout=10)
     closing.join(timeout=10)
     assert order == [("pass ends", "map"), "closed"]
+
+
+def test_the_warm_step_refills_the_reserve_while_idle_and_counts_it(caplog):
+    from vllm_uma.memory_release.scheduler import logger
+
+    caplog.set_level(logging.DEBUG, logger=logger.name)
+    s = scheduler(IDLE, idle_for=0)
+    s._releaser.reserve = reserve = Reserve()
+    s._tick()
+    s._tick()
+    assert reserve.calls == ["ranges", "warm"] * 2
+    assert s.stats.counters == {metrics.KV_WARMED: 2 * 8192}
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "warm reserve" in r.getMessage()]
+    assert [level for level, _ in lines] == [logging.INFO, logging.DEBUG]  # the first at INFO
+    assert "made 0.00 GiB resident" in lines[0][1]
+
+
+def test_the_warm_step_waits_for_no_request_and_no_pressure():
+    s = scheduler(IDLE, idle_for=0, busy=True)
+    s._releaser.reserve = reserve = Reserve()
+    s._tick()
+    assert reserve.calls == []  # a request is in: its blocks fault in as it writes
+    s.has_requests = lambda: False
+    s.pressure = Pressure(True, "MemAvailable low", 123)
+    s._tick()
+    assert reserve.calls == []  # the pressure pass just gave the reserve back
+    s.pressure = NO_PRESSURE
+    s._tick()
+    assert reserve.calls == []  # and the episode is not over yet
+    s._under_pressure = False
+    s._tick()
+    assert reserve.calls == ["ranges", "warm"]
+
+
+def test_a_kernel_refusal_is_one_warning_and_the_reserve_stays_off(caplog):
+    from vllm_uma.memory_release.scheduler import logger
+
+    caplog.set_level(logging.INFO, logger=logger.name)
+    s = scheduler(IDLE, idle_for=0)
+    s._releaser.reserve = reserve = Reserve(fails="this kernel has no MADV_POPULATE_WRITE")
+    s._tick()
+    s._tick()
+    assert reserve.calls == ["ranges", "warm"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "KV warm reserve: off from now on: this kernel has no MADV_POPULATE_WRITE. Requests "
+        "fault their KV pages in as they are written (slower restores on a fresh server)."
+    ]
+    assert s.stats.counters == {}

@@ -60,7 +60,7 @@ def test_single_worker_runs_in_process(requested, after_cpu_platform, world_size
 
 # -- the scheduler with the KV memory release thread ---------------------------
 
-RELEASE_OFF = UmaConfig(release_free_kv=False, memory_pressure="off")
+RELEASE_OFF = UmaConfig(release_free_kv=False, memory_pressure="off", warm_kv_tokens=0)
 
 
 @pytest.mark.parametrize(
@@ -73,8 +73,9 @@ RELEASE_OFF = UmaConfig(release_free_kv=False, memory_pressure="off")
         UmaConfig(),
         UmaConfig(release_free_kv=False),
         UmaConfig(memory_pressure="off"),
+        UmaConfig(release_free_kv=False, memory_pressure="off"),
     ],
-    ids=["both", "pressure-only", "idle-only"],
+    ids=["both", "pressure-only", "idle-only", "warm-reserve-only"],
 )
 def test_the_releasing_scheduler_matches_async_scheduling(async_scheduling, name, uma):
     from vllm.utils.import_utils import resolve_obj_by_qualname
@@ -123,5 +124,5 @@ def test_a_user_scheduler_is_refused_with_the_fix(user_cls):
     message = str(err.value)
     assert message.startswith(f"--scheduler-cls {user_cls!r} replaces the scheduler")
     assert "Remove --scheduler-cls" in message
-    assert '"release_free_kv": false, "memory_pressure": "off"' in message
+    assert '"release_free_kv": false, "memory_pressure": "off", "warm_kv_tokens": 0' in message
     assert config.scheduler_cls == user_cls

@@ -11,7 +11,10 @@ a disk tier in a temporary directory on the project's disk). Each round: prompt 
 (restored from the pool). Then the server stops, the block files are
 dropped from the page cache and a new server on the same disk tier serves
 every round's P (restored from the disk). One request at a time,
-max_tokens 1, streamed.
+max_tokens 1, streamed, each after ``--settle`` seconds without a request
+(default 3): the server's warm reserve (docs/memory.md) refills in about a
+second after a restore, so each request finds it as a request after a pause
+would; ``--settle 0`` measures back-to-back requests instead.
 
 Per request, from the client and from the server's own /metrics (the
 difference across the request, one request in flight so nothing else is
@@ -70,8 +73,9 @@ def transfers(body: str) -> dict[str, float]:
     return out
 
 
-def measure(server: Server, prompt: str, model: str = MODEL) -> dict[str, float]:
+def measure(server: Server, prompt: str, model: str = MODEL, settle: float = 0.0) -> dict[str, float]:
     url = server.url
+    time.sleep(settle)
     start = time.perf_counter()
     server.post("/tokenize", {"model": model, "prompt": prompt}, timeout=60)
     tokenize = time.perf_counter() - start
@@ -117,6 +121,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--settle", type=float, default=3.0, help="seconds without a request before each measured one"
+    )
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "restore_breakdown.json")
     model_choice.add_argument(ap)
     args = ap.parse_args()
@@ -135,24 +142,25 @@ def main() -> int:
         try:
             measure(server, "Hello", model)  # first-request set-up, unmeasured
             for r, prompt in enumerate(prompts):
-                cases["recompute"].append(measure(server, prompt, model))
-                cases["l1_hit"].append(measure(server, prompt, model))
+                cases["recompute"].append(measure(server, prompt, model, args.settle))
+                cases["l1_hit"].append(measure(server, prompt, model, args.settle))
                 for k in range(3):  # P leaves L1 (about two prompts fit)
                     measure(server, text(900 + 10 * r + k, args.prompt_tokens), model)
-                cases["pool"].append(measure(server, prompt, model))
+                cases["pool"].append(measure(server, prompt, model, args.settle))
         finally:
             server.stop()  # a clean stop: every block file is written
         drop_page_cache(Path(disk))
         server = start(tier, Path(logs), "restarted", choice)
         try:
             measure(server, "Hello", model)
-            cases["disk"] = [measure(server, prompt, model) for prompt in prompts]
+            cases["disk"] = [measure(server, prompt, model, args.settle) for prompt in prompts]
         finally:
             server.stop()
     result = {case: _medians(runs) for case, runs in cases.items()}
     result["prompt_tokens"] = args.prompt_tokens
     result["model"] = choice.describe()
     result["rounds"] = args.rounds
+    result["settle_s"] = args.settle
     write_json(args.out, result)
     print(f"model: {result['model']}")
     print(_table(result))

@@ -33,6 +33,7 @@ BLOCKS_DROPPED = "vllm:kv_offload_blocks_dropped"
 # Counted by the release thread (memory_release/scheduler.py).
 KV_GIVEN_BACK_IDLE = "vllm:kv_memory_given_back_idle_bytes"
 KV_GIVEN_BACK_PRESSURE = "vllm:kv_memory_given_back_pressure_bytes"
+KV_WARMED = "vllm:kv_memory_warmed_bytes"
 
 DEFINITIONS = {
     BLOCKS_STORED: OffloadingCounterMetadata(
@@ -65,6 +66,13 @@ DEFINITIONS = {
     KV_GIVEN_BACK_PRESSURE: OffloadingCounterMetadata(
         documentation=(
             "Bytes of KV memory given back to the system under memory pressure (memory_pressure)."
+        )
+    ),
+    KV_WARMED: OffloadingCounterMetadata(
+        documentation=(
+            "Bytes of KV memory made resident ahead of use by the warm reserve "
+            "(warm_kv_tokens): free KV cache blocks and host pool rows the next "
+            "request gets."
         )
     ),
 }

@@ -15,8 +15,12 @@ Where each piece runs (all in the engine-core process, the 'uni' executor):
                                        tiers.py:     BlockHolder, the question
                                                      asked of the pool and disk
                                        pressure.py:  PSI, MemAvailable, cgroup
+                                       warm_reserve.py: the blocks and rows
+                                                     the next request gets,
+                                                     kept resident
                                        scheduler.py: the release thread
-    pages.py: madvise (DONTNEED for L1, REMOVE for the shmem pool),
+    pages.py: madvise (DONTNEED for L1, REMOVE for the shmem pool,
+              POPULATE_WRITE for the warm reserve),
               mincore (what was resident, counted exactly)
     resident.py: a server's resident KV from /proc/PID/smaps (tools, tests)
 
@@ -29,5 +33,6 @@ reference to the pool until its thread has stopped.
 
 Settings (``--additional-config '{"vllm_uma": {...}}'``, plugin/config.py):
 ``release_free_kv`` (default true), ``release_idle_seconds`` (60),
-``memory_pressure`` ("psi" or "off"; default "psi"). docs/memory.md.
+``memory_pressure`` ("psi" or "off"; default "psi"), ``warm_kv_tokens``
+(8192; 0 turns the warm reserve off). docs/memory.md.
 """

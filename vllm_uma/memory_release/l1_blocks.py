@@ -22,6 +22,11 @@ The free queue's order is vLLM's eviction order (least recently freed
 first), kept here for the pressure step. A block given back moves to the
 front of that queue, so the next allocation takes an empty block before it
 evicts a prefix still cached.
+
+vLLM allocates from the front of that queue (``BlockPool.get_new_blocks``),
+so its first blocks are the ones the next request gets: the warm reserve
+(warm_reserve.py) keeps their pages resident, and the idle pass puts them
+back in front after it gave other blocks back.
 """
 
 from __future__ import annotations
@@ -85,6 +90,37 @@ class L1Blocks:
             else:
                 found.only_here.append(block.block_id)
         return found
+
+    def next_free(self, count: int) -> list[int]:
+        """The first ``count`` blocks vLLM's next allocations take, in that
+        order: the front of the free queue, without the null block and
+        blocks a transfer still reads (the walk stops after ``count``, not
+        at the end of thousands of free blocks)."""
+        if count <= 0:
+            return []
+        busy = self._busy_blocks()
+        found: list[int] = []
+        queue = self._pool.free_block_queue
+        block = queue.fake_free_list_head.next_free_block
+        while block is not None and block is not queue.fake_free_list_tail and len(found) < count:
+            if not block.is_null and block.block_id not in busy:
+                found.append(block.block_id)
+            block = block.next_free_block
+        return found
+
+    def ranges(self, block_ids: list[int]) -> list:
+        """The byte ranges of these blocks' pages, every layer."""
+        return self._map.ranges(block_ids)
+
+    def to_front(self, block_ids: list[int]) -> None:
+        """Put these free blocks at the front of the free queue, in this
+        order: the next allocations take them first."""
+        blocks = self._pool.blocks
+        moved = [blocks[b] for b in dict.fromkeys(block_ids) if blocks[b].ref_cnt == 0]
+        queue = self._pool.free_block_queue
+        for block in moved:
+            queue.remove(block)
+        queue.prepend_n(moved)
 
     def give_back(self, block_ids: list[int]) -> int:
         """Drop these free blocks from the prefix cache, then madvise their

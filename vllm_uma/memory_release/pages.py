@@ -27,6 +27,10 @@ What went back is counted exactly: mincore(2) says which of the pages were
 resident just before the advice. (The process's VmRSS would also count what
 other threads allocate meanwhile, e.g. a forward writing new KV blocks while
 a pressure pass runs, and the kernel updates it in per-thread batches.)
+
+The other way, ``populate``: ``MADV_POPULATE_WRITE`` (Linux 5.14) faults
+pages in as a write would, without writing them, so it is safe on pages
+another thread may be writing at the same moment (warm_reserve.py).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ import numpy as np
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_DONTNEED = mmap.MADV_DONTNEED
 MADV_REMOVE = mmap.MADV_REMOVE
+# <linux/mman.h>; Python's mmap module names it from 3.13 on only.
+MADV_POPULATE_WRITE = 23
 
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -53,7 +59,7 @@ Range = tuple[int, int]  # [start, end) addresses in bytes
 
 
 class MadviseError(OSError):
-    """The kernel refused to take pages back."""
+    """The kernel refused to take pages back, or to fault them in."""
 
 
 def inward(start: int, end: int, page: int = PAGE) -> Range | None:
@@ -107,3 +113,28 @@ def give_back(ranges: Iterable[Range], advice: int = MADV_DONTNEED) -> int:
                 f"madvise({pages[0]:#x}, {length}, {advice}) failed: {os.strerror(err)}",
             )
     return given
+
+
+def populate(ranges: Iterable[Range]) -> int:
+    """Fault in each range's whole pages without writing them; the bytes
+    that were not resident before. Raises MadviseError where the kernel has
+    no MADV_POPULATE_WRITE (EINVAL before Linux 5.14) or cannot find the
+    memory (ENOMEM: the machine is out of it)."""
+    made = 0
+    for start, end in merge(ranges):
+        pages = inward(start, end)
+        if pages is None:
+            continue
+        missing = (pages[1] - pages[0]) - resident_bytes(*pages)
+        if missing == 0:
+            continue  # nothing to fault in: a page-table walk saved
+        length = pages[1] - pages[0]
+        if _LIBC.madvise(pages[0], length, MADV_POPULATE_WRITE) != 0:
+            err = ctypes.get_errno()
+            raise MadviseError(
+                err,
+                f"madvise({pages[0]:#x}, {length}, MADV_POPULATE_WRITE) failed: "
+                f"{os.strerror(err)}",
+            )
+        made += missing
+    return made

@@ -52,11 +52,29 @@ class PoolRows:
     def row_bytes(self) -> int:
         return self._pool.row_bytes
 
+    @property
+    def num_rows(self) -> int:
+        return self._pool.num_rows
+
     def rows_in_use(self) -> int:
         m = self._manager
         return m._num_allocated_chunks - len(m._free_list)
 
-    def give_back_free_rows(self, past_mark: bool = False) -> int:
+    def next_rows(self, count: int) -> list[int]:
+        """The first ``count`` rows the manager's next stores take, in that
+        order: rows past the allocation mark first, then the free list from
+        its end (vLLM's ``_allocate_chunks``)."""
+        m = self._manager
+        fresh = list(range(m._num_allocated_chunks, min(m._num_chunks, m._num_allocated_chunks + count)))
+        reused = m._free_list[::-1][: max(0, count - len(fresh))]
+        return fresh + reused
+
+    def ranges(self, rows: list[int]) -> list:
+        """The byte ranges of these rows."""
+        base, size = self._pool.array.ctypes.data, self._pool.row_bytes
+        return [(base + r * size, base + (r + 1) * size) for r in rows]
+
+    def give_back_free_rows(self, past_mark: bool = False, keep: frozenset[int] = frozenset()) -> int:
         """madvise the rows that hold no block; the bytes that were resident.
 
         Those are the free list's and, with ``past_mark``, the rows past the
@@ -64,13 +82,13 @@ class PoolRows:
         ``reset_cache`` (vLLM's reset_prefix_cache with the connector), which
         forgets every row while their stale pages stay resident. Only when
         no request is in the engine: after a reset, a load the connector
-        forgot can still be reading such a row for a waiting request."""
+        forgot can still be reading such a row for a waiting request. Rows
+        in ``keep`` (the warm reserve) keep their pages."""
         m = self._manager
-        given = self._give_back(list(m._free_list))
+        given = self._give_back([r for r in m._free_list if r not in keep])
         if past_mark:
-            base, size = self._pool.array.ctypes.data, self._pool.row_bytes
-            rest = (base + m._num_allocated_chunks * size, base + self._pool.num_rows * size)
-            given += give_back([rest], MADV_REMOVE)
+            past = range(m._num_allocated_chunks, self._pool.num_rows)
+            given += self._give_back([r for r in past if r not in keep])
         return given
 
     def evict(self, count: int, keep: Callable[[OffloadKey], bool] | None = None) -> Evicted:
@@ -107,5 +125,5 @@ class PoolRows:
         return chunk is not None and chunk.is_ready
 
     def _give_back(self, rows: list[int]) -> int:
-        base, size = self._pool.array.ctypes.data, self._pool.row_bytes
-        return give_back(((base + r * size, base + (r + 1) * size) for r in rows), MADV_REMOVE)
+        # give_back merges adjacent rows: a run past the mark is one call.
+        return give_back(self.ranges(rows), MADV_REMOVE)

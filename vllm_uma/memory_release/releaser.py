@@ -11,7 +11,9 @@ Idle pass (the server has had no request for ``release_idle_seconds``):
   3. L1 blocks that are free, cached, and also held by the pool or the
      disk tier (a later hit is a restore at close to memory speed).
   Pool rows that hold blocks stay: they are the fast restore path the user
-  sized with --kv-offloading-size.
+  sized with --kv-offloading-size. The warm reserve (warm_reserve.py) stays
+  too: the L1 blocks and pool rows the next request gets keep their pages,
+  and its L1 blocks go back in front of the free queue afterwards.
 
 Pressure pass (pressure.py says memory is short; ``shortfall`` bytes wanted).
 First, whatever the shortfall, everything whose loss costs nothing but a
@@ -24,6 +26,7 @@ later hit must recompute:
   5. other pool rows, least recently used first;
   6. L1 blocks that are free and held nowhere else, least recently freed
      first.
+The warm reserve goes in the first steps like any other free block or row.
 Running requests' blocks are never touched. Why everything lossless at
 once: a machine short of memory needs it now, and a copy the disk keeps is
 worth less than the RAM it holds (measured with memory_benchmark.py
@@ -47,6 +50,7 @@ from vllm.v1.kv_offload.base import OffloadKey
 from vllm_uma.memory_release.l1_blocks import L1Blocks
 from vllm_uma.memory_release.pool_rows import PoolRows
 from vllm_uma.memory_release.tiers import BlockHolder
+from vllm_uma.memory_release.warm_reserve import WarmReserve
 
 
 @dataclass
@@ -75,10 +79,12 @@ class Releaser:
         l1: L1Blocks,
         pool: PoolRows | None = None,
         disk: BlockHolder | None = None,
+        reserve: WarmReserve | None = None,
     ):
         self.l1 = l1
         self.pool = pool
         self.disk = disk
+        self.reserve = reserve
         # Pool first: a row is the cheaper restore (tiers.py).
         self._below: list[BlockHolder] = [t for t in (pool, disk) if t is not None]
 
@@ -87,10 +93,18 @@ class Releaser:
 
     def idle_pass(self) -> ReleaseReport:
         report = ReleaseReport()
+        warm_blocks = self.reserve.l1_blocks() if self.reserve is not None else []
+        warm_rows = frozenset(self.reserve.pool_rows()) if self.reserve is not None else frozenset()
+        keep = set(warm_blocks)
         free = self.l1.free_blocks(self.held_below)
-        self._l1_step(report, "free L1 blocks", free.uncached)
-        self._pool_free_step(report, past_mark=True)  # no request: no load in flight
-        self._l1_step(report, "L1 blocks held below", free.held_below)
+        self._l1_step(report, "free L1 blocks", [b for b in free.uncached if b not in keep])
+        # No request: no load in flight.
+        self._pool_free_step(report, past_mark=True, keep=warm_rows)
+        self._l1_step(report, "L1 blocks held below", [b for b in free.held_below if b not in keep])
+        if warm_blocks and report.l1_blocks:
+            # Given-back blocks went to the front; the next request gets
+            # the warm ones first all the same.
+            self.l1.to_front(warm_blocks)
         report.live_bytes = self.live_bytes()
         return report
 
@@ -135,9 +149,11 @@ class Releaser:
         self._record(report, name, self.l1.give_back(blocks))
         report.l1_blocks += len(blocks)
 
-    def _pool_free_step(self, report: ReleaseReport, past_mark: bool = False) -> None:
+    def _pool_free_step(
+        self, report: ReleaseReport, past_mark: bool = False, keep: frozenset[int] = frozenset()
+    ) -> None:
         if self.pool is not None:
-            given = self.pool.give_back_free_rows(past_mark)
+            given = self.pool.give_back_free_rows(past_mark, keep)
             self._record(report, "free pool rows", given)
 
     def _pool_evict_step(self, report, name: str, rows: int, keep=None) -> None:

@@ -51,6 +51,7 @@ from vllm_uma.memory_release.pool_rows import PoolRows
 from vllm_uma.memory_release.pressure import PressureWatch
 from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
 from vllm_uma.memory_release.tiers import BlockHolder
+from vllm_uma.memory_release.warm_reserve import WarmReserve, reserve_size
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.settings import read_settings
 from vllm_uma.plugin.vllm_contract.scheduler_methods import LOCKED
@@ -99,6 +100,7 @@ class ReleasingScheduler:
         self._released_since_request = False
         self._under_pressure = False
         self._quiet_ticks = 0
+        self._warmed_once = False
         self._stop = threading.Event()
         self._pool_engine_id: str | None = None
         self._releaser = self._build_releaser()
@@ -165,7 +167,32 @@ class ReleasingScheduler:
             else "idle release off",
             "on (PSI, MemAvailable, cgroup)" if self._uma.memory_pressure == "psi" else "off",
         )
-        return Releaser(l1, pool_rows, disk)
+        return Releaser(l1, pool_rows, disk, self._build_reserve(l1, pool_rows, page_map))
+
+    def _build_reserve(self, l1: L1Blocks, pool_rows: PoolRows | None, page_map):
+        tokens = self._uma.warm_kv_tokens
+        size = reserve_size(
+            tokens,
+            self.vllm_config.cache_config.block_size,
+            page_map.num_blocks,
+            page_map.block_bytes,
+            pool_rows.num_rows if pool_rows is not None else 0,
+            pool_rows.row_bytes if pool_rows is not None else 0,
+        )
+        if size.l1_blocks == 0 and size.pool_rows == 0:
+            logger.info("KV warm reserve: off (warm_kv_tokens=%d).", tokens)
+            return None
+        reserve = WarmReserve(l1, pool_rows, size)
+        l1_bytes, pool_bytes = reserve.bytes()
+        logger.info(
+            "KV warm reserve: the next %d free KV blocks (%s)%s stay resident ahead of use "
+            "(warm_kv_tokens=%d, at most half of each; 0 turns it off).",
+            size.l1_blocks,
+            _gib(l1_bytes),
+            f" and {size.pool_rows} host pool rows ({_gib(pool_bytes)})" if size.pool_rows else "",
+            tokens,
+        )
+        return reserve
 
     # -- the release thread ---------------------------------------------------
 
@@ -207,6 +234,10 @@ class ReleasingScheduler:
             if self._under_pressure and self._quiet_ticks >= QUIET_TICKS:
                 logger.info("KV memory: memory pressure over; the KV cache grows back on use.")
                 self._under_pressure = False
+        self._idle_release()
+        self._warm()
+
+    def _idle_release(self) -> None:
         if not self._uma.release_free_kv or self._released_since_request:
             return
         with self._release_lock:
@@ -226,11 +257,39 @@ class ReleasingScheduler:
             report.live_bytes / 2**30,
         )
 
+    def _warm(self) -> None:
+        """Refill the warm reserve while the engine has no request and
+        memory is not short (warm_reserve.py)."""
+        reserve = getattr(self._releaser, "reserve", None)
+        if reserve is None or reserve.failed is not None or self._under_pressure:
+            return
+        with self._release_lock:
+            if self.has_requests():
+                return
+            ranges = reserve.ranges()
+        start = time.monotonic()
+        made = reserve.warm(ranges, self._stop)
+        if reserve.failed is not None:
+            logger.warning(
+                "KV warm reserve: off from now on: %s. Requests fault their KV pages "
+                "in as they are written (slower restores on a fresh server).",
+                reserve.failed,
+            )
+        if not made:
+            return
+        self._count_bytes(made, metrics.KV_WARMED)
+        log = logger.info if not self._warmed_once else logger.debug
+        self._warmed_once = True
+        log("KV warm reserve: made %s resident in %.2f s.", _gib(made), time.monotonic() - start)
+
     def _count(self, report: ReleaseReport, name: str) -> None:
+        self._count_bytes(report.total, name)
+
+    def _count_bytes(self, count: int, name: str) -> None:
         offload = getattr(self.connector, "connector_scheduler", None)
-        if offload is not None and report.total:
+        if offload is not None and count:
             with self._release_lock:
-                offload._connector_stats.increase_counter(name, report.total)
+                offload._connector_stats.increase_counter(name, count)
 
 
 def blocks_in_transfer(offload) -> set[int]:

@@ -43,6 +43,10 @@ class UmaConfig:
     # "psi": watch the kernel's memory-pressure signals and give KV memory
     # back under pressure (memory_release/pressure.py); "off": do not.
     memory_pressure: str = "psi"
+    # Keep the KV of the next warm_kv_tokens tokens resident ahead of use:
+    # the free KV blocks and host-pool rows the next request gets
+    # (memory_release/warm_reserve.py). 0 turns it off.
+    warm_kv_tokens: int = 8192
 
     @classmethod
     def from_additional_config(cls, additional: Any) -> "UmaConfig":

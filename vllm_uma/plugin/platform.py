@@ -104,7 +104,8 @@ def use_releasing_scheduler(scheduler_config, uma: UmaConfig, diffusion: bool = 
     Runs after vLLM has decided on async scheduling (the platform hook comes
     later in VllmConfig), so the matching base class is chosen here. Not for
     diffusion models: vLLM picks its own scheduler for them after this hook."""
-    if (not uma.release_free_kv and uma.memory_pressure == "off") or diffusion:
+    off = not uma.release_free_kv and uma.memory_pressure == "off" and uma.warm_kv_tokens == 0
+    if off or diffusion:
         return
     chosen = scheduler_config.scheduler_cls
     if isinstance(chosen, str) and chosen.startswith(RELEASING_SCHEDULERS + "."):
@@ -113,8 +114,9 @@ def use_releasing_scheduler(scheduler_config, uma: UmaConfig, diffusion: bool = 
         raise UmaConfigError(
             f"--scheduler-cls {scheduler_config.scheduler_cls!r} replaces the scheduler "
             f"vllm-uma gives KV memory back from. Remove --scheduler-cls, or turn the "
-            f"release off: --additional-config "
-            f'\'{{"vllm_uma": {{"release_free_kv": false, "memory_pressure": "off"}}}}\'.'
+            f"release and the warm reserve off: --additional-config "
+            f'\'{{"vllm_uma": {{"release_free_kv": false, "memory_pressure": "off", '
+            f'"warm_kv_tokens": 0}}}}\'.'
         )
     name = "UmaAsyncScheduler" if scheduler_config.async_scheduling else "UmaScheduler"
     scheduler_config.scheduler_cls = f"{RELEASING_SCHEDULERS}.{name}"
