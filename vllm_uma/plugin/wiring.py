@@ -13,9 +13,13 @@ process's memory map. The worker snapshots ``/proc/self/maps`` before the
 load and afterwards locks every writable range that appeared or grew (the
 weights, their packed copies, the allocator's growth), with
 ``MLOCK_ONFAULT`` so that reserved-but-untouched address space is not forced
-resident. The KV cache is allocated later, in mappings of its own, and stays
-pageable. ``wired`` is the kernel's own count (``VmLck`` in
-/proc/self/status), not our estimate.
+resident. The KV cache is allocated later and stays pageable: a large one
+gets a mapping of its own, but a small one (a few MiB, under glibc's mmap
+threshold) can come from heap memory freed inside a range locked here, so
+the worker unlocks the KV buffer's pages once it exists (``unlock_range``;
+locked pages refuse the KV memory release's ``MADV_DONTNEED`` with EINVAL,
+seen with a 9 MiB KV cache). ``wired`` is the kernel's own count (``VmLck``
+in /proc/self/status), not our estimate.
 
 mlock needs RLIMIT_MEMLOCK room or CAP_IPC_LOCK; when it is refused the
 worker logs how to raise the limit and serves unwired.
@@ -35,6 +39,8 @@ MLOCK_ONFAULT = 0x01
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _LIBC.mlock2.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
 _LIBC.mlock2.restype = ctypes.c_int
+_LIBC.munlock.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_LIBC.munlock.restype = ctypes.c_int
 
 Range = tuple[int, int]  # [start, end) in bytes
 
@@ -110,6 +116,19 @@ def locked_bytes() -> int:
 def mlock_range(start: int, end: int) -> int:
     """Lock [start, end) on fault; returns 0 or the errno."""
     if _LIBC.mlock2(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MLOCK_ONFAULT):
+        return ctypes.get_errno()
+    return 0
+
+
+def unlock_range(start: int, end: int) -> int:
+    """Unlock the whole pages inside [start, end) (pages shared with a
+    neighbour stay as they are); returns 0 or the errno. Unlocking memory
+    that is not locked is not an error."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = -(-start // page) * page, end // page * page
+    if last <= first:
+        return 0
+    if _LIBC.munlock(ctypes.c_void_p(first), ctypes.c_size_t(last - first)):
         return ctypes.get_errno()
     return 0
 

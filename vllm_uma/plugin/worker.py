@@ -25,6 +25,8 @@ Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 
 from __future__ import annotations
 
+import os
+
 import contextlib
 from contextlib import AbstractContextManager
 
@@ -44,7 +46,7 @@ from vllm_uma.plugin.lazy_kv import LazyZerosMode
 from vllm_uma.plugin.memory import BudgetInputs, MemoryBudgetError, fmt_gib, kv_cache_bytes
 from vllm_uma.plugin.platform import total_ram_bytes
 from vllm_uma.plugin.settings import read_settings
-from vllm_uma.plugin.wiring import WiringResult, read_maps, wire_new_memory
+from vllm_uma.plugin.wiring import WiringResult, read_maps, unlock_range, wire_new_memory
 from vllm_uma.plugin.worker_memory import (
     kv_allocation_bytes,
     memory_breakdown,
@@ -217,7 +219,26 @@ class UmaWorker(CPUWorker):
             total_ram_bytes(),
         )
         logger.info("%s", breakdown.log_line(fleet))
+        self._keep_kv_cache_pageable()
         L1_PAGES.set(self._l1_page_map(kv_cache_config))
+
+    def _keep_kv_cache_pageable(self) -> None:
+        """A small KV cache can land in heap memory the weights' wiring
+        locked (wiring.py): unlock its pages, so that it stays pageable and
+        the KV memory release can give them back."""
+        runner = getattr(self, "model_runner", None)
+        caches = [t for t in getattr(runner, "kv_caches", None) or [] if t is not None]
+        if not caches or not self.wiring.wired_bytes:
+            return
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in caches}
+        errors = {unlock_range(ptr, ptr + size) for ptr, size in storages.items()} - {0}
+        if errors:
+            err = errors.pop()
+            logger.warning(
+                "Could not unlock the KV cache's pages (%s): the KV memory release "
+                "may fail to give them back.",
+                os.strerror(err),
+            )
 
     def _l1_page_map(self, kv_cache_config: KVCacheConfig) -> L1PageMap | None:
         """Where each block's bytes are, for the KV memory release in the
