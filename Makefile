@@ -57,13 +57,14 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).
+# Another model: BENCH_ARGS="--model zoo-qwen3-real" (here and in bench-memory-pressure).
 bench-memory: model
-	$(BIN)/python -m tools.benchmark.memory_benchmark --startup-under-pressure 6 --out bench-out/memory_benchmark.json
+	$(BIN)/python -m tools.benchmark.memory_benchmark --startup-under-pressure 6 --out bench-out/memory_benchmark.json $(BENCH_ARGS)
 
 # KV memory that follows the working set: burst, idle, a memory hog, revisits,
 # with the release and without (figures, JSON and a PNG; about 8 minutes).
 bench-memory-pressure: model
-	$(BIN)/python -m tools.benchmark.memory_pressure --out bench-out/memory_pressure.json
+	$(BIN)/python -m tools.benchmark.memory_pressure --out bench-out/memory_pressure.json $(BENCH_ARGS)
 
 # KV offloading: TTFT of an L2 restore against an L1 hit and a recompute,
 # the cost with no reuse, a restart served from the disk tier, the L1<->L2

@@ -2,17 +2,16 @@
 
 One server with a host pool and the idle release after 6 s: four distinct
 1,200-token prompts (nine full blocks each), each sent twice in a row (the
-second is an L1 hit); then the server is left idle. The KV cache's resident
-pages (the kernel's count, smaps Rss of its mapping) must fall by at least
-the bytes of those 36 blocks, which the pool also holds, and the log and
-/metrics must say so. (The process's whole RSS also moves with code paged
+second is an L1 hit); then the server is left idle. The release must give
+back at least the bytes of those 36 blocks, which the pool also holds, and
+the log and /metrics must say so; the KV cache's resident pages (the
+kernel's count, smaps Rss of its mapping) are then the warm reserve's. (The process's whole RSS also moves with code paged
 in and Python's heap: 0.3-0.5% here, too much for an exact claim.) Revisited, the prompts come
 back from the host pool, not from L1, with the L1 hit's tokens exactly: the
 fair reference in bfloat16 (same prefix/tail split; vllm_uma/models/oracles.py).
 
 The warm reserve (memory_release/warm_reserve.py): before the first request
-the KV cache's resident pages are the reserve's blocks, and the idle release
-leaves them resident.
+the KV cache's resident pages are the reserve's blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import pytest
 
 from tests.e2e.traffic import EAGER, complete, metrics
 from tools.harness.server import Server, metric, model_process
+from vllm_uma.memory_release.pages import PAGE
 from vllm_uma.memory_release.resident import kv_resident
 from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 
@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 PROMPTS = range(4)
 FULL_BLOCKS = 9  # of 128 tokens in a 1,200-token prompt
+LAYERS = 30  # SmolLM2-135M's
 GIVEN_BACK = re.compile(r"KV memory: idle for \d+ s: gave back ([\d.]+) GiB.*")
 IDLE_SECONDS = 6
 RESERVE = re.compile(r"KV warm reserve: the next (\d+) free KV blocks")
@@ -110,16 +111,27 @@ def run(vllm_uma_exe, default_model_dir, tmp_path_factory):
         srv.stop()
 
 
-def test_resident_kv_falls_by_the_freed_blocks(run):
-    freed = len(PROMPTS) * FULL_BLOCKS * run["block_bytes"]
-    fall = run["busy_l1"] - run["idle_l1"]
-    assert fall >= freed, (run["busy_l1"], run["idle_l1"], freed, run["released"].group(0))
-    assert float(run["released"].group(1)) * 2**30 >= freed * 0.99
+def freed_bytes(run) -> int:
+    """The freed blocks' bytes, but for the page at each end of each layer's
+    run of them: vLLM's KV buffer need not start on a page, and a page the
+    run shares with a block the warm reserve keeps stays (pages.py)."""
+    return len(PROMPTS) * FULL_BLOCKS * run["block_bytes"] - 2 * LAYERS * PAGE
+
+
+def test_the_idle_release_leaves_only_the_warm_reserve_resident(run):
+    # Busy: the prompts' blocks were resident. Idle: the pool holds every
+    # full block, so all that stays in the KV cache is the warm reserve
+    # (which refills as soon as the server is idle, before the release).
+    freed = freed_bytes(run)
+    assert run["busy_l1"] >= freed, (run["busy_l1"], freed)
+    reserve = reserve_bytes(run)
+    assert reserve <= run["idle_l1"] <= reserve + 2 * run["block_bytes"], (run["idle_l1"], reserve)
+    assert float(run["released"].group(1)) * 2**30 >= freed * 0.99, run["released"].group(0)
 
 
 def test_given_back_counted_in_metrics(run):
     counted = metric(run["after"], "vllm:kv_memory_given_back_idle_bytes_total")
-    assert counted >= len(PROMPTS) * FULL_BLOCKS * run["block_bytes"]
+    assert counted >= freed_bytes(run)
 
 
 def test_revisits_restore_from_the_pool_with_the_hits_tokens(run):
@@ -138,11 +150,10 @@ def reserve_bytes(run) -> int:
 
 
 def test_the_warm_reserve_is_resident_before_the_first_request(run):
+    # Filled as the scheduler is built, so before the server says it is up.
+    log = run["log"]
+    assert 0 <= log.find("KV warm reserve: made") < log.find("Application startup complete")
     reserve = reserve_bytes(run)
     assert reserve > 0
     # vLLM's start-up runs write no KV block; a block or two of slack.
     assert reserve <= run["warm_l1"] <= reserve + 2 * run["block_bytes"], (run["warm_l1"], reserve)
-
-
-def test_the_idle_release_keeps_the_warm_reserve(run):
-    assert run["idle_l1"] >= reserve_bytes(run), (run["idle_l1"], reserve_bytes(run))

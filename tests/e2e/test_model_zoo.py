@@ -14,7 +14,13 @@ pool and to one only the disk has. Checked per family:
   (layers x KV heads x head_dim x K and V x 4 B x 128 tokens);
 - a pool restore and a disk restore give exactly the L1 hit's tokens, and
   /metrics says which tier each came from;
-- every block file a family wrote carries its own namespace, none another's.
+- every block file a family wrote carries its own namespace, none another's;
+- the KV cache is allocated lazily, the weights are wired, and once idle
+  (release_idle_seconds 2) the server gives the freed blocks' pages back.
+
+Then one family (the mixture of experts, the layout furthest from the
+default model's) is served again on the same store: its first prompt, which
+only the disk holds now, comes back from the disk with the L1 hit's tokens.
 
 Then the default model in bfloat16 with ``--kv-cache-dtype fp8`` on the same
 store: half the bytes per block in the breakdown and in every block file,
@@ -24,6 +30,8 @@ and its pool and disk restores give an L1 hit's tokens.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +39,7 @@ import pytest
 from tests.e2e.disk_store import BLOCK_TOKENS, block_files, namespace_of
 from tests.e2e.traffic import EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
-from tools.harness.server import metric
+from tools.harness.server import metric, model_process, proc_status
 from tools.model_zoo import build
 from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token, parse_build_name
 from vllm_uma.kv_offload.disk import block_file
@@ -48,16 +56,17 @@ CACHED = "vllm:prompt_tokens_cached_by_source_total"
 # Prompt 0 and 1 cold, again at once (L1 hits), then 2-5 push them out.
 # Prompt 4 is then in the pool (L1 holds 5), prompt 0 on disk only.
 POOL_REVISIT, DISK_REVISIT = 4, 0
+GIVEN_BACK = "vllm:kv_memory_given_back_idle_bytes_total"
+RESTARTED = build_name(FAMILIES["qwen3_moe"], "scaled")
 
 
-def serve_and_revisit(
-    exe: str, path: Path, name: str, kv_args: list[str], per_block: int, root: Path, log: Path
-) -> dict:
-    """One server of ``path`` on the shared store: the traffic above, and
-    what the tests read off it."""
+def family_args(
+    path: Path, name: str, kv_args: list[str], per_block: int, root: Path
+) -> list[str]:
     tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
     tiers = json.dumps({"kv_connector_extra_config": {"secondary_tiers": [tier]}})
-    args = [
+    uma = json.dumps({"vllm_uma": {"release_idle_seconds": 2}})
+    return [
         str(path),
         *EAGER,
         *kv_args,
@@ -65,11 +74,30 @@ def serve_and_revisit(
         *("--kv-cache-memory-bytes", str(per_block * L1_BLOCKS + 1)),
         *("--kv-offloading-size", f"{per_block * POOL_BLOCKS / 2**30:.6f}"),
         *("--kv-transfer-config", tiers),
+        *("--additional-config", uma),
     ]  # fmt: skip
+
+
+def wait_for_another(srv: Server, text: str, timeout_s: float = 30) -> None:
+    """Until the log has one more line with ``text`` than it has now."""
+    seen = srv.log().count(text)
+    deadline = time.monotonic() + timeout_s
+    while srv.log().count(text) <= seen:
+        assert time.monotonic() < deadline, f"no new {text!r} in the log:\n{srv.log()[-3000:]}"
+        time.sleep(0.2)
+
+
+def serve_and_revisit(
+    exe: str, path: Path, name: str, kv_args: list[str], per_block: int, root: Path, log: Path
+) -> dict:
+    """One server of ``path`` on the shared store: the traffic above, and
+    what the tests read off it."""
+    args = family_args(path, name, kv_args, per_block, root)
     before = set(block_files(root))
     srv = Server(exe, args, log).wait_ready()
     try:
-        run = {"name": name, "path": path, "per_block": per_block, "log": srv.log()}
+        run = {"name": name, "path": path, "per_block": per_block}
+        run["locked"] = proc_status(model_process(srv.proc.pid).pid, "VmLck")
 
         def complete(i: int) -> tuple[list[int], list[int]]:
             reply = srv.complete(name, prompt(i), MAX_TOKENS, return_token_ids=True)
@@ -93,6 +121,12 @@ def serve_and_revisit(
                 - metric(start, CACHED, f'source="{source}"')
                 for source in ("host", "disk")
             }
+        # Idle from here: the release gives back the freed blocks' pages;
+        # one more request carries the engine's count to /metrics.
+        wait_for_another(srv, "KV memory: idle for")
+        srv.complete(name, "Hello", 1)
+        run["given_back"] = metric(metrics(srv), GIVEN_BACK)
+        run["log"] = srv.log()
     finally:
         srv.stop()
     run["files"] = set(block_files(root)) - before
@@ -112,6 +146,25 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo-store") / "kv"
     logs = tmp_path_factory.mktemp("zoo-logs")
     return {name: serve_family(vllm_uma_exe, name, root, logs / f"{name}.log") for name in BUILDS}
+
+
+@pytest.fixture(scope="module")
+def restarted(vllm_uma_exe, runs, tmp_path_factory):
+    """The mixture of experts served again on the store, after every family:
+    its first prompt is on the disk only."""
+    first = runs[RESTARTED]
+    kv_args = ["--dtype", "float32"]
+    args = family_args(first["path"], RESTARTED, kv_args, first["per_block"], first["root"])
+    log = tmp_path_factory.mktemp("zoo-restart") / "server.log"
+    srv = Server(vllm_uma_exe, args, log).wait_ready()
+    try:
+        start = metrics(srv)
+        reply = srv.complete(RESTARTED, prompt(DISK_REVISIT), MAX_TOKENS, return_token_ids=True)
+        end = metrics(srv)
+    finally:
+        srv.stop()
+    disk = metric(end, CACHED, 'source="disk"') - metric(start, CACHED, 'source="disk"')
+    return {"tokens": reply["choices"][0]["token_ids"], "disk": disk, "hit": first["hit"]}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +204,31 @@ def test_a_pool_and_a_disk_restore_give_the_l1_hits_tokens(runs, name):
     assert run["pool_tokens"] == run["hit_4"]
     assert run["disk_sources"]["disk"] >= BLOCK_TOKENS  # from the disk
     assert run["disk_tokens"] == run["hit"]
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_the_kv_cache_is_lazy_and_the_weights_wired(runs, name):
+    run = runs[name]
+    assert "KV cache allocated lazily" in run["log"]
+    line = next(x for x in run["log"].splitlines() if "memory breakdown:" in x)
+    breakdown = parse_breakdown(line)
+    if os.geteuid() != 0:
+        pytest.skip("mlock of the weights needs root or a raised ulimit -l")
+    assert breakdown["wired"] >= 0.9 * breakdown["weights"]
+    assert run["locked"] >= 0.9 * breakdown["wired"]
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_an_idle_server_gives_the_freed_blocks_back(runs, name):
+    # The disk revisit's blocks alone are nine full blocks, cached and held
+    # on disk; the warm reserve keeps at most half of the 18.
+    run = runs[name]
+    assert run["given_back"] >= 4 * run["per_block"], run["given_back"]
+
+
+def test_a_restarted_server_restores_from_the_disk_the_l1_hits_tokens(restarted):
+    assert restarted["disk"] >= BLOCK_TOKENS
+    assert restarted["tokens"] == restarted["hit"]
 
 
 def test_families_sharing_one_store_never_share_a_namespace(runs):

@@ -224,3 +224,15 @@ def test_populate_of_read_only_memory_raises_madvise_error():
         populate([(base, base + 2 * PAGE)])
     assert "MADV_POPULATE_WRITE" in str(err.value)
     region.close()
+
+
+def test_populate_faults_in_the_pages_a_range_shares_with_its_neighbours():
+    # A range from the middle of page 1 to the middle of page 4: pages 1-4
+    # hold its bytes, and all four are faulted in (give_back would take
+    # only 2 and 3: the others hold a neighbour's bytes too).
+    region = mmap.mmap(-1, 8 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = np.frombuffer(region, dtype=np.uint8).ctypes.data
+    assert populate([(base + PAGE + 100, base + 4 * PAGE + 100)]) == 4 * PAGE
+    assert resident_bytes(base + PAGE, base + 5 * PAGE) == 4 * PAGE
+    assert resident_bytes(base, base + PAGE) == resident_bytes(base + 5 * PAGE, base + 8 * PAGE) == 0
+    region.close()

@@ -319,3 +319,21 @@ def test_pressure_pass_gives_back_the_warm_reserve_too():
     assert report.steps["free L1 blocks"] == 2 * BLOCK_BYTES  # 5 and 7
     assert report.steps["free pool rows"] == ROW  # row 4
     assert real.l1.zeroed_blocks() == [1, 2, 3, 4, 5, 7]
+
+
+def test_idle_pass_keeps_resident_blocks_in_place_of_cold_reserve_blocks():
+    # The reserve's blocks 5 and 7 were given back earlier (cold). Rather
+    # than give back A's blocks 2 and 1 (resident, held in the pool) and
+    # fault 5 and 7 in again, the pass empties 2 and 1 and keeps their
+    # pages as the reserve; only B's block 3 goes back.
+    real = Real()
+    real.l1.l1.give_back([5, 7])
+    reserve = WarmReserve(real.l1.l1, None, ReserveSize(l1_blocks=2, pool_rows=0))
+    real.releaser.reserve = reserve
+    report = real.releaser.idle_pass()
+    assert report.steps["L1 blocks held below"] == BLOCK_BYTES  # 3 only
+    assert real.l1.zeroed_blocks() == [3, 5, 7]  # 2 and 1 keep their bytes
+    assert real.l1.cached(real.l1.a, 0) is None and real.l1.cached(real.l1.a, 1) is None
+    queue = [b.block_id for b in real.l1.pool.free_block_queue.get_all_free_blocks()]
+    assert queue[:4] == [2, 1, 5, 7]
+    assert reserve.l1_blocks() == [2, 1]

@@ -1,14 +1,18 @@
 """Worker memory of vllm-uma serve against stock vLLM CPU, same model and flags.
 
     .venv/bin/python -m tools.benchmark.memory_benchmark [--startup-under-pressure 6]
+        [--model zoo-qwen3-real]
     .venv/bin/python -m tools.benchmark.memory_benchmark --pressure --out F.json
 
 --pressure runs the KV memory release benchmark instead, with the flags
 that follow (memory_pressure.py, also run as its own module).
 
-Each server (the plugin, then stock vLLM CPU with VLLM_PLUGINS="") starts on
-a free loopback port; the worker's RSS is read at ready and after each
-cumulative amount of prompt tokens served (distinct prompts, max_tokens=1).
+Each server (the plugin, then stock vLLM CPU with VLLM_PLUGINS="") serves
+``--model`` (the default model, a model zoo build or a directory:
+lib/model_choice.py; the plugin's KV bytes per block are checked against
+the model's config.json) on a free loopback port; the worker's RSS is read
+at ready and after each cumulative amount of prompt tokens served (distinct
+prompts, max_tokens=1).
 KV cache size: the plugin's ``memory breakdown:`` line, stock's "GiB for KV
 cache" line. Target: the plugin's worker RSS at ready <= weights +
 activations + 5% of its KV cache (the KV buffer is lazy); stock's RSS at
@@ -31,8 +35,9 @@ from pathlib import Path
 import psutil
 
 from tools.benchmark import memory_pressure
-from tools.benchmark.lib import servers
+from tools.benchmark.lib import model_choice, servers
 from tools.benchmark.lib.environment import environment
+from tools.benchmark.lib.model_choice import ModelChoice
 from tools.benchmark.lib.report import Column, Table, gib
 from tools.benchmark.memory_common import (
     KINDS,
@@ -68,22 +73,24 @@ def worker_rss(srv: Server) -> int | None:
         return None
 
 
-def kv_cache_bytes(kind: str, srv: Server) -> tuple[int | None, dict | None]:
-    """(KV cache bytes, plugin breakdown) read from the server's log."""
+def kv_cache_bytes(kind: str, srv: Server, choice: ModelChoice) -> tuple[int | None, dict | None]:
+    """(KV cache bytes, plugin breakdown) read from the server's log; the
+    run stops if the plugin's KV is not ``choice``'s."""
     if kind == "plugin":
         try:
             breakdown = servers.breakdown(srv)
         except RuntimeError:
             return None, None
+        model_choice.check_breakdown(choice, breakdown)
         return breakdown["kv_cache"], breakdown
     m = STOCK_KV_RE.search(srv.log())
     # Stock logs GiB rounded to 2 decimals: good to about 5 MiB.
     return (int(float(m.group(1)) * GiB) if m else None), None
 
 
-def measure(kind: str, args, out_dir: Path) -> dict:
+def measure(kind: str, choice: ModelChoice, args, out_dir: Path) -> dict:
     log_path = out_dir / f"{kind}.log"
-    srv = server(kind, args.gpu_memory_utilization, log_path)
+    srv = server(kind, choice, args.gpu_memory_utilization, log_path)
     result: dict = {"server": kind, "command": srv.proc.args, "log": str(log_path), "rows": []}
     say(f"starting {kind} on port {srv.port} (log {log_path})")
     with servers.running(srv):
@@ -91,13 +98,15 @@ def measure(kind: str, args, out_dir: Path) -> dict:
             result["refused"] = refusal_line(srv.log())
             say(f"{kind} exited before ready: {result['refused']}")
             return result
-        result["kv_cache"], result["breakdown"] = kv_cache_bytes(kind, srv)
+        result["kv_cache"], result["breakdown"] = kv_cache_bytes(kind, srv, choice)
         sent = tokens = 0
         for target in sorted(args.tokens):
             need = -(-target // args.prompt_tokens) - sent  # ceil division
             if need > 0:
                 say(f"{kind}: sending {need} prompts of {args.prompt_tokens} tokens")
-                tokens += send_prompts(srv, sent, need, args.prompt_tokens, args.concurrency)
+                tokens += send_prompts(
+                    srv, choice.served_name, sent, need, args.prompt_tokens, args.concurrency
+                )
                 sent += need
             rss = worker_rss(srv)
             result["rows"].append(
@@ -133,7 +142,7 @@ def held_ram(gib_: float):
         proc.wait()
 
 
-def startup_under_pressure(args, out_dir: Path) -> dict:
+def startup_under_pressure(args, choice: ModelChoice, out_dir: Path) -> dict:
     util = 0.9
     result: dict = {"held_gib": args.startup_under_pressure, "utilization": util}
     with held_ram(args.startup_under_pressure):
@@ -141,15 +150,15 @@ def startup_under_pressure(args, out_dir: Path) -> dict:
         for kind in KINDS:
             log_path = out_dir / f"{kind}-pressure.log"
             say(f"pressure: starting {kind} at utilization {util} (log {log_path})")
-            entry = result[kind] = start_held(kind, util, log_path, args.ready_timeout)
+            entry = result[kind] = start_held(kind, choice, util, log_path, args.ready_timeout)
             state = "started" if entry["started"] else "refused: " + entry["refusal"]
             say(f"pressure: {kind} {state}")
     return result
 
 
-def start_held(kind: str, util: float, log_path: Path, timeout: float) -> dict:
+def start_held(kind: str, choice: ModelChoice, util: float, log_path: Path, timeout: float) -> dict:
     """One server's start with the RAM held: what it had, or why it refused."""
-    with servers.running(server(kind, util, log_path)) as srv:
+    with servers.running(server(kind, choice, util, log_path)) as srv:
         try:
             ok = servers.ready(srv, timeout)
         except TimeoutError as exc:  # a hang is a result here, not a crash
@@ -157,7 +166,7 @@ def start_held(kind: str, util: float, log_path: Path, timeout: float) -> dict:
         entry = {"started": ok, "log": str(log_path)}
         if ok:
             entry["worker_rss"] = worker_rss(srv)
-            entry["kv_cache"] = kv_cache_bytes(kind, srv)[0]
+            entry["kv_cache"] = kv_cache_bytes(kind, srv, choice)[0]
         elif srv.proc.poll() is not None:
             entry["refusal"] = refusal_line(srv.log())
         else:
@@ -228,6 +237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(python -m tools.benchmark.memory_pressure --help)",
     )
     p.add_argument("--out", type=Path, default=Path("bench-out/memory_benchmark.json"))
+    model_choice.add_argument(p)
     return p.parse_args(argv)
 
 
@@ -236,20 +246,26 @@ def main(argv: list[str] | None = None) -> int:
     if "--pressure" in argv:
         return memory_pressure.main([a for a in argv if a != "--pressure"])
     args = parse_args(argv)
-    if not prepared(args.out):
+    choice = prepared(args.out, args.model)
+    if choice is None:
         return 2
     out_dir = args.out.parent
-    result = {"environment": environment(args), "servers": [], "startup_under_pressure": None}
+    result = {
+        "environment": environment(args),
+        "model": choice.describe(),
+        "servers": [],
+        "startup_under_pressure": None,
+    }
     for kind in args.servers:
         try:
-            result["servers"].append(measure(kind, args, out_dir))
+            result["servers"].append(measure(kind, choice, args, out_dir))
         except (OSError, TimeoutError, ValueError) as exc:  # record, go on to the next server
             say(f"{kind} failed: {exc!r}")
             result["servers"].append({"server": kind, "error": repr(exc), "rows": []})
     if args.startup_under_pressure:
-        result["startup_under_pressure"] = startup_under_pressure(args, out_dir)
+        result["startup_under_pressure"] = startup_under_pressure(args, choice, out_dir)
     lines = report(result["servers"], result["startup_under_pressure"])
-    return finish(args.out, result, lines, str(args.out))
+    return finish(args.out, result, [f"model: {result['model']}", *lines], str(args.out))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
 """KV memory that follows the working set: the release benchmark.
 
     .venv/bin/python -m tools.benchmark.memory_pressure [--out bench-out/memory_pressure.json]
+        [--model zoo-qwen3-real]
 
 (also run as `memory_benchmark --pressure`, the Makefile's bench-memory-pressure).
 
-Phases on one `vllm-uma serve` (default model, utilization 0.5, a host pool
-and a disk tier; the release settings as given, idle release after
+Phases on one `vllm-uma serve` (``--model``: the default model, a model zoo
+build or a directory, lib/model_choice.py; utilization 0.5, a host pool and
+a disk tier; the release settings as given, idle release after
 ``--idle-seconds``):
 
-  burst    distinct prompts, ``--burst-tokens`` in all (max_tokens 8);
+  burst    distinct prompts, ``--burst-tokens`` in all (max_tokens 8; by
+           default as many tokens as hold BURST_KV_BYTES of the model's KV,
+           100,000 of the default model's);
   idle     no request for idle-seconds + 10 s: the idle release runs;
   hog      a helper process allocates and touches MemAvailable minus
            ``--hog-leave-gib``, holds it ``--hog-seconds``, then exits;
@@ -40,9 +44,10 @@ from pathlib import Path
 
 import psutil
 
-from tools.benchmark.lib import client, servers
+from tools.benchmark.lib import client, model_choice, servers
 from tools.benchmark.lib.environment import environment
-from tools.benchmark.lib.prompts import MODEL, prompt_ids
+from tools.benchmark.lib.model_choice import ModelChoice
+from tools.benchmark.lib.prompts import prompt_ids
 from tools.benchmark.lib.report import GiB
 from tools.benchmark.memory_common import finish, prepared, ram_holder, say, send_prompts, server
 from tools.benchmark.memory_pressure_report import draw, figures, verdicts
@@ -52,42 +57,67 @@ from vllm_uma.server_process import Server
 
 KEPT_RE = re.compile(r"KV memory: .* KV kept: ([\d.]+) GiB")
 FEATURE_OFF = {"release_free_kv": False, "memory_pressure": "off"}
+# The default burst in KV bytes, not tokens: 100,000 tokens of the default
+# model's 23,040 B (about 2.15 GiB). The L1 (utilization 0.5), the 4 GiB pool,
+# the 16 GiB disk tier and the hog are all bytes of RAM or disk, so a model
+# with more KV per token gets fewer tokens and the same share of each.
+BURST_KV_BYTES = 2_304_000_000
 
 
-def pressure_server(name: str, args, out_dir: Path, uma: dict) -> Server:
+def burst_tokens(args, kv_bytes_per_token: int) -> int:
+    """``--burst-tokens``, or BURST_KV_BYTES in the model's tokens. Refused
+    if the burst has fewer prompts than ``--revisit`` revisits: a revisit
+    of a prompt never sent would be a cold prefill, not a restore."""
+    given = args.burst_tokens is not None
+    tokens = args.burst_tokens if given else BURST_KV_BYTES // kv_bytes_per_token
+    prompts = -(-tokens // args.prompt_tokens)
+    if prompts < args.revisit:
+        what = "--burst-tokens" if given else "the default burst for this model"
+        raise SystemExit(
+            f"--revisit {args.revisit}: {what} is {tokens:,} tokens, {prompts} prompts of "
+            f"{args.prompt_tokens:,}, and only sent prompts can be revisited. Set --revisit "
+            f"{prompts} or less, or --burst-tokens {args.revisit * args.prompt_tokens:,} or more"
+        )
+    return tokens
+
+
+def pressure_server(name: str, choice: ModelChoice, args, out_dir: Path, uma: dict) -> Server:
     """The plugin server at 0.5, with a pool, a fresh disk tier and ``uma``."""
     disk = out_dir / f"pressure-disk-{name}"
     shutil.rmtree(disk, ignore_errors=True)  # revisits must not find an earlier run's blocks
     extra = ["--kv-offloading-size", str(args.pool_gib)]
     extra += servers.disk_tier_args(disk, 16)
     extra += ["--additional-config", json.dumps({"vllm_uma": uma})]
-    return server("plugin", 0.5, out_dir / f"pressure-{name}.log", tuple(extra))
+    return server("plugin", choice, 0.5, out_dir / f"pressure-{name}.log", tuple(extra))
 
 
-def one_server(name: str, args, out_dir: Path, uma: dict, hog: bool) -> dict:
-    srv = pressure_server(name, args, out_dir, uma)
+def one_server(name: str, choice: ModelChoice, args, out_dir: Path, uma: dict, hog: bool) -> dict:
+    srv = pressure_server(name, choice, args, out_dir, uma)
     result: dict = {"server": name, "command": srv.proc.args, "log": str(srv.log_path)}
     say(f"pressure/{name}: starting on port {srv.port} (log {srv.log_path})")
     with servers.running(srv):
         if not servers.ready(srv, args.ready_timeout):
             raise RuntimeError(f"{name} server exited before ready; see {srv.log_path}")
         breakdown = servers.breakdown(srv)
+        model_choice.check_breakdown(choice, breakdown)
         result["breakdown"] = breakdown
         sampler = Sampler(model_process(srv.proc.pid).pid, breakdown, breakdown["per_block_bytes"])
         sampler.start()
         try:
-            phases(name, args, srv, sampler, result, hog)
+            phases(name, choice.served_name, args, srv, sampler, result, hog)
         finally:
             sampler.stop()
         result["samples"] = sampler.samples
     return result
 
 
-def phases(name: str, args, srv: Server, sampler: Sampler, result: dict, hog: bool) -> None:
+def phases(
+    name: str, model: str, args, srv: Server, sampler: Sampler, result: dict, hog: bool
+) -> None:
     count = -(-args.burst_tokens // args.prompt_tokens)
     sampler.phase = "burst"
     say(f"pressure/{name}: burst of {count} prompts x {args.prompt_tokens} tokens")
-    result["burst_tokens"] = send_prompts(srv, 0, count, args.prompt_tokens, 2)
+    result["burst_tokens"] = send_prompts(srv, model, 0, count, args.prompt_tokens, 2)
     sampler.phase = "idle"
     time.sleep(args.idle_seconds + 10)
     idle = sampler.sample()
@@ -101,7 +131,7 @@ def phases(name: str, args, srv: Server, sampler: Sampler, result: dict, hog: bo
     result["oom_kills"] = oom_kills() - oom_before
     result["server_alive"] = srv.proc.poll() is None
     sampler.phase = "revisit"
-    revisit(srv, args, result)
+    revisit(srv, model, args, result)
 
 
 def hog_phase(args, sampler: Sampler, result: dict) -> None:
@@ -124,12 +154,12 @@ def hog_phase(args, sampler: Sampler, result: dict) -> None:
     time.sleep(5)
 
 
-def revisit(srv: Server, args, result: dict) -> None:
+def revisit(srv: Server, model: str, args, result: dict) -> None:
     """The first --revisit prompts again: which tier served them, and their tokens."""
     before = client.cached_by_source(client.metrics(srv.url))
     outputs, prompt_tokens = [], 0
     for i in range(args.revisit):
-        payload = {"model": MODEL, "prompt": prompt_ids(i, args.prompt_tokens), "max_tokens": 8}
+        payload = {"model": model, "prompt": prompt_ids(i, args.prompt_tokens), "max_tokens": 8}
         reply = srv.post("/v1/completions", {**payload, "temperature": 0, "logprobs": 0}, 600)
         outputs.append(reply["choices"][0]["logprobs"]["tokens"])
         prompt_tokens += reply["usage"]["prompt_tokens"]
@@ -140,11 +170,11 @@ def revisit(srv: Server, args, result: dict) -> None:
     result["revisit_recomputed_tokens"] = prompt_tokens - sum(hits.values())
 
 
-def run(args, out_dir: Path) -> tuple[dict, list[str]]:
+def run(args, choice: ModelChoice, out_dir: Path) -> tuple[dict, list[str]]:
     """Both servers' phases; the figures the issue lists, and the verdict lines."""
-    reference = one_server("reference", args, out_dir, FEATURE_OFF, hog=False)
+    reference = one_server("reference", choice, args, out_dir, FEATURE_OFF, hog=False)
     uma = {"release_idle_seconds": args.idle_seconds, "memory_pressure": "psi"}
-    feature = one_server("feature", args, out_dir, uma, hog=True)
+    feature = one_server("feature", choice, args, out_dir, uma, hog=True)
     result = figures(feature, reference)
     png = out_dir / "memory_pressure.png"
     draw(feature["samples"], png)
@@ -157,22 +187,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompt-tokens", type=int, default=2000, help="tokens per prompt")
     p.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for /health")
-    p.add_argument("--burst-tokens", type=int, default=100_000, help="burst size")
+    p.add_argument(
+        "--burst-tokens",
+        type=int,
+        default=None,
+        help="burst size (default: about 2.15 GiB of the model's KV; 100,000 tokens of the "
+        "default model's)",
+    )
     p.add_argument("--idle-seconds", type=int, default=20, help="release_idle_seconds")
     p.add_argument("--pool-gib", type=float, default=4, help="--kv-offloading-size")
     p.add_argument("--hog-leave-gib", type=float, default=0.5, help="RAM the hog leaves")
     p.add_argument("--hog-seconds", type=float, default=20, help="how long it holds")
     p.add_argument("--revisit", type=int, default=8, help="first prompts revisited")
     p.add_argument("--out", type=Path, default=Path("bench-out/memory_pressure.json"))
+    model_choice.add_argument(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not prepared(args.out):
+    choice = prepared(args.out, args.model)
+    if choice is None:
         return 2
-    result = {"environment": environment(args)}
-    result["pressure"], lines = run(args, args.out.parent)
+    args.burst_tokens = burst_tokens(args, choice.kv_bytes_per_token())
+    result = {"environment": environment(args), "model": choice.describe()}
+    result["pressure"], lines = run(args, choice, args.out.parent)
+    lines = [f"model: {result['model']}", *lines]
     return finish(args.out, result, lines, f"{args.out} and {result['pressure']['png']}")
 
 

@@ -38,7 +38,7 @@ from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
 from vllm.v1.kv_offload.base import OffloadKey, make_offload_key
 
 from vllm_uma.memory_release.l1_pages import L1PageMap
-from vllm_uma.memory_release.pages import give_back
+from vllm_uma.memory_release.pages import give_back, inward, resident_bytes
 from vllm_uma.plugin import vllm_contract
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -122,11 +122,24 @@ class L1Blocks:
             queue.remove(block)
         queue.prepend_n(moved)
 
-    def give_back(self, block_ids: list[int]) -> int:
-        """Drop these free blocks from the prefix cache, then madvise their
-        pages away; the bytes of them that were resident."""
+    def resident(self, block_ids: list[int], count: int) -> list[int]:
+        """The first ``count`` of these blocks whose pages are all resident
+        (mincore; a block is written whole, by a forward or a restore)."""
+        found: list[int] = []
+        for b in block_ids:
+            if len(found) >= count:
+                break
+            pages = [inward(start, end) for start, end in self._map.ranges([b])]
+            if all(p is None or resident_bytes(*p) == p[1] - p[0] for p in pages):
+                found.append(b)
+        return found
+
+    def forget(self, block_ids: list[int]) -> list[int]:
+        """Drop these free blocks from the prefix cache, keeping their pages:
+        they hold nothing anyone can find any more. Raises ReleaseError if
+        one is still in use or cached."""
         if not block_ids:
-            return 0
+            return []
         self._pool.evict_blocks(set(block_ids))
         # Only blocks nothing can find any more: free, and without a hash.
         blocks = self._pool.blocks
@@ -136,6 +149,15 @@ class L1Blocks:
                 f"{len(block_ids) - len(gone)} of {len(block_ids)} KV blocks are still "
                 f"in use or in the prefix cache after eviction; their pages are kept"
             )
+        return gone
+
+    def give_back(self, block_ids: list[int]) -> int:
+        """Drop these free blocks from the prefix cache, then madvise their
+        pages away; the bytes of them that were resident."""
+        if not block_ids:
+            return 0
+        gone = self.forget(block_ids)
+        blocks = self._pool.blocks
         given = give_back(self._map.ranges(gone))
         # To the front of the free queue: vLLM allocates from there, so an
         # empty block is reused before a block that still caches a prefix.

@@ -30,7 +30,10 @@ a pressure pass runs, and the kernel updates it in per-thread batches.)
 
 The other way, ``populate``: ``MADV_POPULATE_WRITE`` (Linux 5.14) faults
 pages in as a write would, without writing them, so it is safe on pages
-another thread may be writing at the same moment (warm_reserve.py).
+another thread may be writing at the same moment (warm_reserve.py), and on
+a neighbour's bytes: a range is rounded outward to page boundaries, so the
+pages a block shares with its neighbours (vLLM's KV buffer need not start
+on a page) are faulted in too.
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ def inward(start: int, end: int, page: int = PAGE) -> Range | None:
     first = -(-start // page) * page
     last = end // page * page
     return (first, last) if last > first else None
+
+
+def outward(start: int, end: int, page: int = PAGE) -> Range | None:
+    """The pages that hold any byte of [start, end), or None if it is empty."""
+    if end <= start:
+        return None
+    return start // page * page, -(-end // page) * page
 
 
 def merge(ranges: Iterable[Range]) -> list[Range]:
@@ -116,13 +126,13 @@ def give_back(ranges: Iterable[Range], advice: int = MADV_DONTNEED) -> int:
 
 
 def populate(ranges: Iterable[Range]) -> int:
-    """Fault in each range's whole pages without writing them; the bytes
-    that were not resident before. Raises MadviseError where the kernel has
-    no MADV_POPULATE_WRITE (EINVAL before Linux 5.14) or cannot find the
-    memory (ENOMEM: the machine is out of it)."""
+    """Fault in every page that holds a byte of the ranges, without writing
+    them; the bytes that were not resident before. Raises MadviseError where
+    the kernel has no MADV_POPULATE_WRITE (EINVAL before Linux 5.14) or
+    cannot find the memory (ENOMEM: the machine is out of it)."""
     made = 0
     for start, end in merge(ranges):
-        pages = inward(start, end)
+        pages = outward(start, end)
         if pages is None:
             continue
         missing = (pages[1] - pages[0]) - resident_bytes(*pages)

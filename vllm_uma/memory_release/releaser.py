@@ -13,7 +13,9 @@ Idle pass (the server has had no request for ``release_idle_seconds``):
   Pool rows that hold blocks stay: they are the fast restore path the user
   sized with --kv-offloading-size. The warm reserve (warm_reserve.py) stays
   too: the L1 blocks and pool rows the next request gets keep their pages,
-  and its L1 blocks go back in front of the free queue afterwards.
+  and its L1 blocks go back in front of the free queue afterwards. Where a
+  reserve block is not resident, a resident block of steps 1 or 3 takes its
+  place, emptied but not given back: a warm page kept is a fault saved.
 
 Pressure pass (pressure.py says memory is short; ``shortfall`` bytes wanted).
 First, whatever the shortfall, everything whose loss costs nothing but a
@@ -93,20 +95,39 @@ class Releaser:
 
     def idle_pass(self) -> ReleaseReport:
         report = ReleaseReport()
-        warm_blocks = self.reserve.l1_blocks() if self.reserve is not None else []
-        warm_rows = frozenset(self.reserve.pool_rows()) if self.reserve is not None else frozenset()
-        keep = set(warm_blocks)
+        warm, cold, kept = self._keep_warm()
+        skip = set(warm) | set(cold) | set(kept)
         free = self.l1.free_blocks(self.held_below)
-        self._l1_step(report, "free L1 blocks", [b for b in free.uncached if b not in keep])
+        self._l1_step(report, "free L1 blocks", [b for b in free.uncached if b not in skip])
+        warm_rows = frozenset(self.reserve.pool_rows()) if self.reserve is not None else frozenset()
         # No request: no load in flight.
         self._pool_free_step(report, past_mark=True, keep=warm_rows)
-        self._l1_step(report, "L1 blocks held below", [b for b in free.held_below if b not in keep])
-        if warm_blocks and report.l1_blocks:
-            # Given-back blocks went to the front; the next request gets
-            # the warm ones first all the same.
-            self.l1.to_front(warm_blocks)
+        self._l1_step(report, "L1 blocks held below", [b for b in free.held_below if b not in skip])
+        if skip:
+            # Given-back blocks went to the front: the reserve goes back
+            # ahead of them, its resident blocks first.
+            self.l1.to_front(warm + kept + cold)
         report.live_bytes = self.live_bytes()
         return report
+
+    def _keep_warm(self) -> tuple[list[int], list[int], list[int]]:
+        """The warm reserve's blocks (the front of the free queue), resident
+        and not; and for each one not resident, a resident block this pass
+        would have given back, emptied instead (out of the prefix cache, its
+        pages kept): faulting a cold block in later would cost what giving a
+        warm one back saves."""
+        if self.reserve is None:
+            return [], [], []
+        front = self.reserve.l1_blocks()
+        warm = self.l1.resident(front, len(front))
+        cold = [b for b in front if b not in set(warm)]
+        if not cold:
+            return warm, [], []
+        free = self.l1.free_blocks(self.held_below)
+        taken = set(front)
+        candidates = [b for b in free.uncached + free.held_below if b not in taken]
+        kept = self.l1.forget(self.l1.resident(candidates, len(cold)))
+        return warm, cold, kept
 
     def pressure_pass(self, shortfall: int) -> ReleaseReport:
         report = ReleaseReport()

@@ -107,6 +107,10 @@ class ReleasingScheduler:
         self._watch = PressureWatch() if self._uma.memory_pressure == "psi" else None
         self._thread = None
         if self._releaser is not None:
+            # The reserve's first fill, before the engine core reports ready:
+            # the first requests find their blocks resident (a second or
+            # two at Qwen3-0.6B's size on these machines, docs/memory.md).
+            self._warm()
             self._thread = threading.Thread(target=self._run, name="uma-kv-release", daemon=True)
             self._thread.start()
 

@@ -14,9 +14,10 @@ queue, ``L1Blocks.next_free``) and the pool rows the pool manager's next
 stores take (``PoolRows.next_rows``), ``warm_kv_tokens`` tokens' worth of
 each, are kept resident:
 
-- the release thread (scheduler.py) faults them in with
-  ``MADV_POPULATE_WRITE`` (pages.populate) whenever the engine has no
-  request and memory is not short: at start-up, and after traffic used them;
+- the scheduler faults them in with ``MADV_POPULATE_WRITE``
+  (pages.populate) once as it is built, before the engine core reports
+  ready, and its release thread again whenever the engine has no request
+  and memory is not short, after traffic used them;
 - the idle pass leaves their pages alone and puts the L1 ones back in front
   of the free queue after it gave other blocks back (releaser.py), so the
   blocks it just emptied are not the next ones taken;
