@@ -221,3 +221,32 @@ def test_the_plugins_kv_is_checked_against_the_model(zoo_choice):
     assert memory_benchmark.kv_cache_bytes("plugin", right, zoo_choice)[0] == 1000
     with pytest.raises(SystemExit, match="reports 2,949,120 KV bytes per block"):
         memory_benchmark.kv_cache_bytes("plugin", breakdown_server(2_949_120), zoo_choice)
+
+
+def test_give_back_time_counts_from_the_hog_step_before_the_mark_when_no_sample_crossed_it(
+    monkeypatch,
+):
+    from types import SimpleNamespace
+
+    from tools.benchmark import memory_pressure_sampler as sampler
+
+    gib = 1 << 30
+    monkeypatch.setattr(sampler.psutil, "virtual_memory", lambda: SimpleNamespace(total=20 * gib))
+
+    def sample(t, available, kv, phase="hog"):
+        return {"t": t, "phase": phase, "available": available, "kv": kv, "psi_some_us": None}
+
+    # Mark 2 GiB: the server gave back between 2.1 and 2.2 s, before any
+    # sample saw MemAvailable under it.
+    samples = [
+        sample(1.0, 3 * gib, 4 * gib, "idle"),
+        sample(2.0, 2.5 * gib, 4 * gib),
+        sample(2.1, 2.1 * gib, 4 * gib),
+        sample(2.7, 4.0 * gib, 0),
+    ]
+    assert sampler.seconds_to_give_back(samples, 4 * gib) == 0.6
+    # A sample under the mark is the onset when there is one.
+    samples[2] = sample(2.1, 1.9 * gib, 4 * gib)
+    assert sampler.seconds_to_give_back(samples, 4 * gib) == 0.6
+    samples[2] = sample(2.1, 2.9 * gib, 4 * gib)  # never near the mark
+    assert sampler.seconds_to_give_back(samples, 4 * gib) is None

@@ -242,3 +242,18 @@ def test_inactive_page_cache_is_not_cgroup_usage(machine, version):
     (group / "memory.stat").write_text(f"anon 1000\n{key} {200 * MiB}\nactive_file 5\n")
     assert watch.read() == NO_PRESSURE
     assert watch._cgroup_usage() == (770 * MiB, 1000 * MiB)
+
+
+def test_room_is_what_may_become_resident_before_the_margin_above_the_mark(machine):
+    # Mark 10% of the total, margin 5%: room is MemAvailable above 15%.
+    machine.meminfo(available_kb=TOTAL_KB // 2)
+    total = TOTAL_KB * 1024
+    assert machine.watch().room() == TOTAL_KB // 2 * 1024 - int(total * 0.15)
+    machine.meminfo(available_kb=TOTAL_KB // 10)
+    assert machine.watch().room() < 0  # at the mark: no room
+
+
+def test_room_is_the_tighter_of_the_machine_and_the_cgroup(machine):
+    machine.cgroup_v2("app", current=700 * MiB, limit=str(1000 * MiB))
+    # cgroup: 300 MiB headroom, 150 MiB of it below the mark and margin.
+    assert machine.watch().room() == 150 * MiB

@@ -32,7 +32,7 @@ class Releaser:
         self.idle_ran.set()
         return ReleaseReport(steps={"free L1 blocks": self.given_back})
 
-    def pressure_pass(self, shortfall: int) -> ReleaseReport:
+    def pressure_pass(self, shortfall: int, idle: bool = False) -> ReleaseReport:
         self.calls.append(("pressure", shortfall))
         return ReleaseReport(steps={"pool rows": self.given_back})
 
@@ -55,7 +55,9 @@ def scheduler(uma: UmaConfig, idle_for: float, busy: bool = False, cls=UmaSchedu
     s._quiet_ticks = 0
     s._releaser = Releaser()
     s.pressure = NO_PRESSURE
-    s._watch = SimpleNamespace(read=lambda: s.pressure) if uma.memory_pressure == "psi" else None
+    s.room = 1 << 40
+    watch = SimpleNamespace(read=lambda: s.pressure, room=lambda: s.room)
+    s._watch = watch if uma.memory_pressure == "psi" else None
     s.stats = Stats()
     s.connector = SimpleNamespace(connector_scheduler=SimpleNamespace(_connector_stats=s.stats))
     s.has_requests = lambda: busy
@@ -76,6 +78,9 @@ class Reserve:
     def ranges(self):
         self.calls.append("ranges")
         return [(0, 4096)]
+
+    def bytes(self) -> tuple[int, int]:
+        return 4096, 0
 
     def warm(self, ranges, stop) -> int:
         self.calls.append("warm")
@@ -320,3 +325,17 @@ def test_a_kernel_refusal_is_one_warning_and_the_reserve_stays_off(caplog):
         "fault their KV pages in as they are written (slower restores on a fresh server)."
     ]
     assert s.stats.counters == {}
+
+
+def test_the_warm_step_waits_for_room_above_the_pressure_mark():
+    # A hog still holds memory after the pressure pass: filling the reserve
+    # now would bring the pressure straight back.
+    s = scheduler(IDLE, idle_for=0)
+    s._releaser.reserve = reserve = Reserve()
+    reserve.bytes = lambda: (3000, 2000)
+    s.room = 4999
+    s._tick()
+    assert reserve.calls == []
+    s.room = 5000
+    s._tick()
+    assert reserve.calls == ["ranges", "warm"]

@@ -35,3 +35,16 @@ def test_a_server_whose_kv_is_not_what_the_workload_was_sized_for_stops_the_run(
     model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 128})
     with pytest.raises(SystemExit, match="reports 7,340,032 KV bytes per block"):
         model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 64})
+
+
+def test_the_copy_bandwidth_tool_takes_a_recipe_a_zoo_build_or_a_directory(tmp_path, monkeypatch):
+    from tools.benchmark import kv_pool_bandwidth
+    from vllm_uma import models
+
+    built = []
+    monkeypatch.setattr(models, "prepare", lambda name=None: built.append(name) or tmp_path)
+    assert kv_pool_bandwidth.model_directory(models.DEFAULT_MODEL_NAME) == tmp_path
+    assert built == [models.DEFAULT_MODEL_NAME]  # a recipe is built by its recipe
+    directory = write_config(tmp_path / "my-model")
+    assert kv_pool_bandwidth.model_directory(str(directory)) == directory
+    assert built == [models.DEFAULT_MODEL_NAME]

@@ -4,8 +4,8 @@
 
 Uses the real HostPool and HostPoolMover on a KV cache laid out like vLLM's
 (one backing buffer) and shaped like the model's (the default model unless
---model names another recipe; layers and bytes per token read from its
-config.json; 128-token blocks, bf16; for a model with several KV cache
+--model names another recipe, a model zoo build such as zoo-qwen3-real or a
+model directory; layers and bytes per token read from its config.json; 128-token blocks, bf16; for a model with several KV cache
 groups, the layers of one group, which is what a block and a pool row
 hold), and compares
 with numpy's copy of one contiguous buffer of the same size on as many
@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 import torch
 from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
+from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.floors import best_of, memcpy_gbps
 from tools.benchmark.lib.geometry import (
     BLOCK_TOKENS,
@@ -42,7 +44,7 @@ TARGET = 0.8  # of memcpy, for both directions
 def main() -> int:
     args = parse_args()
     n = args.blocks
-    model_dir = models.prepare(args.model)
+    model_dir = model_directory(args.model)
     # One layer's share of a block, and the layers a block holds: all of
     # them, or one KV cache group's (vLLM overlays the groups).
     page = kv_bytes_per_token(model_dir) // model_layers(model_dir) * BLOCK_TOKENS
@@ -71,13 +73,21 @@ def main() -> int:
     return 0
 
 
+def model_directory(name: str) -> Path:
+    """A recipe's directory (built if missing), else a zoo build's or a
+    directory's, as the other benchmarks' --model (lib/model_choice.py)."""
+    if name in models.RECIPES:
+        return models.prepare(name)
+    return model_choice.choose(name).directory
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--model",
         default=models.DEFAULT_MODEL_NAME,
-        choices=list(models.RECIPES),
-        help="the recipe whose KV layout is copied",
+        help=f"whose KV layout is copied: a recipe ({', '.join(models.RECIPES)}), "
+        "a model zoo build (python -m tools.model_zoo list) or a model directory",
     )
     ap.add_argument("--blocks", type=int, default=64, help="blocks per transfer")
     ap.add_argument("--repeats", type=int, default=10)

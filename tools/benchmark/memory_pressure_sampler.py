@@ -66,6 +66,10 @@ def oom_kills() -> int:
     return 0
 
 
+# The hog's allocation step (memory_common.ram_holder).
+HOG_STEP = 256 << 20
+
+
 def seconds_to_give_back(samples: list[dict], idle: int) -> float | None:
     """From pressure onset to resident KV at or under 20% of the idle figure;
     None if it never got there.
@@ -73,7 +77,9 @@ def seconds_to_give_back(samples: list[dict], idle: int) -> float | None:
     Onset: the first sample at which either signal the server acts on says
     pressure, read here on their own: MemAvailable under 10% of RAM, or some
     task stalled on memory 10% or more of the time since the previous
-    sample (PSI's cumulative total)."""
+    sample (PSI's cumulative total); or, where the server acted between two
+    samples so that none saw the mark crossed, the first sample within one
+    step of the hog's allocation (HOG_STEP) of it: the next step crossed it."""
     low = psutil.virtual_memory().total * 0.10
     onset = None
     for prev, cur in zip(samples, samples[1:], strict=False):
@@ -84,6 +90,9 @@ def seconds_to_give_back(samples: list[dict], idle: int) -> float | None:
         if cur["available"] < low or (stalled is not None and stalled >= 0.10):
             onset = cur["t"]
             break
+    if onset is None:
+        near = (s for s in samples if s.get("phase") == "hog" and s["available"] < low + HOG_STEP)
+        onset = next((s["t"] for s in near), None)
     if onset is None:
         return None
     done = next((s["t"] for s in samples if s["t"] >= onset and s["kv"] <= idle * 0.2), None)

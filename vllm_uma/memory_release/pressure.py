@@ -172,6 +172,21 @@ class PressureWatch:
             return None
         return 100.0 * (total - before) / ((now - then) * 1e6)
 
+    def room(self) -> int:
+        """Bytes that could still become resident before MemAvailable (or
+        the cgroup's headroom) falls within the give-back margin of the
+        pressure mark: what the warm reserve may fault in without bringing
+        the pressure pass back (warm_reserve.py). Negative when short."""
+        meminfo = read_meminfo(self._meminfo)
+        total, available = meminfo["MemTotal"], meminfo["MemAvailable"]
+        share = self.low_fraction + self.margin_fraction
+        room = available - int(total * share)
+        usage = self._cgroup_usage()
+        if usage is not None:
+            used, limit = usage
+            room = min(room, limit - used - int(limit * share))
+        return room
+
     def read(self) -> Pressure:
         meminfo = read_meminfo(self._meminfo)
         total, available = meminfo["MemTotal"], meminfo["MemAvailable"]

@@ -129,13 +129,15 @@ class Releaser:
         kept = self.l1.forget(self.l1.resident(candidates, len(cold)))
         return warm, cold, kept
 
-    def pressure_pass(self, shortfall: int) -> ReleaseReport:
+    def pressure_pass(self, shortfall: int, idle: bool = False) -> ReleaseReport:
         report = ReleaseReport()
         # Lossless, whatever the shortfall: what holds nothing, pool rows
         # the disk also keeps, L1 blocks the pool or the disk also keeps.
         free = self.l1.free_blocks(self.held_below)
         self._l1_step(report, "free L1 blocks", free.uncached)
-        self._pool_free_step(report)
+        # Rows past the allocation mark (the warm reserve's among them) only
+        # when no request is in: after a cache reset a load may read them.
+        self._pool_free_step(report, past_mark=idle)
         if self.pool is not None and self.disk is not None:
             disk = self.disk
             everything = self.pool.rows_in_use()
@@ -152,14 +154,23 @@ class Releaser:
             free = self.l1.free_blocks(self.held_below)
             blocks = -(-(shortfall - report.total) // self.l1.block_bytes)
             self._l1_step(report, "L1 blocks held nowhere else", free.only_here[:blocks])
-        report.live_bytes = self.live_bytes()
+        # The reserve went back with the rest, and stays out until the
+        # pressure is over.
+        report.live_bytes = self.live_bytes(with_reserve=False)
         return report
 
-    def live_bytes(self) -> int:
-        """L1 blocks in use or cached only in L1, plus pool rows holding a block."""
+    def live_bytes(self, with_reserve: bool = True) -> int:
+        """L1 blocks in use or cached only in L1, plus pool rows holding a
+        block, plus (``with_reserve``) the warm reserve's free blocks and
+        rows: what the server keeps by design."""
         free = self.l1.free_blocks(self.held_below)
-        l1 = (self.l1.blocks_in_use() + len(free.only_here)) * self.l1.block_bytes
+        reserve = self.reserve if with_reserve else None
+        warm = set(reserve.l1_blocks()) if reserve is not None else set()
+        kept = len(set(free.only_here) | warm)
+        l1 = (self.l1.blocks_in_use() + kept) * self.l1.block_bytes
         pool = 0 if self.pool is None else self.pool.rows_in_use() * self.pool.row_bytes
+        if reserve is not None and self.pool is not None:
+            pool += len(reserve.pool_rows()) * self.pool.row_bytes
         return l1 + pool
 
     # -- steps: each counts the resident bytes it gave back -----------------

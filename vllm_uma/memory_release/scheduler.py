@@ -218,7 +218,8 @@ class ReleasingScheduler:
             pressure = self._watch.read()
             if pressure.under:
                 with self._release_lock:
-                    report = self._releaser.pressure_pass(pressure.shortfall)
+                    idle = not self.has_requests()
+                    report = self._releaser.pressure_pass(pressure.shortfall, idle)
                 self._count(report, metrics.KV_GIVEN_BACK_PRESSURE)
                 if report.total or not self._under_pressure:
                     logger.warning(
@@ -267,6 +268,8 @@ class ReleasingScheduler:
         reserve = getattr(self._releaser, "reserve", None)
         if reserve is None or reserve.failed is not None or self._under_pressure:
             return
+        if self._watch is not None and self._watch.room() < sum(reserve.bytes()):
+            return  # filling it would bring the pressure pass straight back
         with self._release_lock:
             if self.has_requests():
                 return
