@@ -16,13 +16,18 @@ each, are kept resident:
 
 - the scheduler faults them in with ``MADV_POPULATE_WRITE``
   (pages.populate) once as it is built, before the engine core reports
-  ready, and its release thread again whenever the engine has no request
-  and memory is not short, after traffic used them;
+  ready, and its release thread again whenever the engine has no request,
+  after traffic used them, if MemAvailable (and the cgroup's headroom)
+  leaves room for all of it above the pressure mark and its margin
+  (PressureWatch.room): a fill must not bring the pressure pass back;
 - the idle pass leaves their pages alone and puts the L1 ones back in front
   of the free queue after it gave other blocks back (releaser.py), so the
-  blocks it just emptied are not the next ones taken;
-- the pressure pass gives back everything, the reserve included, and the
-  reserve is not refilled until the pressure episode is over.
+  blocks it just emptied are not the next ones taken; where a reserve block
+  is not resident, a resident block the pass would have given back is
+  emptied and kept in its place;
+- the pressure pass gives back everything, the reserve included (its fresh
+  pool rows when no request is in), and the reserve is not refilled until
+  the pressure episode is over.
 
 Bounds: at most half of L1's blocks and half of the pool's rows, so a small
 KV cache stays lazy. The price is that many bytes resident from start-up on,
