@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import OffloadKey
 
-from vllm_uma.memory_release.l1_blocks import L1Blocks
+from vllm_uma.memory_release.l1_blocks import FreeBlocks, L1Blocks
 from vllm_uma.memory_release.pool_rows import PoolRows
 from vllm_uma.memory_release.tiers import BlockHolder
 from vllm_uma.memory_release.warm_reserve import WarmReserve
@@ -95,9 +95,9 @@ class Releaser:
 
     def idle_pass(self) -> ReleaseReport:
         report = ReleaseReport()
-        warm, cold, kept = self._keep_warm()
-        skip = set(warm) | set(cold) | set(kept)
         free = self.l1.free_blocks(self.held_below)
+        warm, cold, kept = self._keep_warm(free)
+        skip = set(warm) | set(cold) | set(kept)
         self._l1_step(report, "free L1 blocks", [b for b in free.uncached if b not in skip])
         warm_rows = frozenset(self.reserve.pool_rows()) if self.reserve is not None else frozenset()
         # No request: no load in flight.
@@ -110,20 +110,21 @@ class Releaser:
         report.live_bytes = self.live_bytes()
         return report
 
-    def _keep_warm(self) -> tuple[list[int], list[int], list[int]]:
+    def _keep_warm(self, free: FreeBlocks) -> tuple[list[int], list[int], list[int]]:
         """The warm reserve's blocks (the front of the free queue), resident
         and not; and for each one not resident, a resident block this pass
         would have given back, emptied instead (out of the prefix cache, its
         pages kept): faulting a cold block in later would cost what giving a
-        warm one back saves."""
+        warm one back saves. ``free`` is this pass's walk of the free queue;
+        the blocks kept leave its lists' use through the caller's skip set."""
         if self.reserve is None:
             return [], [], []
         front = self.reserve.l1_blocks()
         warm = self.l1.resident(front, len(front))
-        cold = [b for b in front if b not in set(warm)]
+        resident = set(warm)
+        cold = [b for b in front if b not in resident]
         if not cold:
             return warm, [], []
-        free = self.l1.free_blocks(self.held_below)
         taken = set(front)
         candidates = [b for b in free.uncached + free.held_below if b not in taken]
         kept = self.l1.forget(self.l1.resident(candidates, len(cold)))

@@ -34,6 +34,8 @@ import os
 import resource
 from dataclasses import dataclass
 
+from vllm_uma.memory_release.pages import inward
+
 MLOCK_ONFAULT = 0x01
 
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -124,10 +126,10 @@ def unlock_range(start: int, end: int) -> int:
     """Unlock the whole pages inside [start, end) (pages shared with a
     neighbour stay as they are); returns 0 or the errno. Unlocking memory
     that is not locked is not an error."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    first, last = -(-start // page) * page, end // page * page
-    if last <= first:
+    pages = inward(start, end)
+    if pages is None:
         return 0
+    first, last = pages
     if _LIBC.munlock(ctypes.c_void_p(first), ctypes.c_size_t(last - first)):
         return ctypes.get_errno()
     return 0

@@ -222,12 +222,16 @@ class UmaWorker(CPUWorker):
         self._keep_kv_cache_pageable()
         L1_PAGES.set(self._l1_page_map(kv_cache_config))
 
+    def _kv_caches(self) -> list[torch.Tensor]:
+        """The model runner's KV cache tensors, once allocated."""
+        runner = getattr(self, "model_runner", None)
+        return [t for t in getattr(runner, "kv_caches", None) or [] if t is not None]
+
     def _keep_kv_cache_pageable(self) -> None:
         """A small KV cache can land in heap memory the weights' wiring
         locked (wiring.py): unlock its pages, so that it stays pageable and
         the KV memory release can give them back."""
-        runner = getattr(self, "model_runner", None)
-        caches = [t for t in getattr(runner, "kv_caches", None) or [] if t is not None]
+        caches = self._kv_caches()
         if not caches or not self.wiring.wired_bytes:
             return
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in caches}
@@ -244,8 +248,7 @@ class UmaWorker(CPUWorker):
         """Where each block's bytes are, for the KV memory release in the
         scheduler (memory_release/); None where the layout is not vLLM's
         one backing allocation of attention pages."""
-        runner = getattr(self, "model_runner", None)
-        caches = [t for t in getattr(runner, "kv_caches", None) or [] if t is not None]
+        caches = self._kv_caches()
         groups = kv_cache_config.kv_cache_groups
         if not caches or any(not g.kv_cache_spec.has_layer_views for g in groups):
             return None
