@@ -5,8 +5,9 @@ One server with a host pool and the idle release after 6 s: four distinct
 second is an L1 hit); then the server is left idle. The release must give
 back at least the bytes of those 36 blocks, which the pool also holds, and
 the log and /metrics must say so; the KV cache's resident pages (the
-kernel's count, smaps Rss of its mapping) are then the warm reserve's. (The process's whole RSS also moves with code paged
-in and Python's heap: 0.3-0.5% here, too much for an exact claim.) Revisited, the prompts come
+kernel's count, smaps Rss of its mapping) are then the warm reserve's.
+(The process's whole RSS also moves with code paged in and Python's heap:
+0.3-0.5% here, too much for an exact claim.) Revisited, the prompts come
 back from the host pool, not from L1, with the L1 hit's tokens exactly: the
 fair reference in bfloat16 (same prefix/tail split; vllm_uma/models/oracles.py).
 

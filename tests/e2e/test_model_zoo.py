@@ -60,9 +60,7 @@ GIVEN_BACK = "vllm:kv_memory_given_back_idle_bytes_total"
 RESTARTED = build_name(FAMILIES["qwen3_moe"], "scaled")
 
 
-def family_args(
-    path: Path, name: str, kv_args: list[str], per_block: int, root: Path
-) -> list[str]:
+def family_args(path: Path, name: str, kv_args: list[str], per_block: int, root: Path) -> list[str]:
     tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
     tiers = json.dumps({"kv_connector_extra_config": {"secondary_tiers": [tier]}})
     uma = json.dumps({"vllm_uma": {"release_idle_seconds": 2}})

@@ -104,8 +104,7 @@ def test_whole_number_settings_must_be_at_least_zero(key, value):
     with pytest.raises(UmaConfigError) as err:
         UmaConfig.from_additional_config({"vllm_uma": {key: value}})
     assert str(err.value) == (
-        f"--additional-config vllm_uma.{key}={value!r} is invalid: "
-        "it must be a whole number >= 0."
+        f"--additional-config vllm_uma.{key}={value!r} is invalid: it must be a whole number >= 0."
     )
 
 

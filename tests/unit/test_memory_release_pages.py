@@ -218,7 +218,9 @@ def test_populate_of_an_unmapped_range_raises_madvise_error():
 
 
 def test_populate_of_read_only_memory_raises_madvise_error():
-    region = mmap.mmap(-1, 2 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+    region = mmap.mmap(
+        -1, 2 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ
+    )
     base = np.frombuffer(region, dtype=np.uint8).ctypes.data
     with pytest.raises(MadviseError) as err:
         populate([(base, base + 2 * PAGE)])
@@ -234,5 +236,7 @@ def test_populate_faults_in_the_pages_a_range_shares_with_its_neighbours():
     base = np.frombuffer(region, dtype=np.uint8).ctypes.data
     assert populate([(base + PAGE + 100, base + 4 * PAGE + 100)]) == 4 * PAGE
     assert resident_bytes(base + PAGE, base + 5 * PAGE) == 4 * PAGE
-    assert resident_bytes(base, base + PAGE) == resident_bytes(base + 5 * PAGE, base + 8 * PAGE) == 0
+    assert (
+        resident_bytes(base, base + PAGE) == resident_bytes(base + 5 * PAGE, base + 8 * PAGE) == 0
+    )
     region.close()

@@ -288,7 +288,9 @@ def test_the_warm_step_refills_the_reserve_while_idle_and_counts_it(caplog):
     s._tick()
     assert reserve.calls == ["ranges", "warm"] * 2
     assert s.stats.counters == {metrics.KV_WARMED: 2 * 8192}
-    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "warm reserve" in r.getMessage()]
+    lines = [
+        (r.levelno, r.getMessage()) for r in caplog.records if "warm reserve" in r.getMessage()
+    ]
     assert [level for level, _ in lines] == [logging.INFO, logging.DEBUG]  # the first at INFO
     assert "made 0.00 GiB resident" in lines[0][1]
 

@@ -57,7 +57,9 @@ def given_back_world() -> tuple[L1World, PoolWorld, WarmReserve]:
 
 def l1_resident(world: L1World, block: int) -> int:
     return sum(
-        resident_bytes(world.kv[layer, block].ctypes.data, world.kv[layer, block].ctypes.data + BLOCK_PAGE)
+        resident_bytes(
+            world.kv[layer, block].ctypes.data, world.kv[layer, block].ctypes.data + BLOCK_PAGE
+        )
         for layer in range(LAYERS)
     )
 

@@ -5,9 +5,10 @@
 Uses the real HostPool and HostPoolMover on a KV cache laid out like vLLM's
 (one backing buffer) and shaped like the model's (the default model unless
 --model names another recipe, a model zoo build such as zoo-qwen3-real or a
-model directory; layers and bytes per token read from its config.json; 128-token blocks, bf16; for a model with several KV cache
-groups, the layers of one group, which is what a block and a pool row
-hold), and compares
+model directory; layers and bytes per token read from its config.json;
+128-token blocks, bf16; for a model with several KV cache groups, the
+layers of one group, which is what a block and a pool row hold), and
+compares
 with numpy's copy of one contiguous buffer of the same size on as many
 threads as the mover copies with: the floor for moving those bytes. The
 target is 80% of it. One run, ratios measured in the same process (the

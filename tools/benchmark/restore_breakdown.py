@@ -73,7 +73,9 @@ def transfers(body: str) -> dict[str, float]:
     return out
 
 
-def measure(server: Server, prompt: str, model: str = MODEL, settle: float = 0.0) -> dict[str, float]:
+def measure(
+    server: Server, prompt: str, model: str = MODEL, settle: float = 0.0
+) -> dict[str, float]:
     url = server.url
     time.sleep(settle)
     start = time.perf_counter()
@@ -122,7 +124,10 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
-        "--settle", type=float, default=3.0, help="seconds without a request before each measured one"
+        "--settle",
+        type=float,
+        default=3.0,
+        help="seconds without a request before each measured one",
     )
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "restore_breakdown.json")
     model_choice.add_argument(ap)

@@ -143,8 +143,7 @@ def populate(ranges: Iterable[Range]) -> int:
             err = ctypes.get_errno()
             raise MadviseError(
                 err,
-                f"madvise({pages[0]:#x}, {length}, MADV_POPULATE_WRITE) failed: "
-                f"{os.strerror(err)}",
+                f"madvise({pages[0]:#x}, {length}, MADV_POPULATE_WRITE) failed: {os.strerror(err)}",
             )
         made += missing
     return made

@@ -65,7 +65,9 @@ class PoolRows:
         order: rows past the allocation mark first, then the free list from
         its end (vLLM's ``_allocate_chunks``)."""
         m = self._manager
-        fresh = list(range(m._num_allocated_chunks, min(m._num_chunks, m._num_allocated_chunks + count)))
+        fresh = list(
+            range(m._num_allocated_chunks, min(m._num_chunks, m._num_allocated_chunks + count))
+        )
         reused = m._free_list[::-1][: max(0, count - len(fresh))]
         return fresh + reused
 
@@ -74,7 +76,9 @@ class PoolRows:
         base, size = self._pool.array.ctypes.data, self._pool.row_bytes
         return [(base + r * size, base + (r + 1) * size) for r in rows]
 
-    def give_back_free_rows(self, past_mark: bool = False, keep: frozenset[int] = frozenset()) -> int:
+    def give_back_free_rows(
+        self, past_mark: bool = False, keep: frozenset[int] = frozenset()
+    ) -> int:
         """madvise the rows that hold no block; the bytes that were resident.
 
         Those are the free list's and, with ``past_mark``, the rows past the

@@ -25,9 +25,8 @@ Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 
 from __future__ import annotations
 
-import os
-
 import contextlib
+import os
 from contextlib import AbstractContextManager
 
 import psutil
