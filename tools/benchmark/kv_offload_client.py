@@ -17,6 +17,7 @@ from tools.harness.server import metric
 REQUEST_TIMEOUT_S = 900
 COMPUTED = "vllm:prompt_tokens_by_source_total"
 BYTES_MOVED = "vllm:kv_offload_total_bytes_total"
+DISK_WRITTEN = "vllm:kv_offload_disk_written_bytes_total"
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ def scrape(url: str) -> dict[str, float]:
     for kind in ("CPU_to_GPU", "GPU_to_CPU"):
         out[f"bytes_{kind}"] = metric(text, BYTES_MOVED, f'transfer_type="{kind}"')
     out["bytes_all"] = metric(text, BYTES_MOVED)
+    out["disk_written"] = metric(text, DISK_WRITTEN)
     return out
 
 

@@ -52,6 +52,7 @@ def summarize(
             "l1_to_pool": counters["bytes_GPU_to_CPU"],
             "all": counters["bytes_all"],
         },
+        "disk_written_bytes": counters.get("disk_written", 0),
         "restored_bytes": int((hits["host"] + hits["disk"]) * kv_per_token),
         "floor_restore_s_per_request": round(floor, 5),
         "ttft_p50_over_floor": round(p50 / floor, 1) if floor else None,
