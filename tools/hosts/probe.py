@@ -65,9 +65,21 @@ def serve(bind: str, port: int, lifetime: float) -> None:
                     pass
 
 
+def _connect(to: str, port: int, timeout: float) -> socket.socket:
+    """Connect, retrying while the server is not listening yet, up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection((to, port), timeout=timeout)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def send(to: str, port: int, nbytes: int, timeout: float) -> float:
     """Send ``nbytes`` and wait for the receipt; Mbit/s over the whole exchange."""
-    with socket.create_connection((to, port), timeout=timeout) as sock:
+    with _connect(to, port, timeout) as sock:
         block = bytes(_CHUNK)
         start = time.perf_counter()
         sock.sendall(struct.pack("!cQ", b"S", nbytes))
@@ -80,7 +92,7 @@ def send(to: str, port: int, nbytes: int, timeout: float) -> float:
 
 def rtt(to: str, port: int, rounds: int, timeout: float) -> float:
     """The median time of one byte's round trip, in ms, on one connection."""
-    with socket.create_connection((to, port), timeout=timeout) as sock:
+    with _connect(to, port, timeout) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(struct.pack("!cQ", b"E", rounds))
         times = []
