@@ -46,7 +46,8 @@ while True:
 
 
 def _on_host(net: Network, index: int, argv: list[str], timeout: float = 20.0) -> dict:
-    child = net.popen(index, argv, stdout=subprocess.PIPE, text=True)
+    # From the project's root, whatever pytest's directory: the probe is tools.hosts.probe.
+    child = net.popen(index, argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
     out, _ = child.communicate(timeout=timeout)
     return json.loads(out.strip().splitlines()[-1])
 
@@ -109,7 +110,8 @@ PROBE = [PY, "-m", "tools.hosts.probe"]
 def _probe_server(net: Network, index: int) -> list[str]:
     """Start the probe's server on host ``index``; the client flags that reach it."""
     address = net.host(index).address
-    net.popen(index, [*PROBE, "serve", "--bind", address, "--port", str(PORT), "--lifetime", "20"])
+    serve = [*PROBE, "serve", "--bind", address, "--port", str(PORT), "--lifetime", "20"]
+    net.popen(index, serve, cwd=REPO)
     return ["--to", address, "--port", str(PORT)]
 
 
