@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -77,6 +78,11 @@ def net(tmp_path_factory):
 
 
 def test_two_hosts_talk_http_over_their_link(net):
+    assert [h.address for h in net.hosts] == ["10.213.1.1", "10.213.1.2", "10.213.1.3"]
+    for host in net.hosts:
+        shown = subprocess.run(["ip", "-n", host.netns, "-o", "addr", "show", "dev", "eth0"],
+                               capture_output=True, text=True).stdout  # fmt: skip
+        assert f"inet {host.address}/24" in shown
     got = _fetch(net, 2, f"http://{net.host(1).address}:{PORT}/", timeout=2, retry_for=10)
     assert got == {"ok": "hello from host 1"}
 
@@ -126,6 +132,26 @@ def test_a_shaped_link_carries_about_its_rate(net):
     down = _on_host(net, 3, [*PROBE, "send", *to, "--mbytes", "5"])
     print(f"{RATE_MBIT} Mbit/s link: host 3 -> 2 {down['mbit_s']} Mbit/s")
     assert 0.6 * RATE_MBIT <= down["mbit_s"] <= 1.1 * RATE_MBIT, down
+
+
+def test_a_hosts_downlink_is_shared_by_its_senders(net):
+    # Each sender's own uplink allows the full rate; what holds the two
+    # together to one rate is the switch's bucket towards host 1.
+    address, ports = net.host(1).address, [PORT + 1, PORT + 2]
+    for port in ports:  # the probe's server takes one connection at a time
+        serve = [*PROBE, "serve", "--bind", address, "--port", str(port), "--lifetime", "20"]
+        net.popen(1, serve, cwd=REPO)
+    at = str(time.time() + 1.5)  # both connected by then: they start sending together
+    send = [*PROBE, "send", "--to", address, "--mbytes", "4", "--start-at", at]
+    senders = [
+        net.popen(i, [*send, "--port", str(port)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+        for i, port in zip((2, 3), ports, strict=True)
+    ]
+    sent = [json.loads(s.communicate(timeout=20)[0]) for s in senders]
+    span = max(s["end"] for s in sent) - min(s["start"] for s in sent)
+    together = 2 * 4e6 * 8 / span / 1e6
+    print(f"{RATE_MBIT} Mbit/s link: hosts 2 and 3 -> 1 at once: {together:.1f} Mbit/s in all")
+    assert 0.6 * RATE_MBIT <= together <= 1.1 * RATE_MBIT, sent
 
 
 def test_each_end_of_a_shaped_link_has_its_token_bucket(net):

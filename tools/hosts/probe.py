@@ -2,7 +2,8 @@
 client on the other, for a transfer's throughput and a round trip's time.
 
     python -m tools.hosts.probe serve --bind ADDR --port P [--lifetime S]
-    python -m tools.hosts.probe send --to ADDR --port P --mbytes N   -> {"mbit_s": ...}
+    python -m tools.hosts.probe send --to ADDR --port P --mbytes N [--start-at T]
+                                     -> {"mbit_s": ..., "start": ..., "end": ...}
     python -m tools.hosts.probe rtt --to ADDR --port P [--rounds N]  -> {"rtt_ms": ...}
 
 Each is bounded: the server exits after ``--lifetime`` seconds, a client
@@ -77,17 +78,22 @@ def _connect(to: str, port: int, timeout: float) -> socket.socket:
             time.sleep(0.05)
 
 
-def send(to: str, port: int, nbytes: int, timeout: float) -> float:
-    """Send ``nbytes`` and wait for the receipt; Mbit/s over the whole exchange."""
+def send(to: str, port: int, nbytes: int, timeout: float, start_at: float = 0.0) -> dict:
+    """Send ``nbytes`` and wait for the receipt: Mbit/s over the whole exchange,
+    and its wall-clock start and end (every namespace shares the clock), from
+    which several senders' aggregate rate is computed. ``start_at``: a wall
+    time to wait for once connected, so that several senders start together."""
     with _connect(to, port, timeout) as sock:
+        time.sleep(max(0.0, start_at - time.time()))
         block = bytes(_CHUNK)
-        start = time.perf_counter()
+        wall, start = time.time(), time.perf_counter()
         sock.sendall(struct.pack("!cQ", b"S", nbytes))
         left = nbytes
         while left:
             left -= sock.send(block[: min(_CHUNK, left)])
         _recv_exact(sock, 1)
-        return nbytes * 8 / (time.perf_counter() - start) / 1e6
+        took = time.perf_counter() - start
+        return {"mbit_s": round(nbytes * 8 / took / 1e6, 2), "start": wall, "end": wall + took}
 
 
 def rtt(to: str, port: int, rounds: int, timeout: float) -> float:
@@ -118,14 +124,15 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--timeout", type=float, default=10.0)
         if name == "send":
             p.add_argument("--mbytes", type=float, default=4.0)
+            p.add_argument("--start-at", type=float, default=0.0, help="wall time (time.time())")
         else:
             p.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(args.bind, args.port, args.lifetime)
     elif args.command == "send":
-        mbit = send(args.to, args.port, int(args.mbytes * 1e6), args.timeout)
-        print(json.dumps({"mbit_s": round(mbit, 2)}))
+        nbytes = int(args.mbytes * 1e6)
+        print(json.dumps(send(args.to, args.port, nbytes, args.timeout, args.start_at)))
     else:
         print(json.dumps({"rtt_ms": round(rtt(args.to, args.port, args.rounds, args.timeout), 4)}))
 
