@@ -41,9 +41,8 @@ from tools.benchmark.kv_offload_workloads import Settings, Traffic
 from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.geometry import kv_row_bytes
-from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.prompts import text
-from tools.benchmark.lib.report import GiB, Column, Table, write_json
+from tools.benchmark.lib.report import Column, GiB, Table, write_json
 from vllm_uma import models
 
 WORKLOADS = ("no_reuse", "fits", "equal", "larger", "restart")
@@ -189,8 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             results[workload][name] = run_one(runners[name], workload, name)
     for runner in runners.values():
         if runner.sizing and runner.sizing.block_size != block_tokens:
-            print(f"pool_split: the model's block is {runner.sizing.block_size} tokens, "
-                  f"the traffic assumed {block_tokens}", file=sys.stderr)
+            print(
+                f"pool_split: the model's block is {runner.sizing.block_size} tokens, "
+                f"the traffic assumed {block_tokens}",
+                file=sys.stderr,
+            )
             return 1
     ratios(results)
     report = {

@@ -58,6 +58,12 @@ class OffloadPlan:
     namespace_inputs: NamespaceInputs | None
     warnings: tuple[str, ...]  # for the log
 
+    @property
+    def lower_tier(self) -> str | None:
+        """The tier below the pool, by the name the log gives it; None when
+        the pool is the last tier (pool_size.py sizes the pool from this)."""
+        return None if self.disk is None else "disk"
+
 
 def offloading_requested(vllm_config) -> bool:
     ktc = vllm_config.kv_transfer_config
@@ -84,7 +90,8 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
         extra.get("secondary_tiers"), kv_events_enabled=kv_events_enabled(vllm_config)
     )
     spec_name = TIERED_SPEC if disk else POOL_SPEC
-    pool = _planned_pool(vllm_config, _point_at_our_connector(vllm_config, spec_name), total_ram)
+    connector_extra = _point_at_our_connector(vllm_config, spec_name)
+    pool = _planned_pool(vllm_config, connector_extra, total_ram, "disk" if disk else None)
     inputs = None
     if disk is not None:
         # The engine's namespace covers them (disk/namespace_inputs.py).
@@ -116,7 +123,7 @@ def _point_at_our_connector(vllm_config, spec_name: str) -> dict:
     return ktc.kv_connector_extra_config
 
 
-def _planned_pool(vllm_config, extra: dict, total_ram: int) -> PoolSize:
+def _planned_pool(vllm_config, extra: dict, total_ram: int, lower_tier: str | None) -> PoolSize:
     """The size the user gave, else a provisional one (the worker settles it)."""
     cache = vllm_config.cache_config
     if cache.kv_offloading_size is not None:
@@ -129,7 +136,13 @@ def _planned_pool(vllm_config, extra: dict, total_ram: int) -> PoolSize:
     kv_budget = int(total_ram * cache.gpu_memory_utilization)
     # Provisional: a quarter of the whole budget at most; the worker sizes it
     # again from what is left after weights and activations.
-    size = auto_pool_size(per_token, model.max_model_len, kv_budget)
+    size = auto_pool_size(
+        per_token,
+        model.max_model_len,
+        kv_budget,
+        lower_tier=lower_tier,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+    )
     # vLLM's spec refuses to start without a size; the connector gives it
     # the worker's settled one (pool_size.py).
     extra["cpu_bytes_to_use"] = size.bytes
