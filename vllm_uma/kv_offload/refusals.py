@@ -150,7 +150,9 @@ def refuse_disk_tier_without_pool(extra: dict) -> None:
     if "secondary_tiers" in extra:
         raise OffloadingConfigError(
             "kv_connector_extra_config 'secondary_tiers' (the disk tier) needs "
-            "the host pool: add --kv-offloading-size N (GiB), or remove "
+            "the host pool: add --kv-offloading-size N (GiB), or name the connector "
+            '("kv_connector": "OffloadingConnector" in --kv-transfer-config) for a '
+            "pool the server sizes as the disk tier's staging area, or remove "
             "'secondary_tiers'."
         )
 
