@@ -25,6 +25,7 @@ from vllm_uma.kv_offload.disk.namespace_inputs import (
     NamespaceInputsError,
     namespace_inputs,
 )
+from vllm_uma.kv_offload.network.settings import NetworkTierConfig, parse_network_tier
 from vllm_uma.kv_offload.pool_size import PoolSize, auto_pool_size, kv_bytes_per_token
 from vllm_uma.kv_offload.refusals import (
     CONNECTOR,
@@ -33,6 +34,7 @@ from vllm_uma.kv_offload.refusals import (
     refuse_disk_tier_without_pool,
     refuse_unsupported,
 )
+from vllm_uma.kv_offload.tier_list import split_tiers
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.memory import GiB
 
@@ -46,7 +48,7 @@ vllm_contract.require(__name__)
 CONNECTOR_MODULE = "vllm_uma.kv_offload.connector"
 SPEC_MODULE = "vllm_uma.kv_offload.spec"
 POOL_SPEC = "UmaOffloadingSpec"  # L2 only
-TIERED_SPEC = "UmaTieredOffloadingSpec"  # L2 + the disk tier
+TIERED_SPEC = "UmaTieredOffloadingSpec"  # L2 + the disk tier, the network tier or both
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,15 @@ class OffloadPlan:
     spec_name: str  # POOL_SPEC or TIERED_SPEC
     pool: PoolSize
     disk: DiskTierConfig | None
-    # What of the server's configuration shapes its KV (with a disk tier).
+    # What of the server's configuration shapes its KV (with a lower tier).
     namespace_inputs: NamespaceInputs | None
     warnings: tuple[str, ...]  # for the log
+    network: NetworkTierConfig | None = None
+
+    @property
+    def has_lower_tier(self) -> bool:
+        """A disk or network tier: blocks outlive the process, in a namespace."""
+        return self.disk is not None or self.network is not None
 
 
 def offloading_requested(vllm_config) -> bool:
@@ -80,13 +88,15 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
         return None
     refuse_unsupported(vllm_config)
     refuse_disk_tier_conflicts(vllm_config, extra)
+    fs_tier, network_tier = split_tiers(extra.get("secondary_tiers"))
     disk, warnings = parse_disk_tier(
-        extra.get("secondary_tiers"), kv_events_enabled=kv_events_enabled(vllm_config)
+        None if fs_tier is None else [fs_tier], kv_events_enabled=kv_events_enabled(vllm_config)
     )
-    spec_name = TIERED_SPEC if disk else POOL_SPEC
+    network = None if network_tier is None else parse_network_tier(network_tier)
+    spec_name = TIERED_SPEC if disk or network else POOL_SPEC
     pool = _planned_pool(vllm_config, _point_at_our_connector(vllm_config, spec_name), total_ram)
     inputs = None
-    if disk is not None:
+    if disk is not None or network is not None:
         # The engine's namespace covers them (disk/namespace_inputs.py).
         try:
             inputs = NamespaceInputs.of(namespace_inputs(vllm_config))
@@ -98,6 +108,7 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
         disk=disk,
         namespace_inputs=inputs,
         warnings=tuple(warnings),
+        network=network,
     )
 
 
@@ -152,11 +163,11 @@ def flush_on_stop(vllm_config, plan: OffloadPlan) -> str | None:
     restarted server recomputes them. A positive timeout is vLLM's drain
     mode: the engine finishes its work, offload writes included, then exits.
     Returns the line to log when the timeout was raised; None otherwise."""
-    if plan.disk is None or vllm_config.shutdown_timeout > 0:
+    if not plan.has_lower_tier or vllm_config.shutdown_timeout > 0:
         return None
     vllm_config.shutdown_timeout = DISK_FLUSH_TIMEOUT_S
     return (
         f"KV offloading: --shutdown-timeout set to {DISK_FLUSH_TIMEOUT_S} s so that a "
-        f"stopping server finishes its requests and writes their KV blocks to the disk "
-        f"tier (pass --shutdown-timeout N to choose another limit)."
+        f"stopping server finishes its requests and writes their KV blocks to its disk or "
+        f"network tier (pass --shutdown-timeout N to choose another limit)."
     )
