@@ -192,3 +192,57 @@ def test_a_full_engine_refuses_stores_once_per_episode_and_takes_them_again(star
         assert counters(tier.get_stats())[(m.STORE_FAILED, ("engine_full",))] == 2
     finally:
         tier.shutdown()
+
+
+def _tiered_spec(tmp_path, offload):
+    """UmaTieredOffloadingSpec's scheduler side, without vLLM's __init__."""
+    from types import SimpleNamespace
+
+    from test_namespace_inputs import OFFLOADING
+
+    from vllm_uma.kv_offload import spec
+
+    model = tmp_path / "model"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    built = spec.UmaTieredOffloadingSpec.__new__(spec.UmaTieredOffloadingSpec)
+    built._offload = offload
+    built.config = SimpleNamespace(
+        **{**vars(OFFLOADING), "model": SimpleNamespace(name=str(model), dtype="bfloat16")},
+        engine_id="engine-network-spec",
+    )
+    built.num_chunks = 2
+    built.eviction_policy = "lru"
+    built.cache_policy_module_path = None
+    built.kv_events_config = SimpleNamespace(enable_kv_cache_events=False)
+    return built
+
+
+def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
+    start_engine, tmp_path, monkeypatch
+):
+    from vllm_uma.kv_offload.config import OffloadPlan
+    from vllm_uma.kv_offload.disk.config import DiskTierConfig
+    from vllm_uma.kv_offload.host_pool import SHARED_POOLS
+    from vllm_uma.kv_offload.network.settings import parse_network_tier
+    from vllm_uma.kv_offload.pool_size import PoolSize
+
+    engine = start_engine(*LRU)
+    network = parse_network_tier({"type": "valkey", "url": engine.url})
+    disk = DiskTierConfig(tmp_path / "kv", None, False, "test")
+    monkeypatch.setenv("VLLM_UMA_CACHE_DIR", str(tmp_path / "cache"))
+    SHARED_POOLS.open("engine-network-spec", 2, 8192)  # as the worker does
+    try:
+        for disk_tier, types in ((disk, ["fs", "valkey"]), (None, ["valkey"])):
+            pool = PoolSize(16384, "test")
+            plan = OffloadPlan("UmaTieredOffloadingSpec", pool, disk_tier, None, (), network)
+            built = _tiered_spec(tmp_path / types[0], plan)
+            manager = built._build_manager()
+            try:
+                assert [t.tier_type for t in manager.secondary_tiers] == types
+            finally:
+                manager.shutdown()
+        # The network tier alone keeps the weights' fingerprint with the models.
+        assert (tmp_path / "cache" / "fingerprints.json").is_file()
+    finally:
+        SHARED_POOLS.release("engine-network-spec")
