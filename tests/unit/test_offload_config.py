@@ -241,7 +241,7 @@ def test_explicit_cpu_bytes_in_the_json_is_kept():
         ),
         (
             dict(ktc=connector(None, secondary_tiers=[{"type": "fs", "root_dir": "/x"}])),
-            "'secondary_tiers' (the disk tier) needs the host pool",
+            "'secondary_tiers' (the disk and network tiers) needs the host pool",
         ),
         (
             dict(

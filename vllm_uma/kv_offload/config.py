@@ -25,6 +25,7 @@ from vllm_uma.kv_offload.disk.namespace_inputs import (
     NamespaceInputsError,
     namespace_inputs,
 )
+from vllm_uma.kv_offload.network.settings import NetworkTierConfig, parse_network_tier
 from vllm_uma.kv_offload.pool_size import PoolSize, auto_pool_size, kv_bytes_per_token
 from vllm_uma.kv_offload.refusals import (
     CONNECTOR,
@@ -33,6 +34,7 @@ from vllm_uma.kv_offload.refusals import (
     refuse_disk_tier_without_pool,
     refuse_unsupported,
 )
+from vllm_uma.kv_offload.tier_list import split_tiers
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.memory import GiB
 
@@ -46,7 +48,7 @@ vllm_contract.require(__name__)
 CONNECTOR_MODULE = "vllm_uma.kv_offload.connector"
 SPEC_MODULE = "vllm_uma.kv_offload.spec"
 POOL_SPEC = "UmaOffloadingSpec"  # L2 only
-TIERED_SPEC = "UmaTieredOffloadingSpec"  # L2 + the disk tier
+TIERED_SPEC = "UmaTieredOffloadingSpec"  # L2 + the disk tier, the network tier or both
 
 
 @dataclass(frozen=True)
@@ -54,15 +56,19 @@ class OffloadPlan:
     spec_name: str  # POOL_SPEC or TIERED_SPEC
     pool: PoolSize
     disk: DiskTierConfig | None
-    # What of the server's configuration shapes its KV (with a disk tier).
+    # What of the server's configuration shapes its KV (with a lower tier).
     namespace_inputs: NamespaceInputs | None
     warnings: tuple[str, ...]  # for the log
+    network: NetworkTierConfig | None = None
 
     @property
     def lower_tier(self) -> str | None:
-        """The tier below the pool, by the name the log gives it; None when
-        the pool is the last tier (pool_size.py sizes the pool from this)."""
-        return None if self.disk is None else "disk"
+        """The first tier below the pool (disk or network: blocks outlive the
+        process, in a namespace), by the name the log gives it; None when the
+        pool is the last tier (pool_size.py sizes the pool from this)."""
+        if self.disk is not None:
+            return "disk"
+        return None if self.network is None else "network"
 
 
 def offloading_requested(vllm_config) -> bool:
@@ -86,14 +92,17 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
         return None
     refuse_unsupported(vllm_config)
     refuse_disk_tier_conflicts(vllm_config, extra)
+    fs_tier, network_tier = split_tiers(extra.get("secondary_tiers"))
     disk, warnings = parse_disk_tier(
-        extra.get("secondary_tiers"), kv_events_enabled=kv_events_enabled(vllm_config)
+        None if fs_tier is None else [fs_tier], kv_events_enabled=kv_events_enabled(vllm_config)
     )
-    spec_name = TIERED_SPEC if disk else POOL_SPEC
+    network = None if network_tier is None else parse_network_tier(network_tier)
+    spec_name = TIERED_SPEC if disk or network else POOL_SPEC
     connector_extra = _point_at_our_connector(vllm_config, spec_name)
-    pool = _planned_pool(vllm_config, connector_extra, total_ram, "disk" if disk else None)
+    lower = "disk" if disk else ("network" if network else None)
+    pool = _planned_pool(vllm_config, connector_extra, total_ram, lower)
     inputs = None
-    if disk is not None:
+    if disk is not None or network is not None:
         # The engine's namespace covers them (disk/namespace_inputs.py).
         try:
             inputs = NamespaceInputs.of(namespace_inputs(vllm_config))
@@ -105,6 +114,7 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
         disk=disk,
         namespace_inputs=inputs,
         warnings=tuple(warnings),
+        network=network,
     )
 
 
@@ -165,11 +175,11 @@ def flush_on_stop(vllm_config, plan: OffloadPlan) -> str | None:
     restarted server recomputes them. A positive timeout is vLLM's drain
     mode: the engine finishes its work, offload writes included, then exits.
     Returns the line to log when the timeout was raised; None otherwise."""
-    if plan.disk is None or vllm_config.shutdown_timeout > 0:
+    if plan.lower_tier is None or vllm_config.shutdown_timeout > 0:
         return None
     vllm_config.shutdown_timeout = DISK_FLUSH_TIMEOUT_S
     return (
         f"KV offloading: --shutdown-timeout set to {DISK_FLUSH_TIMEOUT_S} s so that a "
-        f"stopping server finishes its requests and writes their KV blocks to the disk "
-        f"tier (pass --shutdown-timeout N to choose another limit)."
+        f"stopping server finishes its requests and writes their KV blocks to its disk or "
+        f"network tier (pass --shutdown-timeout N to choose another limit)."
     )

@@ -176,6 +176,13 @@ class UmaPlatform(CpuPlatform):
                     "none" if cap is None else fmt_gib(cap),
                     plan.disk.cap_reason,
                 )
+            if plan.network is not None:
+                logger.info_once(
+                    "KV offloading: network tier at %s (timeout %.1f s); the engine's "
+                    "maxmemory and policy are checked when the engine core builds it.",
+                    plan.network.url,
+                    plan.network.timeout_s,
+                )
             for warning in plan.warnings:
                 logger.warning_once(warning)
             if note := offload_config.flush_on_stop(vllm_config, plan):

@@ -164,10 +164,15 @@ def pack_header(key: bytes, namespace: bytes, crc: int, payload_bytes: int) -> m
 
 
 def check_header(
-    header: mmap.mmap, path: Path, key: bytes, namespace: bytes, payload: memoryview
+    header: mmap.mmap | memoryview,
+    path: Path | str,
+    key: bytes,
+    namespace: bytes,
+    payload: memoryview,
 ) -> None:
     """Raise BadBlock unless ``header`` is the one pack_header made for this
-    key, namespace and ``payload`` (its length and checksum)."""
+    key, namespace and ``payload`` (its length and checksum). ``path`` names
+    the block in the message: a file, or the network tier's key name."""
     magic, version, key_len, crc, payload_bytes, file_ns = FIXED_HEADER.unpack_from(header, 0)
     if magic != MAGIC:
         raise BadBlock(BadReason.CORRUPTED, path, f"bad magic {magic!r}")
