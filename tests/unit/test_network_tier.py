@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from disk_tier_kit import CTX, NS, OTHER_NS, Jobs, Primary, WarningLog, counters, key
-from network_tier_kit import Engine, make_tier, settled_lookup
+from network_tier_kit import make_tier, settled_lookup, started_engine
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, MAGIC
@@ -17,7 +17,7 @@ from vllm_uma.kv_offload.network.value_format import pack_value, value_name
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    engine = Engine(tmp_path_factory.mktemp("valkey"), "--maxmemory", "64mb",
+    engine = started_engine(tmp_path_factory.mktemp("valkey"), "--maxmemory", "64mb",
                     "--maxmemory-policy", "allkeys-lru")  # fmt: skip
     yield engine
     engine.stop()

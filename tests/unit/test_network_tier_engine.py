@@ -8,7 +8,7 @@ import time
 
 import pytest
 from disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
-from network_tier_kit import Engine, make_tier, settled_lookup, wait_for
+from network_tier_kit import make_tier, settled_lookup, started_engine, wait_for
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from vllm_uma.kv_offload.network import engine_link
@@ -24,8 +24,8 @@ LRU = ("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
 def start_engine(tmp_path):
     started = []
 
-    def start(*args: str) -> Engine:
-        engine = Engine(tmp_path, *args)
+    def start(*args: str):
+        engine = started_engine(tmp_path, *args)
         started.append(engine)
         return engine
 
