@@ -8,6 +8,7 @@ binary fails the test with the fix; it never skips.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,8 +30,11 @@ def started_engine(workdir: Path, *args: str) -> Engine:
         pytest.fail(str(exc))
 
 
-def make_tier(engine: Engine, primary: Primary, ns: bytes, **settings) -> NetworkTier:
+def make_tier(
+    engine: Engine, primary: Primary, ns: bytes, kv_events: bool = False, **settings
+) -> NetworkTier:
     config = parse_network_tier({"type": "valkey", "url": engine.url, **settings})
+    config = dataclasses.replace(config, kv_events=kv_events)
     return NetworkTier(
         SimpleNamespace(),
         primary.view,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from disk_tier_kit import CTX, NS, OTHER_NS, Jobs, Primary, WarningLog, counters, key
 from network_tier_kit import make_tier, settled_lookup, started_engine
-from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.base import Locality, LookupResult, ReqContext
 
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, MAGIC
 from vllm_uma.kv_offload.network import metrics as m
@@ -145,3 +145,33 @@ def test_every_job_gets_exactly_one_result(tier, primary):
     assert len(results) == 40
     assert not tier.has_pending_work()
     assert list(tier.get_finished_jobs()) == []
+
+
+def test_with_kv_events_stores_are_published_as_a_cache_every_host_reads(engine, primary):
+    # vllm-router files an event with an ownership under that cache and
+    # credits the server that published it (docs/fleet.md).
+    engine.client().flushall()
+    tier = make_tier(engine, primary, NS, kv_events=True)
+    try:
+        primary.fill(0, seed=5)
+        assert Jobs(tier).stored([key(1), key(2)], [0, 0]).success
+        (event,) = tier.take_events()
+        assert event.keys == [key(1), key(2)] and not event.removed
+        assert event.ownership == f"valkey://127.0.0.1:{engine.port}/0"
+        assert event.locality is Locality.REMOTE
+        assert list(tier.take_events()) == []  # taken once
+        # A damaged value is deleted, and its removal published.
+        raw = bytearray(engine.client().get(value_name(NS, key(2))))
+        raw[-1] ^= 0xFF
+        engine.client().set(value_name(NS, key(2)), bytes(raw))
+        Jobs(tier).loaded([key(2)], [3])
+        (removal,) = tier.take_events()
+        assert removal.keys == [key(2)] and removal.removed
+    finally:
+        tier.shutdown()
+
+
+def test_without_kv_events_nothing_is_published(tier, primary):
+    primary.fill(0, seed=6)
+    assert Jobs(tier).stored([key(1)], [0]).success
+    assert list(tier.take_events()) == []

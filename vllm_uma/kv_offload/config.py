@@ -17,6 +17,7 @@ settings plan (plugin/settings.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier
@@ -96,7 +97,11 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
     disk, warnings = parse_disk_tier(
         None if fs_tier is None else [fs_tier], kv_events_enabled=kv_events_enabled(vllm_config)
     )
-    network = None if network_tier is None else parse_network_tier(network_tier)
+    network = None
+    if network_tier is not None:
+        network = dataclasses.replace(
+            parse_network_tier(network_tier), kv_events=kv_events_enabled(vllm_config)
+        )
     spec_name = TIERED_SPEC if disk or network else POOL_SPEC
     connector_extra = _point_at_our_connector(vllm_config, spec_name)
     lower = "disk" if disk else ("network" if network else None)

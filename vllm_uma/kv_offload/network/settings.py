@@ -69,6 +69,17 @@ class NetworkTierConfig:
     password_file: str | None  # or the file that does
     timeout_s: float
     connect_timeout_s: float
+    # vLLM's KV cache events are on (--kv-events-config): the tier publishes
+    # its stores and its removals of bad values (set by kv_offload/config.py).
+    kv_events: bool = False
+
+    @property
+    def cache_id(self) -> str:
+        """The engine as a KV-aware router names a cache every host reads
+        (the events' ``ownership``): the same on every host that names the
+        engine by the same address, never a secret."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"valkey://{host}:{self.port}/{self.db}"
 
     @property
     def url(self) -> str:

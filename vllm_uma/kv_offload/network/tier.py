@@ -31,6 +31,7 @@ from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
+    OffloadingEvent,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
@@ -110,6 +111,12 @@ class NetworkTier(SecondaryTierManager):
         self._results: list[JobResult] = []  # jobs that needed no transfer
         self._recent: collections.OrderedDict[OffloadKey, None] = collections.OrderedDict()
         self._bad_warned: dict[str, float] = {}
+        # KV events (vLLM's --kv-events-config): this server can restore
+        # what it stored, from a cache every host reads. A KV-aware router
+        # files an event with an ``ownership`` under that cache and credits
+        # the server that published it (docs/fleet.md).
+        self._events: list[OffloadingEvent] | None = [] if config.kv_events else None
+        self._cache_id = config.cache_id
         self._closed = False
 
     def _name(self, key: OffloadKey) -> bytes:
@@ -226,6 +233,12 @@ class NetworkTier(SecondaryTierManager):
             stats.count(m.WRITTEN_BYTES, done.nbytes)
             for reason in done.failed.values():
                 stats.count(m.STORE_FAILED, reason=reason)
+            self._event(list(done.moved), removed=False)
+        # A bad value was deleted from the engine: no server can restore it.
+        self._event(
+            [k for k, why in done.failed.items() if why not in _QUIET | _NOT_THE_VALUE],
+            removed=True,
+        )
         self._report_bad(done)
         seconds = done.seconds if done.nbytes else None
         if not done.failed:
@@ -235,6 +248,25 @@ class NetworkTier(SecondaryTierManager):
             return JobResult(done.job_id, False, None, seconds, done.nbytes)
         # A partly failed load keeps the blocks it did restore.
         return JobResult(done.job_id, False, loaded, seconds, done.nbytes)
+
+    def _event(self, keys: list[OffloadKey], *, removed: bool) -> None:
+        if self._events is None or not keys:
+            return
+        self._events.append(
+            OffloadingEvent(
+                keys=keys,
+                medium=self.medium,
+                removed=removed,
+                locality=Locality.REMOTE,
+                ownership=self._cache_id,
+            )
+        )
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if not self._events:
+            return ()
+        events, self._events = self._events, []
+        return events
 
     def _remember(self, key: OffloadKey) -> None:
         self._recent[key] = None
