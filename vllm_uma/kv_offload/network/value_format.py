@@ -3,7 +3,7 @@
 Used on the network tier's threads (engine-core process); nothing here
 touches the network. A value is byte for byte a disk-tier block file
 (disk/block_file.py): the 4096-byte header page (magic, format version,
-namespace id, the key, crc32 and length of the payload), then one
+namespace id, the key, the CRC-32C and length of the payload), then one
 primary-tier row. So the checks are the disk tier's: a value of another
 namespace, key or format, a flipped byte or a cut value is a ``BadBlock``,
 never copied into a row. The page of header costs 0.14% of a 2.9 MB block
@@ -27,8 +27,6 @@ say which prefix it ends, and lookups arrive one key at a time.
 
 from __future__ import annotations
 
-import zlib
-
 from vllm.v1.kv_offload.base import get_offload_block_hash, get_offload_group_idx
 
 from vllm_uma.kv_offload.disk.block_file import (
@@ -36,6 +34,7 @@ from vllm_uma.kv_offload.disk.block_file import (
     BadBlock,
     BadReason,
     check_header,
+    checksum,
     pack_header,
 )
 
@@ -64,7 +63,7 @@ def pack_value(key: bytes, namespace: bytes, row: memoryview) -> memoryview:
     value[HEADER_BYTES:] = row
     payload = memoryview(value)[HEADER_BYTES:]
     # The checksum of the copy that is sent, not of the row.
-    header = pack_header(key, namespace, zlib.crc32(payload), row.nbytes)
+    header = pack_header(key, namespace, checksum(payload), row.nbytes)
     try:
         value[:HEADER_BYTES] = header
     finally:
