@@ -1,7 +1,7 @@
 # vllm-uma: the two commands of the quick start, plus helpers.
 #   make serve   set up .venv, prepare the default model, serve on HOST:PORT
 #   make test    set up .venv, prepare both models, then run every test (unit and end-to-end)
-#   make bench   what KV offloading gains here (3 rounds: about 75 min; BENCH_ARGS="--repeats 1" about 25; docs/benchmark.md)
+#   make bench   what KV offloading gains here at equal memory (3 rounds: about 75 min; BENCH_ARGS="--repeats 1" about 25; docs/benchmark.md)
 #   make bench-modes   eager vs compiled on this machine (about 8 min; docs/serving.md)
 #   make bench-ledger  what sharing one disk store costs (about 1 min; docs/kv_offloading.md)
 #   make fleet N=2     N servers behind vllm-router on one URL (docs/fleet.md)

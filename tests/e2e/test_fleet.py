@@ -36,7 +36,9 @@ import requests
 from tests.e2e.traffic import EAGER, MODEL
 from tools.harness.server import free_port, metric
 from vllm_uma import lifeline
+from vllm_uma.kv_offload.pool_size import staging_tokens
 from vllm_uma.models import smollm2
+from vllm_uma.plugin.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow
 
@@ -154,6 +156,21 @@ def test_a_chat_through_the_router_answers(fleet):
     reply = requests.post(f"{fleet['router']}/v1/chat/completions", json=payload, timeout=120)
     assert reply.status_code == 200, reply.text
     assert "Paris" in reply.json()["choices"][0]["message"]["content"]
+
+
+def test_with_the_shared_store_each_pool_is_the_disk_tiers_staging_area(fleet):
+    # The fleet names the connector without a size: each server sizes its
+    # pool from what passes through it to the disk tier, L1 gets the rest.
+    for i in (1, 2):
+        text = (fleet["logs"] / f"server-{i}.log").read_text()
+        assert "host pool of" in text and "a staging area for the disk tier" in text
+        line = next(x for x in text.splitlines() if "memory breakdown:" in x)
+        assert line.endswith("the pool stages KV for the disk tier)")
+        figures = parse_breakdown(line)
+        shape = re.search(r"max_model_len=(\d+) .* max_num_batched_tokens=(\d+)", text)
+        tokens = staging_tokens(int(shape[1]), int(shape[2]))
+        per_token = figures["per_block_bytes"] // figures["block_size"]
+        assert figures["kv_offload_pool"] == tokens * per_token
 
 
 def test_each_conversation_stays_on_the_server_that_holds_it(fleet):

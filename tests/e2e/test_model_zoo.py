@@ -18,9 +18,11 @@ pool and to one only the disk has. Checked per family:
 - the KV cache is allocated lazily, the weights are wired, and once idle
   (release_idle_seconds 2) the server gives the freed blocks' pages back.
 
-Then one family (the mixture of experts, the layout furthest from the
-default model's) is served again on the same store: its first prompt, which
-only the disk holds now, comes back from the disk with the L1 hit's tokens.
+One family (the mixture of experts, the layout furthest from the default
+model's) also has the network tier, after the disk tier, on a real Valkey
+engine (tools/harness/valkey_engine.py). It is then served again by a server
+with an empty disk directory and the same engine, as a second host would:
+its first prompt comes back from the network tier with the L1 hit's tokens.
 
 Then the default model in bfloat16 with ``--kv-cache-dtype fp8`` on the same
 store: half the bytes per block in the breakdown and in every block file,
@@ -40,6 +42,7 @@ from tests.e2e.disk_store import BLOCK_TOKENS, block_files, namespace_of
 from tests.e2e.traffic import EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
 from tools.harness.server import metric, model_process, proc_status
+from tools.harness.valkey_engine import Engine
 from tools.model_zoo import build
 from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token, parse_build_name
 from vllm_uma.kv_offload.disk import block_file
@@ -58,11 +61,23 @@ CACHED = "vllm:prompt_tokens_cached_by_source_total"
 POOL_REVISIT, DISK_REVISIT = 4, 0
 GIVEN_BACK = "vllm:kv_memory_given_back_idle_bytes_total"
 RESTARTED = build_name(FAMILIES["qwen3_moe"], "scaled")
+# vLLM has no cache-hit source for a shared remote store (network/tier.py).
+NETWORK_SOURCE = "external_unspecified"
+COMPUTED = "vllm:prompt_tokens_by_source_total"
 
 
-def family_args(path: Path, name: str, kv_args: list[str], per_block: int, root: Path) -> list[str]:
-    tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
-    tiers = json.dumps({"kv_connector_extra_config": {"secondary_tiers": [tier]}})
+def family_args(
+    path: Path,
+    name: str,
+    kv_args: list[str],
+    per_block: int,
+    root: Path,
+    network_url: str | None = None,
+) -> list[str]:
+    tier_list = [{"type": "fs", "root_dir": str(root), "max_size_gib": 1}]
+    if network_url is not None:
+        tier_list.append({"type": "valkey", "url": network_url})
+    tiers = json.dumps({"kv_connector_extra_config": {"secondary_tiers": tier_list}})
     uma = json.dumps({"vllm_uma": {"release_idle_seconds": 2}})
     return [
         str(path),
@@ -86,11 +101,18 @@ def wait_for_another(srv: Server, text: str, timeout_s: float = 30) -> None:
 
 
 def serve_and_revisit(
-    exe: str, path: Path, name: str, kv_args: list[str], per_block: int, root: Path, log: Path
+    exe: str,
+    path: Path,
+    name: str,
+    kv_args: list[str],
+    per_block: int,
+    root: Path,
+    log: Path,
+    network_url: str | None = None,
 ) -> dict:
     """One server of ``path`` on the shared store: the traffic above, and
     what the tests read off it."""
-    args = family_args(path, name, kv_args, per_block, root)
+    args = family_args(path, name, kv_args, per_block, root, network_url)
     before = set(block_files(root))
     srv = Server(exe, args, log).wait_ready()
     try:
@@ -132,27 +154,50 @@ def serve_and_revisit(
     return run
 
 
-def serve_family(exe: str, name: str, root: Path, log: Path) -> dict:
+def serve_family(exe: str, name: str, root: Path, log: Path, network_url: str | None) -> dict:
     family, size = parse_build_name(name)
     per_block = kv_bytes_per_token(family.config(size), dtype_bytes=4) * BLOCK_TOKENS
     kv_args = ["--dtype", "float32"]
-    return serve_and_revisit(exe, build.build(name), name, kv_args, per_block, root, log)
+    path = build.build(name)
+    return serve_and_revisit(exe, path, name, kv_args, per_block, root, log, network_url)
 
 
 @pytest.fixture(scope="module")
-def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
+def network_engine(tmp_path_factory):
+    """The engine every host's network tier shares (allkeys-lru, as advised)."""
+    lru = ("--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru")
+    engine = Engine(tmp_path_factory.mktemp("valkey"), *lru)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(vllm_uma_exe, default_model_dir, network_engine, tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo-store") / "kv"
     logs = tmp_path_factory.mktemp("zoo-logs")
-    return {name: serve_family(vllm_uma_exe, name, root, logs / f"{name}.log") for name in BUILDS}
+    return {
+        name: serve_family(
+            vllm_uma_exe,
+            name,
+            root,
+            logs / f"{name}.log",
+            network_engine.url if name == RESTARTED else None,
+        )
+        for name in BUILDS
+    }
 
 
 @pytest.fixture(scope="module")
-def restarted(vllm_uma_exe, runs, tmp_path_factory):
-    """The mixture of experts served again on the store, after every family:
-    its first prompt is on the disk only."""
+def restarted(vllm_uma_exe, runs, network_engine, tmp_path_factory):
+    """The mixture of experts served again after every family, as on another
+    host: an empty disk directory, the same engine. Its first prompt is in
+    the engine only."""
     first = runs[RESTARTED]
     kv_args = ["--dtype", "float32"]
-    args = family_args(first["path"], RESTARTED, kv_args, first["per_block"], first["root"])
+    empty_root = tmp_path_factory.mktemp("zoo-other-host") / "kv"
+    args = family_args(
+        first["path"], RESTARTED, kv_args, first["per_block"], empty_root, network_engine.url
+    )
     log = tmp_path_factory.mktemp("zoo-restart") / "server.log"
     srv = Server(vllm_uma_exe, args, log).wait_ready()
     try:
@@ -161,8 +206,21 @@ def restarted(vllm_uma_exe, runs, tmp_path_factory):
         end = metrics(srv)
     finally:
         srv.stop()
-    disk = metric(end, CACHED, 'source="disk"') - metric(start, CACHED, 'source="disk"')
-    return {"tokens": reply["choices"][0]["token_ids"], "disk": disk, "hit": first["hit"]}
+
+    def hits(source: str) -> float:
+        label = f'source="{source}"'
+        return metric(end, CACHED, label) - metric(start, CACHED, label)
+
+    return {
+        "tokens": reply["choices"][0]["token_ids"],
+        "network": hits(NETWORK_SOURCE),
+        "disk": hits("disk"),
+        "computed": metric(end, COMPUTED, 'source="local_compute"')
+        - metric(start, COMPUTED, 'source="local_compute"'),
+        "prompt_tokens": reply["usage"]["prompt_tokens"],
+        "hit": first["hit"],
+        "log": srv.log(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +282,15 @@ def test_an_idle_server_gives_the_freed_blocks_back(runs, name):
     assert run["given_back"] >= 4 * run["per_block"], run["given_back"]
 
 
-def test_a_restarted_server_restores_from_the_disk_the_l1_hits_tokens(restarted):
-    assert restarted["disk"] >= BLOCK_TOKENS
+def test_another_host_restores_from_the_network_tier_the_l1_hits_tokens(restarted):
+    # Every full block of the prompt came from the engine (nothing on this
+    # host's disk), and the greedy tokens are the first host's L1 hit's.
+    assert restarted["disk"] == 0
+    full_blocks = (restarted["prompt_tokens"] - 1) // BLOCK_TOKENS
+    assert restarted["network"] == full_blocks * BLOCK_TOKENS
+    assert restarted["computed"] <= BLOCK_TOKENS  # only the tail was computed
     assert restarted["tokens"] == restarted["hit"]
+    assert "KV offloading: host pool of" in restarted["log"]
 
 
 def test_families_sharing_one_store_never_share_a_namespace(runs):

@@ -13,9 +13,11 @@ import logging
 import mmap
 import os
 import shutil
+import struct
 import subprocess
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +28,7 @@ from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 
 from vllm_uma.kv_offload.disk import io_tasks, messages
-from vllm_uma.kv_offload.disk.block_file import file_bytes
+from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, file_bytes
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.tier import DiskTier
 
@@ -133,6 +135,19 @@ class Jobs:
 
 def block_files(root: Path) -> list[Path]:
     return sorted((root / ".noindex").rglob("*.kvb"))
+
+
+def set_format_version(path: Path, version: int) -> None:
+    """Rewrite a block file's header as a writer of ``version`` made it: the
+    version field, and for version 1 zlib's crc32 of the payload."""
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<H", version))
+        if version == 1:
+            f.seek(HEADER_BYTES)
+            crc = zlib.crc32(f.read())
+            f.seek(12)
+            f.write(struct.pack("<I", crc))
 
 
 def counters(stats) -> dict:

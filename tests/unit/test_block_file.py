@@ -10,7 +10,12 @@ import os
 import shutil
 import stat
 import struct
+import sys
+import threading
+import time
+import zlib
 
+import crc32c
 import pytest
 
 from vllm_uma.kv_offload.disk import block_file as bf
@@ -65,7 +70,9 @@ def test_layout_header_page_then_payload(tmp_path):
     raw = path.read_bytes()
     assert len(raw) == bf.file_bytes(ROW) == 4096 + ROW
     magic, version, key_len, crc, size, ns = struct.unpack_from("<8sHHIQ16s", raw)
-    assert (magic, version, key_len, size, ns) == (bf.MAGIC, 1, len(KEY), ROW, NS)
+    assert (magic, version, key_len, size, ns) == (bf.MAGIC, 2, len(KEY), ROW, NS)
+    # Version 2's checksum is CRC-32C (Castagnoli), not zlib's CRC-32.
+    assert crc == crc32c.crc32c(data) != zlib.crc32(data)
     assert raw[40 : 40 + len(KEY)] == KEY
     assert raw[40 + len(KEY) : 4096] == bytes(4096 - 40 - len(KEY))
     assert raw[4096:] == bytes(data)
@@ -116,13 +123,83 @@ def test_longer_than_the_header_says(tmp_path):
     assert bad_reason(path) is BadReason.CORRUPTED
 
 
+def flip_payload_byte(path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(4096 + offset)
+        byte = f.read(1)
+        f.seek(4096 + offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
 def test_flipped_payload_byte(tmp_path):
     path, _ = written(tmp_path)
+    flip_payload_byte(path, 1234)
+    assert bad_reason(path) is BadReason.CORRUPTED
+
+
+def test_the_checksum_is_crc32c_castagnoli():
+    # RFC 3720's check value: a zlib crc32 (0xCBF43926) is another checksum.
+    assert bf.checksum(memoryview(b"123456789")) == 0xE3069283
+
+
+def test_the_checksum_lets_other_threads_run():
+    # The I/O threads checksum blocks on every core at once only if the
+    # checksum releases the GIL. With a switch interval of an hour, no thread
+    # is made to give the GIL up: the main thread, once its sleep is over,
+    # runs again only when the checksumming thread releases it, in a call (a
+    # checksum that holds the GIL lets it in after the last of them).
+    block = memoryview(mmap.mmap(-1, 2_949_120))  # the default model's block
+    calls = 200
+    done: list[int] = []
+
+    def checksum_blocks() -> None:
+        for i in range(calls):
+            done.append(i)
+            bf.checksum(block)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(3600)
+    try:
+        thread = threading.Thread(target=checksum_blocks)
+        thread.start()
+        time.sleep(0.001)  # the thread takes the GIL and starts its calls
+        calls_begun = len(done)
+        thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert calls_begun < calls
+
+
+def as_version_1(path, data) -> None:
+    """Rewrite a version 2 file's header as a version 1 writer made it: the
+    same fields, version 1 and zlib's crc32 of the payload."""
     with open(path, "r+b") as f:
-        f.seek(4096 + 1234)
-        byte = f.read(1)
-        f.seek(4096 + 1234)
-        f.write(bytes([byte[0] ^ 0x01]))
+        f.seek(8)
+        f.write(struct.pack("<H", 1))
+        f.seek(12)
+        f.write(struct.pack("<I", zlib.crc32(data)))
+
+
+def test_a_version_1_file_is_still_read_with_its_zlib_crc32(tmp_path):
+    path, data = written(tmp_path)
+    as_version_1(path, data)
+    assert read(path) == bytes(data)
+
+
+def test_a_version_1_file_with_a_flipped_byte_is_refused(tmp_path):
+    path, data = written(tmp_path)
+    as_version_1(path, data)
+    flip_payload_byte(path, 777)
+    assert bad_reason(path) is BadReason.CORRUPTED
+
+
+def test_a_version_1_header_over_a_crc32c_is_refused(tmp_path):
+    # Each version's checksum is checked with its own function: a file whose
+    # version says 1 but holds version 2's checksum does not pass.
+    path, _ = written(tmp_path)
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<H", 1))
     assert bad_reason(path) is BadReason.CORRUPTED
 
 
@@ -133,11 +210,12 @@ def test_bad_magic(tmp_path):
     assert bad_reason(path) is BadReason.CORRUPTED
 
 
-def test_other_format_version(tmp_path):
+@pytest.mark.parametrize("version", [0, 3, 99])
+def test_other_format_version(tmp_path, version):
     path, _ = written(tmp_path)
     with open(path, "r+b") as f:
         f.seek(8)
-        f.write(struct.pack("<H", 99))
+        f.write(struct.pack("<H", version))
     assert bad_reason(path) is BadReason.FOREIGN
 
 

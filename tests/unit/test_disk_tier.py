@@ -25,6 +25,7 @@ from disk_tier_kit import (
     held_io,
     key,
     make_tier,
+    set_format_version,
 )
 from vllm.v1.kv_offload.base import (
     LookupResult,
@@ -202,6 +203,30 @@ def test_restart_finds_earlier_blocks_in_their_lru_order(tmp_path, primary):
         LookupResult.HIT,
     ]
     assert jobs.loaded([key(2)], [7]).success and primary.row(7) == data[2]
+    tier.shutdown()
+
+
+def test_a_store_of_format_version_1_files_is_restored_after_the_upgrade(tmp_path, primary):
+    # Files a vllm-uma that checksummed with zlib.crc32 wrote: still served,
+    # none counted bad; new stores are written in version 2.
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    data = [primary.fill(i, seed=i + 5) for i in range(2)]
+    assert jobs.stored([key(0), key(1)], [0, 1]).success
+    tier.shutdown()
+    for path in block_files(tmp_path):
+        set_format_version(path, 1)
+
+    primary.clear()
+    tier = make_tier(tmp_path, primary)
+    jobs = Jobs(tier)
+    assert jobs.loaded([key(0), key(1)], [6, 7]).success
+    assert [primary.row(6), primary.row(7)] == data
+    assert not any(name == m.BAD_BLOCKS for name, _ in counters(tier.get_stats()))
+    jobs.stored([key(2)], [2])
+    versions = {p.name: p.read_bytes()[8:10] for p in block_files(tmp_path)}
+    assert versions[key(2).hex() + ".kvb"] == b"\x02\x00"
+    assert versions[key(0).hex() + ".kvb"] == b"\x01\x00"
     tier.shutdown()
 
 

@@ -25,6 +25,7 @@ from disk_tier_kit import (
     held_io,
     key,
     make_tier,
+    set_format_version,
 )
 from vllm.v1.kv_offload.base import LookupResult
 
@@ -70,6 +71,10 @@ def rename_another_key_onto_it(root, primary):
     os.rename(path_of(root, key(3)), path_of(root, key(1)))
 
 
+def mark_a_format_version_not_read(root, primary):
+    set_format_version(path_of(root, key(1)), 3)
+
+
 def delete(root, primary):
     os.unlink(path_of(root, key(1)))
 
@@ -95,6 +100,7 @@ def plant_a_symlink_to_a_valid_block(root, primary):
         (flip_a_payload_byte, "corrupted"),
         (copy_from_another_namespace, "foreign"),
         (rename_another_key_onto_it, "foreign"),
+        (mark_a_format_version_not_read, "foreign"),
         (delete, "missing"),
         (plant_a_fifo, "not_a_file"),
         (plant_a_symlink_to_a_valid_block, "not_a_file"),

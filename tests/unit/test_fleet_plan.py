@@ -52,11 +52,29 @@ def test_each_server_gets_its_share_and_its_own_port_socket_and_membership():
         events = json.loads(flag(argv, "--kv-events-config"))
         assert events["endpoint"] == member.events_in  # vLLM binds it: this user only
         assert events["topic"] == ""  # the only topic vllm-router 0.1.17 reads
-        assert flag(argv, "--kv-offloading-size") == "1.0"
+        # With the shared store the pool is the disk tier's staging area:
+        # the connector named without a size, the server sizes it.
+        assert "--kv-offloading-size" not in argv
         assert "--enable-scale-out" in argv  # the router renders requests into tokens
-        tiers = json.loads(flag(argv, "--kv-transfer-config"))["kv_connector_extra_config"]
+        transfer = json.loads(flag(argv, "--kv-transfer-config"))
+        assert transfer["kv_connector"] == "OffloadingConnector"
+        tiers = transfer["kv_connector_extra_config"]
         assert tiers["secondary_tiers"] == [{"type": "fs", "root_dir": "/var/kv"}]
         assert tiers["self_describing_kv_events"] is True  # pool/disk events placeable
+
+
+def test_without_a_store_each_server_gets_a_one_gib_pool():
+    member = plan_fleet(ask(kv_store=None), [0, 1], ports()).members[0]
+    assert flag(member.argv, "--kv-offloading-size") == "1.0"
+    assert 'kv_connector"' not in flag(member.argv, "--kv-transfer-config")
+
+
+def test_a_pool_size_the_user_gives_is_kept_beside_the_store():
+    member = plan_fleet(ask(serve_flags=("--kv-offloading-size", "2")), [0, 1], ports()).members[0]
+    assert flag(member.argv, "--kv-offloading-size") == "2"
+    transfer = json.loads(flag(member.argv, "--kv-transfer-config"))
+    assert "kv_connector" not in transfer  # vLLM names it from the size
+    assert transfer["kv_connector_extra_config"]["secondary_tiers"][0]["root_dir"] == "/var/kv"
 
 
 def test_the_router_subscribes_to_every_server_with_the_cpu_block_size():

@@ -141,11 +141,13 @@ def test_missing_lower_tier_hits_warn_and_failures_show_in_the_table():
     assert "pool_disk FAILED: refused" in table(runs)
 
 
-def test_pool_disk_flags_and_equal_memory():
+def test_pool_disk_flags_with_more_memory_and_an_explicit_pool():
+    # The older comparison, and pool_split's explicit sweep points.
     runner = Runner(settings(equal_memory=True), BW, Path("/tmp"))
     off = runner.server_args("off", None)
     assert off[off.index("--kv-cache-memory-bytes") + 1] == str(400_000_000 + (1 << 30))
     args = runner.server_args("pool_disk", Path("/data/kv"))
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(400_000_000)
     assert args[args.index("--kv-offloading-size") + 1] == "1"
     tier = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert tier == {
@@ -153,6 +155,39 @@ def test_pool_disk_flags_and_equal_memory():
             "secondary_tiers": [{"type": "fs", "root_dir": "/data/kv", "max_size_gib": 2.0}]
         }
     }
+    more = Runner(settings(), BW, Path("/tmp"))
+    for variant in ("off", "pool", "pool_disk"):
+        a = more.server_args(variant, Path("/data/kv"))
+        assert a[a.index("--kv-cache-memory-bytes") + 1] == str(400_000_000)
+
+
+def test_at_equal_memory_pool_disk_stages_in_the_servers_own_pool():
+    staging = 20480 * 23040  # (2 x 8192 + 2 x 2048) tokens of the default model
+    runner = Runner(
+        settings(equal_memory=True, staging_pool=True, staging_bytes=staging), BW, Path("/tmp")
+    )
+    budget = 400_000_000 + (1 << 30)
+    l1 = {v: runner.server_args(v, Path("/d"))[4] for v in ("off", "pool", "pool_disk")}
+    assert l1 == {"off": str(budget), "pool": "400000000", "pool_disk": str(budget - staging)}
+    args = runner.server_args("pool_disk", Path("/d"))
+    assert "--kv-offloading-size" not in args  # the server sizes it
+    config = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "OffloadingConnector"
+    assert config["kv_connector_extra_config"]["secondary_tiers"][0]["root_dir"] == "/d"
+
+
+def test_the_benchmark_compares_at_equal_memory_by_default():
+    from tools.benchmark.kv_offload_benchmark import batch_tokens, parse_args
+
+    args = parse_args(["--variants", "off,pool_disk"])
+    assert args.equal_memory and not args.more_memory
+    # The staging pool of the default model at --max-model-len 8192.
+    assert args.staging_bytes == (2 * 8192 + 2 * 2048) * 23040
+    assert Settings.from_args(args).staging_pool
+    assert not parse_args(["--more-memory"]).equal_memory
+    assert batch_tokens("--enforce-eager --max-num-batched-tokens 4096") == 4096
+    assert batch_tokens("--max-num-batched-tokens=512") == 512
+    assert batch_tokens("") == 2048
 
 
 def test_failure_leads_with_the_servers_error_line():

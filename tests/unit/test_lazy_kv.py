@@ -203,6 +203,7 @@ def test_worker_zeroes_only_when_vllm_asks(monkeypatch):
     worker = object.__new__(UmaWorker)
     worker.budget, worker.weights_bytes, worker.wiring = None, 0, WiringResult(0, None)
     worker.uma_config = UmaConfig()
+    worker.settings = SimpleNamespace(uma=worker.uma_config, offload=None)  # no offloading
     # What the breakdown's group-aware capacity reads (two groups below).
     worker.vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(max_model_len=64),

@@ -106,6 +106,28 @@ def test_breakdown_line_round_trips():
     assert line.endswith("wired 0.47 GiB)")
 
 
+def test_breakdown_line_says_the_pool_stages_for_a_lower_tier():
+    b = MemoryBreakdown(
+        total=25_276_059_648,
+        budget=22_748_453_683,
+        weights=503_734_272,
+        activations=650_354_688,
+        kv_cache=11_000_000_000,
+        kv_offload_pool=471_859_200,
+        wired=503_734_272,
+        per_block_bytes=2_949_120,
+        num_blocks=3729,
+        max_tokens_cached=477_312,
+    )
+    line = b.log_line(lower_tier="disk")
+    assert parse_breakdown(line) == b.__dict__  # the key=int pairs are unchanged
+    assert "kv_offload_pool 0.44 GiB" in line
+    assert line.endswith("; the pool stages KV for the disk tier)")
+    assert "stages" not in b.log_line()  # the pool is the last tier
+    no_pool = MemoryBreakdown(**{**b.__dict__, "kv_offload_pool": 0})
+    assert "stages" not in no_pool.log_line(lower_tier="disk")
+
+
 def test_breakdown_line_of_a_model_with_several_kv_groups():
     # Gemma 3 270M: six groups of three layers draw on one set of blocks.
     b = MemoryBreakdown(

@@ -92,6 +92,7 @@ def vllm_config(
             distributed_executor_backend=executor,
         ),
         speculative_config=None if spec is None else Spec(method=spec),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=2048),
     )
 
 
@@ -143,6 +144,34 @@ def test_connector_without_size_gets_two_requests_of_kv():
 def test_the_auto_size_counts_the_kv_cache_dtype(cache_dtype, per_token):
     cfg = vllm_config(ktc=connector("OffloadingConnector"), cache_dtype=cache_dtype)
     assert oc.translate(cfg, 24 * GiB).pool.bytes == 2 * 8192 * per_token
+
+
+def test_with_a_disk_tier_the_automatic_pool_is_a_staging_area(tmp_path):
+    # Two full-length restores promoted at once, two steps of stores on
+    # their way down: what vLLM's tiering moves through the pool.
+    tiers = [{"type": "fs", "root_dir": str(tmp_path), "max_size_gib": 1}]
+    cfg = vllm_config(ktc=connector("OffloadingConnector", secondary_tiers=tiers))
+    plan = oc.translate(cfg, 24 * GiB)
+    assert plan.lower_tier == "disk" and plan.pool.auto
+    assert plan.pool.bytes == (2 * 8192 + 2 * 2048) * PER_TOKEN
+    assert "staging area for the disk tier" in plan.pool.reason
+    assert "max_num_batched_tokens=2048" in plan.pool.reason
+    assert "L1 gets the rest of the budget" in plan.pool.reason
+    # The worker settles it the same way, from what is left.
+    settled = pool_size.resize_auto_pool(cfg, plan, left=20 * GiB)
+    assert settled.bytes == plan.pool.bytes and "staging area" in settled.reason
+    assert pool_size.resize_auto_pool(cfg, plan, left=400_000_000).bytes == 100_000_000
+    # Without the disk tier: no staging, two requests of KV.
+    pool_only = oc.translate(vllm_config(ktc=connector("OffloadingConnector")), 24 * GiB)
+    assert pool_only.lower_tier is None and pool_only.pool.bytes == 2 * 8192 * PER_TOKEN
+
+
+def test_an_explicit_size_is_honoured_with_a_disk_tier(tmp_path):
+    tiers = [{"type": "fs", "root_dir": str(tmp_path), "max_size_gib": 1}]
+    cfg = vllm_config(size=0.5, ktc=connector(None, secondary_tiers=tiers))
+    plan = oc.translate(cfg, 24 * GiB)
+    assert plan.pool.bytes == GiB // 2 and not plan.pool.auto
+    assert pool_size.resize_auto_pool(cfg, plan, left=20 * GiB) is None
 
 
 def test_auto_size_is_clamped_to_a_quarter_of_the_kv_budget():
@@ -212,7 +241,7 @@ def test_explicit_cpu_bytes_in_the_json_is_kept():
         ),
         (
             dict(ktc=connector(None, secondary_tiers=[{"type": "fs", "root_dir": "/x"}])),
-            "'secondary_tiers' (the disk tier) needs the host pool",
+            "'secondary_tiers' (the disk and network tiers) needs the host pool",
         ),
         (
             dict(

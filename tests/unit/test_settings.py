@@ -111,10 +111,33 @@ def test_a_plan_the_user_gives_is_refused(given):
         st.settings_for_hook(cfg, 24 * GiB)
 
 
+def test_the_network_tier_round_trips_without_its_password(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEST_VALKEY_PASSWORD", "s3cret-value")
+    tiers = [
+        {"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 2},
+        {
+            "type": "valkey",
+            "url": "valkeys://kv@cache:6380/2",
+            "password_env": "TEST_VALKEY_PASSWORD",
+        },
+    ]
+    cfg = engine_config(ktc=connector(None, secondary_tiers=tiers), size=1)
+    built = st.settings_for_hook(cfg, 24 * GiB)
+    assert st.loads(os.environ[st.PLAN_ENV]) == built
+    network = built.offload.network
+    assert (network.host, network.port, network.db, network.tls) == ("cache", 6380, 2, True)
+    assert network.url == "valkeys://kv@cache:6380/2"
+    assert built.offload.disk is not None and built.offload.namespace_inputs is not None
+    # The plan names where the password is; the password is nowhere in it.
+    assert "TEST_VALKEY_PASSWORD" in os.environ[st.PLAN_ENV]
+    assert "s3cret-value" not in os.environ[st.PLAN_ENV]
+
+
 def test_a_plan_of_another_version_or_shape_is_refused():
     plain = st.to_plain(st.Settings(uma=UmaConfig(), offload=None))
-    with pytest.raises(st.SettingsPlanError, match="has version 2, and this vllm-uma reads"):
-        st.from_plain({**plain, "version": 2})
+    other = st.PLAN_VERSION + 1
+    with pytest.raises(st.SettingsPlanError, match=f"has version {other}, and this vllm-uma reads"):
+        st.from_plain({**plain, "version": other})
     with pytest.raises(st.SettingsPlanError, match="uma in the vllm-uma plan has the keys"):
         st.from_plain({**plain, "uma": {"wire_weights": True}})
     with pytest.raises(st.SettingsPlanError, match="not JSON"):

@@ -7,11 +7,16 @@ Workloads (prompts of --prompt-tokens, greedy, --concurrency in flight):
   reuse_fits     shared prefixes that fit L1, distinct suffixes (control)
   spill_revisit  prefixes overflowing L1, served twice; the second pass is measured
   restart        the spill traffic on a fresh process; only the disk tier can help
-Variants, a fresh server each: off; pool (--kv-offloading-size); pool_disk
-(the pool plus the fs disk tier). L1 is made small with
---kv-cache-memory-bytes and the spill set is sized from the server's own
-max_tokens_cached. Writes the JSON, a PNG beside it, and the server logs in
-<out>-logs/. Exit status 1 if a variant failed (e.g. a server refused its flags).
+Variants, a fresh server each, all with the same KV budget (--l1-bytes +
+the pool, given with --kv-cache-memory-bytes): off has all of it as L1; pool
+has the host pool (--kv-offloading-size) and the rest; pool_disk has the fs
+disk tier and the pool the server sizes itself (the disk tier's staging
+area) and the rest. So the comparison is what the tiers win on the same RAM.
+--more-memory gives the older one: --l1-bytes of L1 for all, the pool on top.
+The spill set is sized from --l1-bytes (the server's own max_tokens_cached,
+scaled), so it leaves --l1-bytes of L1 but may fit a bigger one. Writes
+the JSON, a PNG beside it, and the server logs in <out>-logs/. Exit status
+1 if a variant failed (e.g. a server refused its flags).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -36,6 +42,7 @@ from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.report import GiB, write_json
 from vllm_uma import models
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
+from vllm_uma.kv_offload.pool_size import staging_tokens
 
 PROBE_SETTLE_S = 5.0
 
@@ -82,11 +89,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.l1_bytes = DEFAULT_L1_BLOCKS * row + row // 2
     if args.pool_gib is None:
         args.pool_gib = round(DEFAULT_POOL_BLOCKS * row / GiB, 2)
+    args.equal_memory = not args.more_memory
+    # The pool pool_disk's server sizes itself at equal memory (pool_size.py):
+    # its L1 is the budget less this. The breakdown line is checked against it.
+    per_token = row // BLOCK_TOKENS
+    args.staging_bytes = staging_tokens(args.max_model_len, batch_tokens(args.server_args)) * (
+        per_token
+    )
     if args.disk_cap_gib is None:
         # The spill set fits the pool by construction; twice the pool leaves
         # room for the controls' stores too.
         args.disk_cap_gib = 2 * args.pool_gib
     return args
+
+
+# vLLM CPU's API server: 128-token blocks, 2048 tokens a step unless the
+# server's flags say otherwise.
+BLOCK_TOKENS = 128
+CPU_BATCH_TOKENS = 2048
+
+
+def batch_tokens(server_args: str) -> int:
+    """--max-num-batched-tokens among the extra server flags, else vLLM CPU's."""
+    words = shlex.split(server_args)
+    for i, word in enumerate(words):
+        if word.startswith("--max-num-batched-tokens="):
+            return int(word.split("=", 1)[1])
+        if word == "--max-num-batched-tokens" and i + 1 < len(words):
+            return int(words[i + 1])
+    return CPU_BATCH_TOKENS
 
 
 # The defaults' sizes in KV blocks (what 400 MB and 1 GiB held of the
@@ -147,9 +178,12 @@ def _add_memory_and_disk_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--spill-factor", type=float, default=2.0, help="spill set / L1 tokens")
     ap.add_argument("--max-model-len", type=int, default=8192, help="of every server")
     ap.add_argument(
-        "--equal-memory",
+        "--more-memory",
         action="store_true",
-        help="give `off` the pool's bytes as extra L1 (more memory vs offloading)",
+        help="the older comparison: every variant has --l1-bytes of L1 and the pool variants "
+        "their pool on top (offloading with more memory against off). By default all "
+        "variants share one budget, --l1-bytes + the pool: off has it all as L1, pool its "
+        "pool and the rest, pool_disk the server's own staging pool and the rest",
     )
     ap.add_argument(
         "--disk-dir", type=Path, help="disk tier and read probe volume (default: --out's dir)"
@@ -219,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(Settings.from_args(args), bandwidth, log_dir)
     workloads = {name: run_rounds(runner, name, args) for name in args.workloads}
     reasons = compare(workloads, args.equal_memory)
-    warnings = expectations(workloads) + runner.warnings
+    warnings = expectations(workloads, args.equal_memory) + runner.warnings
     warnings += busy(workloads, env["loadavg_before"][0], os.cpu_count() or 1)
     failed = [f"{w}/{v}" for w, vs in workloads.items() for v, fig in vs.items() if "error" in fig]
     report = {
@@ -278,8 +312,14 @@ def _title(env: dict, args: argparse.Namespace) -> str:
         f"{args.model}; vllm-uma {env['versions']['vllm-uma']}, vllm {env['versions']['vllm']}, "
         f"{env['cpu_count']} cores; {args.repeats} rounds; {args.prompt_tokens}-token prompts, "
         f"concurrency "
-        f"{args.concurrency}, L1 {args.l1_bytes / 1e6:.0f} MB, pool {args.pool_gib} GiB"
-        + (", equal memory" if args.equal_memory else "")
+        f"{args.concurrency}, "
+        + (
+            f"equal memory: {(args.l1_bytes + args.pool_gib * GiB) / 1e6:.0f} MB of KV each "
+            f"(pool {args.pool_gib} GiB, pool_disk's staging pool "
+            f"{args.staging_bytes / 1e6:.0f} MB)"
+            if args.equal_memory
+            else f"L1 {args.l1_bytes / 1e6:.0f} MB, pool {args.pool_gib} GiB on top"
+        )
     )
 
 

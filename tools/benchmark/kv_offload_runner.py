@@ -36,15 +36,31 @@ class Runner:
 
     def server_args(self, variant: str, disk_root: Path | None) -> list[str]:
         s = self.s
-        l1 = s.l1_bytes + (s.pool_bytes if variant == "off" and s.equal_memory else 0)
         args = [s.model, "--max-model-len", str(s.max_model_len)]
-        args += ["--kv-cache-memory-bytes", str(l1)]
+        args += ["--kv-cache-memory-bytes", str(self.l1_bytes(variant))]
         args += list(s.server_args)
-        if variant != "off":
+        staged = variant == "pool_disk" and s.staging_pool
+        if variant != "off" and not staged:
             args += ["--kv-offloading-size", f"{s.pool_gib:g}"]
         if variant == "pool_disk":
-            args += disk_tier_args(disk_root, s.disk_cap_gib)
+            args += disk_tier_args(disk_root, s.disk_cap_gib, auto_pool=staged)
         return args
+
+    def l1_bytes(self, variant: str) -> int:
+        """A variant's L1. With more memory, every variant has ``l1_bytes``
+        and the pool on top. At equal memory, every variant has the same
+        budget, ``l1_bytes`` + the pool: `off` all of it as L1, `pool` its
+        pool and the rest, `pool_disk` with the server's own staging pool
+        (staging_pool) that pool and the rest."""
+        s = self.s
+        if not s.equal_memory:
+            return s.l1_bytes
+        budget = s.l1_bytes + s.pool_bytes
+        if variant == "off":
+            return budget
+        if variant == "pool_disk" and s.staging_pool:
+            return budget - s.staging_bytes
+        return s.l1_bytes
 
     def run(self, workload: str, variant: str) -> dict:
         disk_root = None
@@ -122,13 +138,18 @@ class Runner:
     def _size_from(self, b: dict[str, int], args: list[str]) -> None:
         if self.sizing is None:
             per = b["per_block_bytes"]
+            l1_blocks = self.s.l1_bytes // per
             self.sizing = Sizing(
                 block_size=b["block_size"],
                 per_block_bytes=per,
-                l1_blocks=self.s.l1_bytes // per,
+                l1_blocks=l1_blocks,
                 pool_blocks=self.s.pool_bytes // per,
                 kv_groups=b["kv_groups"],
-                l1_capacity_tokens=b["max_tokens_cached"],
+                # The server's own (group-aware) capacity, scaled to l1_bytes:
+                # at equal memory the first server may be `off`, whose L1 is
+                # the whole budget, and the traffic must not depend on which
+                # variant started first.
+                l1_capacity_tokens=b["max_tokens_cached"] * l1_blocks // b["num_blocks"],
             )
             self._check_concurrency()
         row = self.bandwidth.get("row_bytes")
@@ -137,6 +158,12 @@ class Runner:
                 f"the disk reference read blocks of {row} B, the server's are "
                 f"{b['per_block_bytes']} B (its breakdown line): the disk floor is off"
             )
+        if "--kv-offloading-size" not in args and "OffloadingConnector" in " ".join(args):
+            if b["kv_offload_pool"] != self.s.staging_bytes:
+                self.warnings.append(
+                    f"the server's staging pool is {b['kv_offload_pool']} bytes, the benchmark "
+                    f"gave L1 the budget less {self.s.staging_bytes}: not equal memory"
+                )
         given = int(args[args.index("--kv-cache-memory-bytes") + 1])
         if b["num_blocks"] != given // self.sizing.per_block_bytes:
             self.warnings.append(

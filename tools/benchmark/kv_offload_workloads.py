@@ -37,11 +37,25 @@ class Settings:
     keep_disk: bool
     model: str  # a recipe's name (vllm_uma.models): served by that name
     server_args: tuple[str, ...]
+    # pool_disk at equal memory: the server sizes its pool (the disk tier's
+    # staging area, kv_offload/pool_size.py), of staging_bytes, and L1 gets
+    # the rest of the budget.
+    staging_pool: bool = False
+    staging_bytes: int = 0
 
     @classmethod
     def from_args(cls, args) -> "Settings":
-        fields = {k: getattr(args, k) for k in cls.__dataclass_fields__ if k != "server_args"}
-        return cls(**fields, server_args=tuple(shlex.split(args.server_args)))
+        fields = {
+            k: getattr(args, k)
+            for k in cls.__dataclass_fields__
+            if k not in ("server_args", "staging_pool", "staging_bytes")
+        }
+        return cls(
+            **fields,
+            server_args=tuple(shlex.split(args.server_args)),
+            staging_pool=args.equal_memory,
+            staging_bytes=getattr(args, "staging_bytes", 0),
+        )
 
     @property
     def pool_bytes(self) -> int:

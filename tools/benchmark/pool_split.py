@@ -6,7 +6,8 @@ On unified memory the KV cache (L1) and the host pool (L2) are the same RAM.
 Every server here gets the same KV budget B (``--budget-blocks`` of the
 model's KV blocks): ``off`` has all of it as L1; each sweep point
 ``pool_disk`` with a pool of N blocks has ``B - N`` blocks of L1, the pool
-and the fs disk tier. The disk tier is where the pool's blocks go (vLLM's
+and the fs disk tier (``--tiers pool`` adds the same points without the
+disk tier, where the pool is the last tier). The disk tier is where the pool's blocks go (vLLM's
 tiering stores and restores through its primary tier), so the sweep asks
 how small the pool can be before restores miss, and what a bigger one
 costs L1.
@@ -41,9 +42,8 @@ from tools.benchmark.kv_offload_workloads import Settings, Traffic
 from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.geometry import kv_row_bytes
-from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.prompts import text
-from tools.benchmark.lib.report import GiB, Column, Table, write_json
+from tools.benchmark.lib.report import Column, GiB, Table, write_json
 from vllm_uma import models
 
 WORKLOADS = ("no_reuse", "fits", "equal", "larger", "restart")
@@ -79,6 +79,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_POOL_BLOCKS,
         help="the sweep: pool sizes in KV blocks, comma-separated",
     )
+    ap.add_argument(
+        "--tiers",
+        default="pool_disk",
+        help="which offloading variants each sweep point runs: pool_disk, pool, or both",
+    )
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -91,6 +96,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad := sorted(set(chosen) - set(WORKLOADS)) or not chosen:
         ap.error(f"--workloads {args.workloads!r}: choose from {', '.join(WORKLOADS)} ({bad})")
     args.workloads = [w for w in WORKLOADS if w in chosen]
+    tiers = [t for t in args.tiers.split(",") if t]
+    if not tiers or set(tiers) - {"pool_disk", "pool"}:
+        ap.error(f"--tiers {args.tiers!r}: pool_disk, pool or both, comma-separated")
+    args.tiers = [t for t in ("pool_disk", "pool") if t in tiers]
     try:
         args.pool_blocks = sorted({int(x) for x in args.pool_blocks.split(",") if x})
     except ValueError:
@@ -176,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     budget_tokens = args.budget_blocks * block_tokens
     traffic = build_traffic(args, budget_tokens)
     runners = {"off": SweepRunner(settings_for(args, args.pool_blocks[0]), log_dir, traffic)}
-    for n in args.pool_blocks:
-        runners[f"pool_disk_{n}"] = SweepRunner(settings_for(args, n), log_dir, traffic)
+    for tier in args.tiers:
+        for n in args.pool_blocks:
+            runners[f"{tier}_{n}"] = SweepRunner(settings_for(args, n), log_dir, traffic)
     results: dict[str, dict[str, dict]] = {}
     for w_index, workload in enumerate(args.workloads):
         names = list(runners)
@@ -189,8 +199,11 @@ def main(argv: list[str] | None = None) -> int:
             results[workload][name] = run_one(runners[name], workload, name)
     for runner in runners.values():
         if runner.sizing and runner.sizing.block_size != block_tokens:
-            print(f"pool_split: the model's block is {runner.sizing.block_size} tokens, "
-                  f"the traffic assumed {block_tokens}", file=sys.stderr)
+            print(
+                f"pool_split: the model's block is {runner.sizing.block_size} tokens, "
+                f"the traffic assumed {block_tokens}",
+                file=sys.stderr,
+            )
             return 1
     ratios(results)
     report = {
@@ -212,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_one(runner: SweepRunner, workload: str, name: str) -> dict:
-    fig = runner.run(workload, "off" if name == "off" else "pool_disk")
+    fig = runner.run(workload, name.rsplit("_", 1)[0] if name != "off" else "off")
     fig["variant"] = name
     return fig
 
@@ -273,7 +286,8 @@ def table(results: dict[str, dict[str, dict]], args) -> str:
     mb = args.row_bytes / 1e6
     lines.append(
         f"budget {args.budget_blocks} blocks ({args.budget_blocks * mb:.0f} MB) of "
-        f"{args.row_bytes} B; pool_disk_N: N blocks of pool, the rest L1"
+        f"{args.row_bytes} B; pool_disk_N / pool_N: N blocks of pool (with / without the "
+        f"disk tier), the rest L1"
     )
     return "\n".join(lines)
 
@@ -286,14 +300,16 @@ def chart(results: dict[str, dict[str, dict]], args, path: Path, env: dict) -> N
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for workload, variants in results.items():
-        xs, ys = [], []
-        for n in args.pool_blocks:
-            v = variants.get(f"pool_disk_{n}", {})
-            if "vs_off" in v:
-                xs.append(n)
-                ys.append(v["vs_off"]["ttft_p50_x"])
-        if xs:
-            ax.plot(xs, ys, marker="o", label=workload)
+        for tier in args.tiers:
+            xs, ys = [], []
+            for n in args.pool_blocks:
+                v = variants.get(f"{tier}_{n}", {})
+                if "vs_off" in v:
+                    xs.append(n)
+                    ys.append(v["vs_off"]["ttft_p50_x"])
+            if xs:
+                style = "-" if tier == "pool_disk" else "--"
+                ax.plot(xs, ys, style, marker="o", label=f"{workload} ({tier})")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel(f"pool, KV blocks (of a {args.budget_blocks}-block budget; the rest is L1)")

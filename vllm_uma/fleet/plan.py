@@ -13,8 +13,10 @@ A server's share:
   Unix socket in this user's private directory (``events_dir``, mode 0700,
   commands/kv_events_endpoint.private_dir), the router subscribes at
   127.0.0.1:out;
-- a host pool (``--kv-offloading-size``, default 1 GiB each) and the shared
-  disk store, one ``root_dir`` for all (its cap shared, disk/ledger/).
+- with the shared disk store (one ``root_dir`` for all, its cap shared,
+  disk/ledger/), the automatic host pool: a staging area for the disk tier,
+  the rest of each server's budget its KV cache (kv_offload/pool_size.py);
+  without a store, a host pool of ``--kv-offloading-size`` 1 GiB each.
 """
 
 from __future__ import annotations
@@ -161,7 +163,8 @@ def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
     """A host pool and, with --kv-store, the shared disk store, unless the
     user configured offloading; their KV events self-describing."""
     added: list[str] = []
-    if not given(flags, "--kv-offloading-size") and not given(flags, "--kv-transfer-config"):
+    user_pool = given(flags, "--kv-offloading-size")
+    if not user_pool and not given(flags, "--kv-transfer-config") and ask.kv_store is None:
         added += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]
     if ask.kv_store is not None and given(flags, "--kv-transfer-config"):
         raise FleetPlanError(
@@ -173,9 +176,14 @@ def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
         # Pool and disk events with their tokens and parent: without them
         # the router can place L1 blocks only (router_admission.py).
         extra: dict = {"self_describing_kv_events": True}
+        config: dict = {"kv_connector_extra_config": extra}
         if ask.kv_store is not None:
             extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(ask.kv_store)}]
-        added += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": extra})]
+            if not user_pool:
+                # The connector named without a size: the pool is sized as
+                # the disk tier's staging area, L1 gets the rest.
+                config.update(kv_connector="OffloadingConnector", kv_role="kv_both")
+        added += ["--kv-transfer-config", json.dumps(config)]
     return added
 
 

@@ -52,8 +52,8 @@ def attention_kernels(vllm_config, kv_cache_config) -> list[str]:
 
 def with_attention_kernels(offload: OffloadPlan, vllm_config, kv_cache_config) -> OffloadPlan:
     """``offload`` whose namespace inputs also name the kernels; unchanged
-    without a disk tier (nothing is filed across restarts or machines)."""
-    if offload.disk is None or offload.namespace_inputs is None:
+    without a disk or network tier (nothing is filed across restarts or machines)."""
+    if offload.lower_tier is None or offload.namespace_inputs is None:
         return offload
     inputs = offload.namespace_inputs.values()
     inputs[INPUT] = attention_kernels(vllm_config, kv_cache_config)

@@ -17,6 +17,7 @@ settings plan (plugin/settings.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier
@@ -25,6 +26,7 @@ from vllm_uma.kv_offload.disk.namespace_inputs import (
     NamespaceInputsError,
     namespace_inputs,
 )
+from vllm_uma.kv_offload.network.settings import NetworkTierConfig, parse_network_tier
 from vllm_uma.kv_offload.pool_size import PoolSize, auto_pool_size, kv_bytes_per_token
 from vllm_uma.kv_offload.refusals import (
     CONNECTOR,
@@ -33,6 +35,7 @@ from vllm_uma.kv_offload.refusals import (
     refuse_disk_tier_without_pool,
     refuse_unsupported,
 )
+from vllm_uma.kv_offload.tier_list import split_tiers
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.memory import GiB
 
@@ -46,7 +49,7 @@ vllm_contract.require(__name__)
 CONNECTOR_MODULE = "vllm_uma.kv_offload.connector"
 SPEC_MODULE = "vllm_uma.kv_offload.spec"
 POOL_SPEC = "UmaOffloadingSpec"  # L2 only
-TIERED_SPEC = "UmaTieredOffloadingSpec"  # L2 + the disk tier
+TIERED_SPEC = "UmaTieredOffloadingSpec"  # L2 + the disk tier, the network tier or both
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,19 @@ class OffloadPlan:
     spec_name: str  # POOL_SPEC or TIERED_SPEC
     pool: PoolSize
     disk: DiskTierConfig | None
-    # What of the server's configuration shapes its KV (with a disk tier).
+    # What of the server's configuration shapes its KV (with a lower tier).
     namespace_inputs: NamespaceInputs | None
     warnings: tuple[str, ...]  # for the log
+    network: NetworkTierConfig | None = None
+
+    @property
+    def lower_tier(self) -> str | None:
+        """The first tier below the pool (disk or network: blocks outlive the
+        process, in a namespace), by the name the log gives it; None when the
+        pool is the last tier (pool_size.py sizes the pool from this)."""
+        if self.disk is not None:
+            return "disk"
+        return None if self.network is None else "network"
 
 
 def offloading_requested(vllm_config) -> bool:
@@ -80,13 +93,21 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
         return None
     refuse_unsupported(vllm_config)
     refuse_disk_tier_conflicts(vllm_config, extra)
+    fs_tier, network_tier = split_tiers(extra.get("secondary_tiers"))
     disk, warnings = parse_disk_tier(
-        extra.get("secondary_tiers"), kv_events_enabled=kv_events_enabled(vllm_config)
+        None if fs_tier is None else [fs_tier], kv_events_enabled=kv_events_enabled(vllm_config)
     )
-    spec_name = TIERED_SPEC if disk else POOL_SPEC
-    pool = _planned_pool(vllm_config, _point_at_our_connector(vllm_config, spec_name), total_ram)
+    network = None
+    if network_tier is not None:
+        network = dataclasses.replace(
+            parse_network_tier(network_tier), kv_events=kv_events_enabled(vllm_config)
+        )
+    spec_name = TIERED_SPEC if disk or network else POOL_SPEC
+    connector_extra = _point_at_our_connector(vllm_config, spec_name)
+    lower = "disk" if disk else ("network" if network else None)
+    pool = _planned_pool(vllm_config, connector_extra, total_ram, lower)
     inputs = None
-    if disk is not None:
+    if disk is not None or network is not None:
         # The engine's namespace covers them (disk/namespace_inputs.py).
         try:
             inputs = NamespaceInputs.of(namespace_inputs(vllm_config))
@@ -98,6 +119,7 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
         disk=disk,
         namespace_inputs=inputs,
         warnings=tuple(warnings),
+        network=network,
     )
 
 
@@ -116,7 +138,7 @@ def _point_at_our_connector(vllm_config, spec_name: str) -> dict:
     return ktc.kv_connector_extra_config
 
 
-def _planned_pool(vllm_config, extra: dict, total_ram: int) -> PoolSize:
+def _planned_pool(vllm_config, extra: dict, total_ram: int, lower_tier: str | None) -> PoolSize:
     """The size the user gave, else a provisional one (the worker settles it)."""
     cache = vllm_config.cache_config
     if cache.kv_offloading_size is not None:
@@ -129,7 +151,13 @@ def _planned_pool(vllm_config, extra: dict, total_ram: int) -> PoolSize:
     kv_budget = int(total_ram * cache.gpu_memory_utilization)
     # Provisional: a quarter of the whole budget at most; the worker sizes it
     # again from what is left after weights and activations.
-    size = auto_pool_size(per_token, model.max_model_len, kv_budget)
+    size = auto_pool_size(
+        per_token,
+        model.max_model_len,
+        kv_budget,
+        lower_tier=lower_tier,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+    )
     # vLLM's spec refuses to start without a size; the connector gives it
     # the worker's settled one (pool_size.py).
     extra["cpu_bytes_to_use"] = size.bytes
@@ -152,11 +180,11 @@ def flush_on_stop(vllm_config, plan: OffloadPlan) -> str | None:
     restarted server recomputes them. A positive timeout is vLLM's drain
     mode: the engine finishes its work, offload writes included, then exits.
     Returns the line to log when the timeout was raised; None otherwise."""
-    if plan.disk is None or vllm_config.shutdown_timeout > 0:
+    if plan.lower_tier is None or vllm_config.shutdown_timeout > 0:
         return None
     vllm_config.shutdown_timeout = DISK_FLUSH_TIMEOUT_S
     return (
         f"KV offloading: --shutdown-timeout set to {DISK_FLUSH_TIMEOUT_S} s so that a "
-        f"stopping server finishes its requests and writes their KV blocks to the disk "
-        f"tier (pass --shutdown-timeout N to choose another limit)."
+        f"stopping server finishes its requests and writes their KV blocks to its disk or "
+        f"network tier (pass --shutdown-timeout N to choose another limit)."
     )

@@ -17,6 +17,22 @@ executor, which offloading requires (kv_offload/refusals.py refuses the
 others), that is one process, and both sides see the settled size. Where
 the worker is elsewhere, nothing is recorded in this process and the spec
 is sized from the provisional size, as vLLM's dict would have sized it.
+
+What the automatic size is for. On unified memory the pool and the KV cache
+(L1) are the same RAM: a block in the pool is a copy of bytes L1 could have
+kept, so a pool adds no capacity, and every GiB it takes is a GiB of L1 less
+(docs/benchmark.md, "The pool's share at equal memory"). It cannot go
+where a lower tier exists, because vLLM's tiering moves every block through
+its primary tier: a store goes L1 -> pool -> disk, and a restore from the
+disk is promoted into pool rows, the whole hit prefix of a request at once,
+before the copy into L1 (vLLM's ``TieringOffloadingManager._initiate_promotion``:
+with no free row the chunk is a miss and is recomputed). So with a lower
+tier the automatic pool is a *staging area*, sized from what must pass
+through it at once (:func:`staging_tokens`): the prefixes of
+``STAGED_RESTORES`` concurrent full-length restores, and
+``STAGED_STORE_STEPS`` steps of computed KV on their way down. L1 gets the
+rest of the budget. With no lower tier the pool can only hold copies of
+what L1 held, and the start-up log says so (:data:`POOL_ONLY_NOTE`).
 """
 
 from __future__ import annotations
@@ -52,17 +68,55 @@ def kv_bytes_per_token(model_config, parallel_config, cache_dtype: str = "auto")
     return 2 * layers * heads * head_size * dtype_bytes
 
 
+# A staging pool holds at once: the whole prefixes of this many restores
+# from the lower tier (one being copied into L1 while the next is read), ...
+STAGED_RESTORES = 2
+# ... and this many scheduler steps of newly computed KV on its way down
+# (stored from L1 in one step, written to the lower tier while the next
+# step computes).
+STAGED_STORE_STEPS = 2
+
+POOL_ONLY_NOTE = (
+    "KV offloading: the host pool has no lower tier; on unified memory it holds copies of "
+    "blocks that L1 could keep in the same RAM, so it adds no capacity (at equal memory "
+    "it measured slower than L1 alone: docs/benchmark.md). Add a disk tier "
+    "(secondary_tiers) to keep KV past L1 and restarts, or leave the budget to L1."
+)
+
+
+def staging_tokens(max_model_len: int, max_num_batched_tokens: int) -> int:
+    """The tokens of KV a staging pool holds (see the module's docstring)."""
+    return STAGED_RESTORES * max_model_len + STAGED_STORE_STEPS * max_num_batched_tokens
+
+
 def auto_pool_size(
-    per_token: int, max_model_len: int, kv_budget: int, budget_name: str = "the KV budget"
+    per_token: int,
+    max_model_len: int,
+    kv_budget: int,
+    budget_name: str = "the KV budget",
+    *,
+    lower_tier: str | None = None,
+    max_num_batched_tokens: int = 0,
 ) -> PoolSize:
-    """Two full-length requests of KV, at most a quarter of ``kv_budget``."""
-    wanted = 2 * max_model_len * per_token
+    """The automatic pool, at most a quarter of ``kv_budget``: with a lower
+    tier (named, for the log) a staging area for it; with none, two
+    full-length requests of KV."""
+    if lower_tier is not None:
+        tokens = staging_tokens(max_model_len, max_num_batched_tokens)
+        what = (
+            f"a staging area for the {lower_tier} tier: {STAGED_RESTORES} restores of "
+            f"max_model_len={max_model_len} tokens + {STAGED_STORE_STEPS} steps of "
+            f"max_num_batched_tokens={max_num_batched_tokens} on their way down; "
+            f"L1 gets the rest of the budget"
+        )
+    else:
+        tokens = 2 * max_model_len
+        what = f"KV of 2 x max_model_len={max_model_len} tokens"
+    wanted = tokens * per_token
     cap = max(0, kv_budget) // 4
     if wanted <= cap:
-        return PoolSize(wanted, f"KV of 2 x max_model_len={max_model_len} tokens")
-    return PoolSize(
-        cap, f"2 x max_model_len={max_model_len} tokens of KV, clamped to 1/4 of {budget_name}"
-    )
+        return PoolSize(wanted, what)
+    return PoolSize(cap, f"{what}, clamped to 1/4 of {budget_name}")
 
 
 def resize_auto_pool(vllm_config, offload: OffloadPlan | None, left: int) -> PoolSize | None:
@@ -77,7 +131,12 @@ def resize_auto_pool(vllm_config, offload: OffloadPlan | None, left: int) -> Poo
     model, cache = vllm_config.model_config, vllm_config.cache_config
     per_token = kv_bytes_per_token(model, vllm_config.parallel_config, cache.cache_dtype)
     size = auto_pool_size(
-        per_token, model.max_model_len, left, "the budget left after weights and activations"
+        per_token,
+        model.max_model_len,
+        left,
+        "the budget left after weights and activations",
+        lower_tier=offload.lower_tier,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
     )
     return PoolSize(size.bytes, size.reason, auto=True)
 

@@ -35,7 +35,8 @@ KNOWN_EXTRA_KEYS = frozenset(
         # vLLM's: host-pool and disk KV events carry their tokens, block
         # size and parent, so a router can place them (docs/fleet.md).
         "self_describing_kv_events",
-        "secondary_tiers",  # the disk tier, checked by disk/config.py
+        # The disk and network tiers: tier_list.py, disk/config.py, network/settings.py.
+        "secondary_tiers",
     }
 )
 # Block hashes that name files outliving the process: collision-resistant
@@ -149,8 +150,10 @@ def refuse_disk_tier_without_pool(extra: dict) -> None:
     """With offloading off: a disk tier alone has no pool to sit behind."""
     if "secondary_tiers" in extra:
         raise OffloadingConfigError(
-            "kv_connector_extra_config 'secondary_tiers' (the disk tier) needs "
-            "the host pool: add --kv-offloading-size N (GiB), or remove "
+            "kv_connector_extra_config 'secondary_tiers' (the disk and network tiers) "
+            "needs the host pool: add --kv-offloading-size N (GiB), or name the connector "
+            '("kv_connector": "OffloadingConnector" in --kv-transfer-config) for a '
+            "pool the server sizes as their staging area, or remove "
             "'secondary_tiers'."
         )
 

@@ -14,10 +14,11 @@ through ``SHARED_POOLS``.
 
 Scheduler side: vLLM's own managers (CPUOffloadingManager; for tiers, its
 TieringOffloadingManager with a CPU primary tier over our pool and our
-DiskTier as the one secondary tier). Worker side: our HostPoolMover, instead
-of vLLM's CUDA-stream worker that refuses to run on CPU. Only chunk ids and
-keys cross from the scheduler to the worker; bytes move in the worker (L1 <->
-L2) and on the disk tier's I/O threads (L2 <-> L3).
+DiskTier, our NetworkTier, or both in that order, as secondary tiers).
+Worker side: our HostPoolMover, instead of vLLM's CUDA-stream worker that
+refuses to run on CPU. Only chunk ids and keys cross from the scheduler to
+the worker; bytes move in the worker (L1 <-> L2) and on the disk and network
+tiers' threads (L2 <-> L3).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from vllm_uma.kv_offload.disk.layout import NOINDEX, Layout
 from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
 from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
+from vllm_uma.models.publish import default_cache_root
 from vllm_uma.plugin import vllm_contract
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -132,12 +134,17 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]):
         # vLLM's version looks the tier up by type, and "fs" is vLLM's own
-        # tier there; ours is the DiskTier.
+        # tier there; ours is the DiskTier (and "valkey" is no vLLM tier).
         from vllm_uma.kv_offload.disk.tier import DiskTier
 
         without_tiers = {k: v for k, v in extra_config.items() if k != "secondary_tiers"}
         metrics = super().build_metric_definitions(without_tiers)
         metrics.update(DiskTier.build_metric_definitions(extra_config))
+        tiers = extra_config.get("secondary_tiers") or []
+        if any(isinstance(t, dict) and t.get("type") == "valkey" for t in tiers):
+            from vllm_uma.kv_offload.network.tier import NetworkTier
+
+            metrics.update(NetworkTier.build_metric_definitions(extra_config))
         return metrics
 
     def __init__(self, config, offload: OffloadPlan | None = None):
@@ -156,29 +163,15 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
         return self._manager
 
     def _build_manager(self) -> TieringOffloadingManager:
-        from vllm_uma.kv_offload.disk.tier import DiskTier
-
-        # Resolved by the API server (created, checked, cap measured); read
-        # here without I/O, on the scheduler side only.
+        # Resolved by the API server (checked, cap measured); read here
+        # without I/O, on the scheduler side only.
         offload = self._offload
-        if offload is None or offload.disk is None:
+        if offload is None or offload.lower_tier is None:
             raise ValueError(
-                f"{type(self).__name__} needs a disk tier in 'secondary_tiers', set up "
-                f"by the vllm-uma platform; without one, use UmaOffloadingSpec."
+                f"{type(self).__name__} needs a disk or network tier in 'secondary_tiers', "
+                f"set up by the vllm-uma platform; without one, use UmaOffloadingSpec."
             )
-        disk = offload.disk
-        noindex = disk.root_dir / NOINDEX
-        store = Layout(disk.root_dir)
-        store.ensure_store_dir()  # for the fingerprint cache
-        store.close()
-        inputs = offload.namespace_inputs.values() if offload.namespace_inputs else {}
-        fingerprint = weights_fingerprint(
-            self.config.model.name,
-            noindex / FINGERPRINTS_FILE,
-            revision=inputs.get("revision"),
-            download_dir=inputs.get("download_dir"),
-        )
-        namespace = namespace_for(self.config, fingerprint, inputs)
+        namespace, fingerprint = self._namespace(offload)
         primary = CPUPrimaryTierOffloadingManager(
             num_chunks=self.num_chunks,
             mmap_region=PoolRegion(self.config.engine_id),
@@ -186,22 +179,69 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
             cache_policy_module_path=self.cache_policy_module_path,
             enable_events=self.kv_events_config.enable_kv_cache_events,
         )
+        tiers = []
         try:
-            tier = DiskTier(
-                self,
-                primary.get_kv_memoryview(),
-                "fs",
-                config=disk,
-                namespace_id=namespace.id,
-                namespace_info=namespace.info,
-            )
+            # vLLM asks them in this order and stops at the first hit: disk first.
+            if offload.disk is not None:
+                tiers.append(self._disk_tier(primary, offload, namespace))
+            if offload.network is not None:
+                tiers.append(self._network_tier(primary, offload, namespace))
         except Exception:
+            for tier in reversed(tiers):
+                tier.shutdown()
             primary.shutdown()
             raise
         logger.info(
-            "KV offloading: disk tier namespace %s (weights blake3 %s...), KV events %s.",
+            "KV offloading: namespace %s (weights blake3 %s...) for the %s tier(s).",
             namespace.hex,
             fingerprint[:16],
-            "on" if disk.enable_kv_events else "off",
+            " and ".join(tier.tier_type for tier in tiers),
         )
-        return TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+        return TieringOffloadingManager(primary_tier=primary, secondary_tiers=tiers)
+
+    def _namespace(self, offload: OffloadPlan):
+        """What the lower tiers file blocks under, and the weights' fingerprint."""
+        if offload.disk is not None:
+            noindex = offload.disk.root_dir / NOINDEX
+            store = Layout(offload.disk.root_dir)
+            store.ensure_store_dir()  # for the fingerprint cache
+            store.close()
+        else:  # the network tier alone: the cache lives with the models
+            noindex = default_cache_root()
+            noindex.mkdir(mode=0o700, parents=True, exist_ok=True)
+        inputs = offload.namespace_inputs.values() if offload.namespace_inputs else {}
+        fingerprint = weights_fingerprint(
+            self.config.model.name,
+            noindex / FINGERPRINTS_FILE,
+            revision=inputs.get("revision"),
+            download_dir=inputs.get("download_dir"),
+        )
+        return namespace_for(self.config, fingerprint, inputs), fingerprint
+
+    def _disk_tier(self, primary, offload: OffloadPlan, namespace):
+        from vllm_uma.kv_offload.disk.tier import DiskTier
+
+        disk = offload.disk
+        tier = DiskTier(
+            self,
+            primary.get_kv_memoryview(),
+            "fs",
+            config=disk,
+            namespace_id=namespace.id,
+            namespace_info=namespace.info,
+        )
+        logger.info(
+            "KV offloading: disk tier, KV events %s.", "on" if disk.enable_kv_events else "off"
+        )
+        return tier
+
+    def _network_tier(self, primary, offload: OffloadPlan, namespace):
+        from vllm_uma.kv_offload.network.tier import NetworkTier
+
+        return NetworkTier(
+            self,
+            primary.get_kv_memoryview(),
+            "valkey",
+            config=offload.network,
+            namespace_id=namespace.id,
+        )

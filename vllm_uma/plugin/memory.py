@@ -59,10 +59,12 @@ class MemoryBreakdown:
     # group per block_size tokens (sliding groups free theirs past the window).
     kv_groups: int = 1
 
-    def log_line(self, fleet: tuple[int, int] | None = None) -> str:
+    def log_line(self, fleet: tuple[int, int] | None = None, lower_tier: str | None = None) -> str:
         """One line a script can parse: ``key=int`` pairs, then human units.
         ``fleet`` (member, size): this server's budget is its share of a
-        fleet's (`vllm-uma fleet`), and the line says so."""
+        fleet's (`vllm-uma fleet`), and the line says so. ``lower_tier``:
+        the tier below the host pool, which makes the pool its staging
+        area (kv_offload/pool_size.py), and the line says that too."""
         values = asdict(self)
         if fleet is not None:
             values.update(fleet_member=fleet[0], fleet_size=fleet[1])
@@ -79,6 +81,8 @@ class MemoryBreakdown:
                 "wired",
             )
         )
+        if self.kv_offload_pool and lower_tier is not None:
+            human += f"; the pool stages KV for the {lower_tier} tier"
         if self.kv_groups > 1:
             human += f"; {self.kv_groups} KV cache groups share the blocks"
         if fleet is not None:

@@ -44,6 +44,7 @@ from vllm.platforms.cpu import CpuPlatform
 
 from vllm_uma import startup_stop
 from vllm_uma.kv_offload import config as offload_config
+from vllm_uma.kv_offload.pool_size import POOL_ONLY_NOTE
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
@@ -165,6 +166,8 @@ class UmaPlatform(CpuPlatform):
             logger.info_once(
                 "KV offloading: host pool of %s (%s).", fmt_gib(plan.pool.bytes), plan.pool.reason
             )
+            if plan.lower_tier is None:
+                logger.info_once(POOL_ONLY_NOTE)
             if plan.disk is not None:
                 cap = plan.disk.cap_bytes
                 logger.info_once(
@@ -172,6 +175,13 @@ class UmaPlatform(CpuPlatform):
                     plan.disk.root_dir,
                     "none" if cap is None else fmt_gib(cap),
                     plan.disk.cap_reason,
+                )
+            if plan.network is not None:
+                logger.info_once(
+                    "KV offloading: network tier at %s (timeout %.1f s); the engine's "
+                    "maxmemory and policy are checked when the engine core builds it.",
+                    plan.network.url,
+                    plan.network.timeout_s,
                 )
             for warning in plan.warnings:
                 logger.warning_once(warning)

@@ -71,6 +71,7 @@ from typing import Any
 from vllm_uma.kv_offload.config import OffloadPlan, translate
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputs
+from vllm_uma.kv_offload.network.settings import NetworkTierConfig
 from vllm_uma.kv_offload.pool_size import PoolSize
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
@@ -207,6 +208,8 @@ def _offload_to_plain(offload: OffloadPlan) -> dict[str, Any]:
         "disk": None if disk is None else {**asdict(disk), "root_dir": str(disk.root_dir)},
         "namespace_inputs": None if inputs is None else inputs.values(),
         "warnings": list(offload.warnings),
+        # Names of where the password is, never the password (credentials.py).
+        "network": None if offload.network is None else asdict(offload.network),
     }
 
 
@@ -224,7 +227,9 @@ def from_plain(raw: Any) -> Settings:
 
 
 def _offload_from_plain(raw: Any) -> OffloadPlan:
-    body = _shaped(raw, {"spec_name", "pool", "disk", "namespace_inputs", "warnings"}, "offload")
+    body = _shaped(
+        raw, {"spec_name", "pool", "disk", "namespace_inputs", "warnings", "network"}, "offload"
+    )
     pool = PoolSize(**_fields_of(PoolSize, body["pool"], "offload.pool"))
     disk = None
     if body["disk"] is not None:
@@ -239,6 +244,9 @@ def _offload_from_plain(raw: Any) -> OffloadPlan:
         disk=disk,
         namespace_inputs=None if inputs is None else NamespaceInputs.of(inputs),
         warnings=tuple(str(w) for w in body["warnings"]),
+        network=None
+        if body["network"] is None
+        else NetworkTierConfig(**_fields_of(NetworkTierConfig, body["network"], "offload.network")),
     )
 
 

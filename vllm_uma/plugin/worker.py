@@ -217,7 +217,9 @@ class UmaWorker(CPUWorker):
             self.wiring.wired_bytes,
             total_ram_bytes(),
         )
-        logger.info("%s", breakdown.log_line(fleet))
+        offload = self.settings.offload
+        lower_tier = offload.lower_tier if offload is not None else None
+        logger.info("%s", breakdown.log_line(fleet, lower_tier))
         self._keep_kv_cache_pageable()
         L1_PAGES.set(self._l1_page_map(kv_cache_config))
 

@@ -84,8 +84,13 @@ def breakdown(server: Server) -> dict[str, int]:
     return parse_breakdown(line)
 
 
-def disk_tier_args(root_dir: Path, cap_gib: float) -> list[str]:
-    """The `vllm-uma serve` flags of a disk tier (L3) at ``root_dir``."""
+def disk_tier_args(root_dir: Path, cap_gib: float, auto_pool: bool = False) -> list[str]:
+    """The `vllm-uma serve` flags of a disk tier (L3) at ``root_dir``.
+    ``auto_pool``: the connector named without a size, so the server sizes
+    the host pool itself (the disk tier's staging area); else the pool's
+    size comes from ``--kv-offloading-size``."""
     tier = {"type": "fs", "root_dir": str(root_dir), "max_size_gib": cap_gib}
-    config = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
+    config: dict = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
+    if auto_pool:
+        config.update(kv_connector="OffloadingConnector", kv_role="kv_both")
     return ["--kv-transfer-config", json.dumps(config)]

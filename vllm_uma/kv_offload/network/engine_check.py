@@ -1,0 +1,112 @@
+"""The engine's cap and eviction policy, read at start-up and at each reconnect.
+
+Engine-core process: at start-up while vLLM builds the tier (blocking is
+fine there), and on the link's watch thread when a gone engine answers
+again (engine_link.py). The cap and the LRU of the network tier are the
+engine's own, so the check is what makes them ours:
+
+- ``maxmemory-policy noeviction``: a full engine refuses every write (OOM
+  errors), forever. Refused at start-up; warned of at a reconnect (the
+  server is serving by then: its stores fail and are counted).
+- ``volatile-*``: only keys with a TTL are evicted, and ours have none (a
+  block is as good tomorrow as today), so for us it is noeviction. Warned.
+- ``maxmemory 0``: no cap; the engine grows until its host runs out of
+  memory. Warned.
+- an ACL user that may not run CONFIG GET: the policy cannot be read.
+  Warned, never a failed start: many managed engines refuse CONFIG.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from valkey.exceptions import ResponseError
+
+GOOD_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
+FIX = "CONFIG SET maxmemory-policy allkeys-lru (and CONFIG SET maxmemory <bytes>)"
+
+
+class EngineRefused(RuntimeError):
+    """The engine is set up so that the tier would fail; the message has the fix."""
+
+
+@dataclass(frozen=True)
+class EngineReport:
+    maxmemory: int | None  # bytes, 0: no cap; None: could not be read
+    policy: str | None
+    used_memory: int | None
+    version: str | None
+    problem: str | None  # what is wrong, with the fix; None: nothing
+    refuse: bool  # the problem is one to refuse a start-up for
+
+    def summary(self) -> str:
+        cap = "unknown" if self.maxmemory is None else "none"
+        if self.maxmemory:
+            cap = _gib(self.maxmemory)
+        used = "unknown" if self.used_memory is None else _gib(self.used_memory)
+        return (
+            f"engine {self.version or 'version unknown'}, maxmemory {cap}, "
+            f"policy {self.policy or 'unknown'}, used {used}"
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_engine(client, url: str) -> EngineReport:
+    """Read the engine's cap and policy (raises the client's ConnectionError
+    or TimeoutError if it does not answer)."""
+    used, version = _info(client)
+    try:
+        config = client.config_get("maxmemory*")
+    except ResponseError as exc:  # NOPERM, or CONFIG renamed away
+        problem = (
+            f"cannot read the engine's maxmemory-policy at {url} ({exc}): make sure it runs "
+            f"with a cap and allkeys-lru ({FIX}), or let the tier's ACL user run CONFIG GET "
+            f"(+config|get) so that vllm-uma checks it."
+        )
+        return EngineReport(None, None, used, version, problem, refuse=False)
+    policy = str(_text(config.get(b"maxmemory-policy", config.get("maxmemory-policy"))))
+    maxmemory = int(_text(config.get(b"maxmemory", config.get("maxmemory", 0))) or 0)
+    problem, refuse = _verdict(policy, maxmemory, url)
+    return EngineReport(maxmemory, policy, used, version, problem, refuse)
+
+
+def _verdict(policy: str, maxmemory: int, url: str) -> tuple[str | None, bool]:
+    if policy == "noeviction":
+        return (
+            f"the engine at {url} runs maxmemory-policy noeviction: once full it refuses "
+            f"every write, and the network tier stops storing. Run {FIX} on it.",
+            True,
+        )
+    if policy.startswith("volatile-"):
+        return (
+            f"the engine at {url} runs maxmemory-policy {policy}, which evicts only keys "
+            f"with a TTL; the network tier's have none, so a full engine refuses its "
+            f"writes. Run {FIX} on it.",
+            False,
+        )
+    if maxmemory == 0:
+        return (
+            f"the engine at {url} has no maxmemory: it grows until its host runs out of "
+            f"memory. Give it a cap: CONFIG SET maxmemory <bytes>.",
+            False,
+        )
+    if policy not in GOOD_POLICIES:
+        return f"the engine at {url} runs an unknown maxmemory-policy {policy!r}.", False
+    return None, False
+
+
+def _info(client) -> tuple[int | None, str | None]:
+    try:
+        info = client.info("memory")
+        server = client.info("server")
+    except ResponseError:  # INFO refused by the ACL: not needed to serve
+        return None, None
+    version = server.get("valkey_version") or server.get("redis_version")
+    return info.get("used_memory"), None if version is None else str(version)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

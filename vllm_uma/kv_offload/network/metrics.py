@@ -1,0 +1,65 @@
+"""The network tier's metrics: names and Prometheus definitions.
+
+Counted on the scheduler thread of the engine-core process (tier.py), in
+the disk tier's per-interval counts (disk/metrics.py's ``DiskStats``, which
+is no more than that); vLLM ships them to the API server's /metrics, where
+a counter gets ``_total``: ``vllm:kv_offload_network_read_blocks_total``.
+vLLM's own per-tier metrics (``vllm:kv_offload_tiering_*{tier="valkey"}``:
+bytes and time read and written, lookups, hits, failed jobs) come on top.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.kv_offload.base import (
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+)
+
+from vllm_uma.kv_offload.disk.metrics import DiskStats as TierStats
+
+__all__ = ["TierStats", "definitions"]
+
+PREFIX = "vllm:kv_offload_network_"
+WRITTEN_BLOCKS = PREFIX + "written_blocks"
+WRITTEN_BYTES = PREFIX + "written_bytes"
+READ_BLOCKS = PREFIX + "read_blocks"
+READ_BYTES = PREFIX + "read_bytes"
+LOOKUP_HITS = PREFIX + "lookup_hits"
+LOAD_MISSES = PREFIX + "load_missed_blocks"
+BAD_VALUES = PREFIX + "bad_values"
+STORE_FAILED = PREFIX + "store_failed_blocks"
+STORE_SKIPPED = PREFIX + "store_skipped_blocks"
+ENGINE_UP = PREFIX + "engine_up"
+
+
+def definitions() -> dict[str, OffloadingMetricMetadata]:
+    counter, gauge = OffloadingCounterMetadata, OffloadingGaugeMetadata
+    return {
+        WRITTEN_BLOCKS: counter("KV blocks written to the network tier's engine."),
+        WRITTEN_BYTES: counter("Payload bytes written to the network tier's engine."),
+        READ_BLOCKS: counter("KV blocks restored from the network tier's engine."),
+        READ_BYTES: counter("Payload bytes restored from the network tier's engine."),
+        LOOKUP_HITS: counter("Lookups the network tier answered with a hit."),
+        LOAD_MISSES: counter(
+            "Blocks a restore from the network tier did not bring back (recomputed), by "
+            "reason: absent (evicted since the lookup), engine_down, engine_slow, refused, "
+            "error, or a "
+            "bad value's reason (truncated, corrupted, foreign).",
+            labelnames=("reason",),
+        ),
+        BAD_VALUES: counter(
+            "Values found unusable on restore (then deleted and recomputed), by reason: "
+            "truncated, corrupted, foreign (another namespace, key or format).",
+            labelnames=("reason",),
+        ),
+        STORE_FAILED: counter(
+            "Blocks the network tier could not store, by reason: engine_down, engine_full "
+            "(OOM: the engine refuses writes), refused, error.",
+            labelnames=("reason",),
+        ),
+        STORE_SKIPPED: counter(
+            "Blocks not sent because this server saw them in the engine moments ago."
+        ),
+        ENGINE_UP: gauge("1 while the network tier's engine answers, else 0."),
+    }

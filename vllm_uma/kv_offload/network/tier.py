@@ -1,0 +1,331 @@
+"""The network tier: a vLLM SecondaryTierManager ("valkey" in secondary_tiers).
+
+Runs in the engine-core process. vLLM's TieringOffloadingManager calls every
+method on the scheduler thread, and none may block on the network:
+
+- lookups answer from verdicts a lookup thread fetched (probes.py): a key
+  not asked yet is RETRY for one step while one pipelined EXISTS per batch
+  asks the engine; a gone engine is a MISS at once (engine_link.py);
+- stores and loads become one ``Transfer`` per vLLM job, run on two
+  transfer threads (transfer_threads.py) as pipelined SETs and MGETs
+  (transfers.py);
+- ``get_finished_jobs`` applies what came back, on the scheduler thread, and
+  returns exactly one JobResult per job.
+
+What crosses: keys and the primary tier's rows (the L2 host pool, which
+vLLM keeps pinned until the job's JobResult), values (value_format.py: a
+disk-tier block file, checked before a byte lands in a row), JobResults,
+metric counts. The cap and the eviction are the engine's (engine_check.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import queue
+import time
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from vllm_uma.kv_offload.network import metrics as m
+from vllm_uma.kv_offload.network.engine_check import EngineRefused, check_engine
+from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, RETRY_INTERVAL_S, EngineLink
+from vllm_uma.kv_offload.network.probes import EngineProbes
+from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.transfer_threads import TransferThreads
+from vllm_uma.kv_offload.network.transfers import Miss, Transfer, TransferDone, run_transfer
+from vllm_uma.kv_offload.network.value_format import value_name
+from vllm_uma.log import get_logger
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now: a changed one fails this import in
+# one line (plugin/vllm_contract/), not a request later.
+vllm_contract.require(__name__)
+
+logger = get_logger(__name__)
+
+# Keys this server stored or restored lately: a store of one of them is
+# skipped (another server's, or ours, is in the engine; if the engine
+# evicted it since, the next store after it is forgotten here puts it back).
+# 64k keys is about 10 MB here, and 180 GB of the default model's blocks.
+RECENT_KEYS = 65536
+# At most one warning per reason of bad values in this many seconds.
+BAD_VALUE_WARNING_S = 60.0
+
+
+class NetworkTier(SecondaryTierManager):
+    medium: ClassVar[Medium] = Medium.STORAGE
+    # Not DISK (the fs tier's): vLLM has no source for a shared remote
+    # store, and EXTERNAL_UNSPECIFIED is its name for "a remote store", so
+    # /metrics tells a network hit from a disk hit.
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        return m.definitions()
+
+    def __init__(
+        self,
+        offloading_spec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        *,
+        config: NetworkTierConfig,
+        namespace_id: bytes,
+        backpressure_detector=None,
+        retry_interval_s: float = RETRY_INTERVAL_S,
+    ):
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = Locality.REMOTE
+        self._ns = namespace_id
+        self._rows = primary_kv_view.cast("B")
+        self._stats = m.TierStats()
+        self._link = EngineLink(config, self._check_again, retry_interval_s)
+        try:
+            self._check_at_start()
+        except BaseException:
+            self._link.close()
+            raise
+        self._probes = EngineProbes(self._link, self._name, tier_type)
+        self._done: queue.SimpleQueue[TransferDone] = queue.SimpleQueue()
+        self._threads = TransferThreads(
+            functools.partial(run_transfer, self._link, namespace_id), self._done
+        )
+        self._in_flight: dict[int, Transfer] = {}
+        self._results: list[JobResult] = []  # jobs that needed no transfer
+        self._recent: collections.OrderedDict[OffloadKey, None] = collections.OrderedDict()
+        self._bad_warned: dict[str, float] = {}
+        # KV events (vLLM's --kv-events-config): this server can restore
+        # what it stored, from a cache every host reads. A KV-aware router
+        # files an event with an ``ownership`` under that cache and credits
+        # the server that published it (docs/fleet.md).
+        self._events: list[OffloadingEvent] | None = [] if config.kv_events else None
+        self._cache_id = config.cache_id
+        self._closed = False
+
+    def _name(self, key: OffloadKey) -> bytes:
+        return value_name(self._ns, key)
+
+    # -- the engine's set-up --------------------------------------------------
+
+    def _check_at_start(self) -> None:
+        """Blocking is fine here: vLLM builds the tier before serving."""
+        url = self._link.url
+        try:
+            report = check_engine(self._link.client, url)
+        except LINK_ERRORS as exc:
+            self._link.start_down(exc)
+            return
+        if report.refuse:
+            raise EngineRefused(report.problem)
+        if report.problem is not None:
+            logger.warning("network KV tier: %s", report.problem)
+        logger.info(
+            "KV offloading: network tier at %s (%s), namespace %s.",
+            url,
+            report.summary(),
+            self._ns.hex(),
+        )
+
+    def _check_again(self) -> None:
+        """The watch thread, when a gone engine answers: it may be another
+        one now. Only warned of: the server is serving by now."""
+        report = check_engine(self._link.client, self._link.url)
+        if report.problem is not None:
+            logger.warning("network KV tier: %s", report.problem)
+
+    # -- lookups (scheduler thread, no I/O) -----------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if not self._link.up:
+            return LookupResult.MISS  # no request waits for a gone engine
+        found = self._probes.lookup(key, req_context)
+        if found is None:
+            return LookupResult.RETRY  # asked at this step's end
+        if not found:
+            return LookupResult.MISS
+        self._stats.count(m.LOOKUP_HITS)
+        return LookupResult.HIT
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._probes.cleanup(req_context.req_id)
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._probes.flush()  # this step's lookups, to the lookup thread
+
+    # -- stores and loads ------------------------------------------------------
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        pairs = [
+            (key, chunk)
+            for key, chunk in zip(job_metadata.keys, job_metadata.chunk_ids, strict=True)
+            if key not in self._recent
+        ]
+        self._stats.count(m.STORE_SKIPPED, len(job_metadata.keys) - len(pairs))
+        self._submit(job_metadata.job_id, False, pairs)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        pairs = list(zip(job_metadata.keys, job_metadata.chunk_ids, strict=True))
+        self._submit(job_metadata.job_id, True, pairs)
+
+    def _submit(self, job_id: int, is_load: bool, pairs: list) -> None:
+        if not pairs:  # every block skipped: done at once
+            self._results.append(JobResult(job_id, True, None, None, 0))
+            return
+        row_bytes = self.block_size_bytes
+        transfer = Transfer(
+            job_id,
+            is_load,
+            tuple(key for key, _ in pairs),
+            tuple(self._name(key) for key, _ in pairs),
+            tuple(self._rows[int(c) * row_bytes : (int(c) + 1) * row_bytes] for _, c in pairs),
+        )
+        self._in_flight[job_id] = transfer
+        self._threads.submit(transfer)
+
+    # -- completion (scheduler thread) -----------------------------------------
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        results, self._results = self._results, []
+        while True:
+            try:
+                done = self._done.get_nowait()
+            except queue.Empty:
+                return results
+            transfer = self._in_flight.pop(done.job_id)
+            results.append(self._apply(transfer, done))
+
+    def _apply(self, transfer: Transfer, done: TransferDone) -> JobResult:
+        stats = self._stats
+        for key in done.moved:
+            self._remember(key)
+        if transfer.is_load:
+            stats.count(m.READ_BLOCKS, len(done.moved))
+            stats.count(m.READ_BYTES, done.nbytes)
+            for reason in done.failed.values():
+                stats.count(m.LOAD_MISSES, reason=reason)
+            if done.failed:
+                # vLLM would promote the same keys again on the verdicts.
+                self._probes.mark_miss(done.failed)
+                for key in done.failed:
+                    self._recent.pop(key, None)
+        else:
+            stats.count(m.WRITTEN_BLOCKS, len(done.moved))
+            stats.count(m.WRITTEN_BYTES, done.nbytes)
+            for reason in done.failed.values():
+                stats.count(m.STORE_FAILED, reason=reason)
+            self._event(list(done.moved), removed=False)
+        # A bad value was deleted from the engine: no server can restore it.
+        self._event(
+            [k for k, why in done.failed.items() if why not in _QUIET | _NOT_THE_VALUE],
+            removed=True,
+        )
+        self._report_bad(done)
+        seconds = done.seconds if done.nbytes else None
+        if not done.failed:
+            return JobResult(done.job_id, True, None, seconds, done.nbytes)
+        loaded = [key for key in transfer.keys if key not in done.failed]
+        if not transfer.is_load or not loaded:
+            return JobResult(done.job_id, False, None, seconds, done.nbytes)
+        # A partly failed load keeps the blocks it did restore.
+        return JobResult(done.job_id, False, loaded, seconds, done.nbytes)
+
+    def _event(self, keys: list[OffloadKey], *, removed: bool) -> None:
+        if self._events is None or not keys:
+            return
+        self._events.append(
+            OffloadingEvent(
+                keys=keys,
+                medium=self.medium,
+                removed=removed,
+                locality=Locality.REMOTE,
+                ownership=self._cache_id,
+            )
+        )
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if not self._events:
+            return ()
+        events, self._events = self._events, []
+        return events
+
+    def _remember(self, key: OffloadKey) -> None:
+        self._recent[key] = None
+        self._recent.move_to_end(key)
+        if len(self._recent) > RECENT_KEYS:
+            self._recent.popitem(last=False)
+
+    def _report_bad(self, done: TransferDone) -> None:
+        """Bad values counted; one warning per reason a minute for them and
+        for refusals and bugs (a gone or full engine has its episode's)."""
+        now = time.monotonic()
+        reasons = collections.Counter(done.failed.values())
+        for reason in reasons.keys() - _QUIET:
+            if reason not in _NOT_THE_VALUE:
+                self._stats.count(m.BAD_VALUES, reasons[reason], reason=reason)
+            if now - self._bad_warned.get(reason, -BAD_VALUE_WARNING_S) < BAD_VALUE_WARNING_S:
+                continue
+            self._bad_warned[reason] = now
+            logger.warning(
+                "network KV tier: %d block(s) of a %s could not be used (%s%s); recomputed. "
+                "The next ones for this reason are only counted for %.0f s.",
+                reasons[reason],
+                "restore" if done.is_load else "store",
+                reason,
+                f": {done.bad[0]}" if done.bad else "",
+                BAD_VALUE_WARNING_S,
+            )
+
+    # -- life cycle --------------------------------------------------------------
+
+    def get_stats(self):
+        self._stats.gauge(m.ENGINE_UP, int(self._link.up))
+        return self._stats.take()
+
+    def has_pending_work(self) -> bool:
+        return bool(self._in_flight or self._results)
+
+    def drain_jobs(self) -> None:
+        self._threads.wait_idle()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        stuck = self._threads.shutdown()
+        self.get_finished_jobs()  # none comes after this; the counts are kept
+        self._probes.shutdown()
+        self._link.close()
+        if stuck:
+            # A thread left in a socket read holds a slice of the rows:
+            # nothing is released, the process is stopping.
+            logger.warning("network KV tier: %d transfer thread(s) did not stop in time.", stuck)
+            return
+        self._rows.release()
+
+
+# Misses that are the engine's state, logged once per episode by the link.
+_QUIET = frozenset(
+    miss.value for miss in (Miss.ABSENT, Miss.ENGINE_DOWN, Miss.ENGINE_SLOW, Miss.ENGINE_FULL)
+)
+# Failures that are not about the value found.
+_NOT_THE_VALUE = frozenset({Miss.REFUSED.value, Miss.ERROR.value})
