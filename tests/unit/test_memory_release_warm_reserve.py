@@ -33,6 +33,13 @@ def test_reserve_size(tokens, l1_blocks, pool_rows, row_bytes, expected):
     assert reserve_size(tokens, 128, l1_blocks, 1000, pool_rows, row_bytes) == expected
 
 
+def test_a_staging_pool_is_kept_resident_whole():
+    # Every row is written again and again: none may fault on the path.
+    size = reserve_size(8192, 128, 1000, 1000, 200, 1000, staging_pool=True)
+    assert size == ReserveSize(64, 200)
+    assert reserve_size(0, 128, 1000, 1000, 200, 1000, staging_pool=True) == ReserveSize(0, 0)
+
+
 def test_chunks_cut_long_ranges_at_page_boundaries_only():
     ranges = [(0, 10 * PAGE), (20 * PAGE, 21 * PAGE)]
     chunks = warm_reserve._chunks(ranges, 4 * PAGE)

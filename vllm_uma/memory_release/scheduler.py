@@ -93,7 +93,14 @@ class ReleasingScheduler:
         # Reentrant: update_from_output calls make_stats.
         self._release_lock = threading.RLock()
         super().__init__(*args, **kwargs)
-        self._uma = read_settings(self.vllm_config).uma
+        settings = read_settings(self.vllm_config)
+        self._uma = settings.uma
+        offload = settings.offload
+        # An automatic pool in front of a lower tier is a staging area: kept
+        # resident whole by the warm reserve (warm_reserve.py).
+        self._staging_pool = (
+            offload is not None and offload.pool.auto and offload.lower_tier is not None
+        )
         # Last step or request arrival: idleness counts from the end of the
         # work, not from when the last request came in.
         self._last_active = time.monotonic()
@@ -182,6 +189,7 @@ class ReleasingScheduler:
             page_map.block_bytes,
             pool_rows.num_rows if pool_rows is not None else 0,
             pool_rows.row_bytes if pool_rows is not None else 0,
+            staging_pool=self._staging_pool and pool_rows is not None,
         )
         if size.l1_blocks == 0 and size.pool_rows == 0:
             logger.info("KV warm reserve: off (warm_kv_tokens=%d).", tokens)
@@ -190,11 +198,12 @@ class ReleasingScheduler:
         l1_bytes, pool_bytes = reserve.bytes()
         logger.info(
             "KV warm reserve: the next %d free KV blocks (%s)%s stay resident ahead of use "
-            "(warm_kv_tokens=%d, at most half of each; 0 turns it off).",
+            "(warm_kv_tokens=%d, at most half of each%s; 0 turns it off).",
             size.l1_blocks,
             _gib(l1_bytes),
             f" and {size.pool_rows} host pool rows ({_gib(pool_bytes)})" if size.pool_rows else "",
             tokens,
+            ", the whole staging pool" if self._staging_pool and size.pool_rows else "",
         )
         return reserve
 

@@ -31,7 +31,13 @@ each, are kept resident:
 
 Bounds: at most half of L1's blocks and half of the pool's rows, so a small
 KV cache stays lazy. The price is that many bytes resident from start-up on,
-logged once then. ``warm_kv_tokens`` 0 turns it off.
+logged once then. ``warm_kv_tokens`` 0 turns it off. One exception: an
+automatic pool that stages for a lower tier (kv_offload/pool_size.py) is
+kept resident whole. It is sized from what passes through it at once, so
+every row of it is written again and again; a row touched for the first
+time costs a fault per page on the store or restore path (the cold-traffic
+cost measured at Qwen3-0.6B's size: no_reuse 0.79x of off, 0.99x with the
+pool resident, docs/benchmark.md).
 
 Why no lock while faulting: the blocks and rows are chosen under the
 scheduler's lock; ``MADV_POPULATE_WRITE`` never changes a byte, so if the
@@ -70,14 +76,17 @@ def reserve_size(
     block_bytes: int,
     pool_rows: int = 0,
     row_bytes: int = 0,
+    staging_pool: bool = False,
 ) -> ReserveSize:
     """``tokens`` of KV in L1 blocks and in pool rows, each at most half of
-    its tier."""
+    its tier; with ``staging_pool``, every pool row."""
     if tokens <= 0:
         return ReserveSize(0, 0)
     blocks = min(-(-tokens // block_tokens), l1_blocks // 2)
     rows = 0
-    if pool_rows and row_bytes:
+    if staging_pool:
+        rows = pool_rows
+    elif pool_rows and row_bytes:
         wanted = -(-tokens // block_tokens) * block_bytes
         rows = min(-(-wanted // row_bytes), pool_rows // 2)
     return ReserveSize(blocks, rows)
