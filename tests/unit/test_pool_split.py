@@ -50,3 +50,9 @@ def test_bad_flags_are_refused_with_the_rule(argv, message, capsys):
     with pytest.raises(SystemExit):
         args(*argv)
     assert message in capsys.readouterr().err
+
+
+def test_a_model_that_is_neither_a_recipe_nor_a_zoo_build_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        args("--model", "llama-405b")
+    assert "choose a recipe" in capsys.readouterr().err

@@ -63,18 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if bad or not chosen:
             ap.error(f"--{key} {getattr(args, key)!r}: choose from {', '.join(known)}")
         setattr(args, key, [x for x in known if x in chosen])
-    if args.model.startswith("zoo-"):
-        # A model zoo build (synthetic weights): served and named by its
-        # directory, which vLLM then reports as the model's name.
-        try:
-            args.model = str(model_choice.choose(args.model).directory)
-        except ValueError as exc:
-            ap.error(f"--model: {exc}")
-    elif not models.is_recipe(args.model):
-        ap.error(
-            f"--model {args.model!r}: choose a recipe ({', '.join(models.RECIPES)}) or a "
-            f"model zoo build (python -m tools.model_zoo list)"
-        )
+    args.model = model_choice.served_model(ap, args.model)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1 (3 or more give a range)")
     if args.prompt_tokens + args.max_tokens > args.max_model_len:

@@ -111,13 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--pool-blocks {args.pool_blocks[-1]} leaves no L1 in a budget of "
             f"{args.budget_blocks} blocks: raise --budget-blocks or lower the pool"
         )
-    if args.model.startswith("zoo-"):
-        try:
-            args.model = str(model_choice.choose(args.model).directory)
-        except ValueError as exc:
-            ap.error(f"--model: {exc}")
-    elif not models.is_recipe(args.model):
-        ap.error(f"--model {args.model!r}: choose a recipe ({', '.join(models.RECIPES)}) or zoo-*")
+    args.model = model_choice.served_model(ap, args.model)
     args.disk_dir = (args.disk_dir or args.out.parent).absolute()
     zoo = Path(args.model)
     args.row_bytes = kv_row_bytes(zoo if zoo.is_dir() else models.prepare(args.model))

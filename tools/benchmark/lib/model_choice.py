@@ -62,6 +62,25 @@ def choose(model: str | None) -> ModelChoice:
     return ModelChoice(name, [str(directory), "--served-model-name", name], directory, False)
 
 
+def served_model(ap: argparse.ArgumentParser, model: str) -> str:
+    """What the offloading benchmarks serve for ``--model``: a recipe by its
+    name, or a model zoo build (synthetic weights) by its directory, which
+    vLLM then reports as the model's name; anything else is a usage error."""
+    from vllm_uma import models
+
+    if model.startswith("zoo-"):
+        try:
+            return str(choose(model).directory)
+        except ValueError as exc:
+            ap.error(f"--model: {exc}")
+    if not models.is_recipe(model):
+        ap.error(
+            f"--model {model!r}: choose a recipe ({', '.join(models.RECIPES)}) or a "
+            f"model zoo build (python -m tools.model_zoo list)"
+        )
+    return model
+
+
 def check_breakdown(choice: ModelChoice, breakdown: dict[str, int], dtype: str = "bfloat16"):
     """Fail unless the server's KV bytes per block are what the workload
     was sized for."""
