@@ -218,3 +218,21 @@ def test_a_pool_row_is_one_block_of_one_kv_cache_group(tmp_path):
         layer_types=kinds,
     )
     assert kv_row_bytes(gemma) == 393_216  # groups of 3 layers (the 3 full ones set it)
+
+
+def test_a_measured_pass_waits_for_the_disk_tiers_writes_too(monkeypatch):
+    # The copies into the pool ended; the disk tier is still writing.
+    from tools.benchmark import kv_offload_client as client
+
+    readings = iter([(100, 10), (100, 20), (100, 30), (100, 30), (100, 30)])
+    seen = []
+
+    def scrape(url):
+        bytes_all, written = next(readings)
+        seen.append(written)
+        return {"bytes_all": bytes_all, "disk_written": written}
+
+    monkeypatch.setattr(client, "scrape", scrape)
+    monkeypatch.setattr(client.time, "sleep", lambda s: None)
+    client.wait_quiet("http://x")
+    assert seen == [10, 20, 30, 30]  # quiet only once the writes stopped

@@ -96,13 +96,16 @@ def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
 
 def wait_quiet(url: str, timeout: float = 60) -> None:
     """Wait until no offloading transfer has moved bytes for two seconds, so
-    that a measured pass does not share the cores with the warm-up's stores.
-    (A stopping server writes its pending disk-tier blocks by itself: the
-    platform raises --shutdown-timeout when a disk tier is on.)"""
+    that a measured pass does not share the cores with the warm-up's stores:
+    neither L1 <-> pool copies nor the disk tier's writes, which go on after
+    the copies into the pool have ended. (A stopping server writes its
+    pending disk-tier blocks by itself: the platform raises
+    --shutdown-timeout when a disk tier is on.)"""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        now = scrape(url)["bytes_all"]
+        counters = scrape(url)
+        now = (counters["bytes_all"], counters["disk_written"])
         if now == last:
             return
         last = now
