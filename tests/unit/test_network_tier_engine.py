@@ -5,6 +5,7 @@ its end), since each one breaks it."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
@@ -246,3 +247,26 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
         assert (tmp_path / "cache" / "fingerprints.json").is_file()
     finally:
         SHARED_POOLS.release("engine-network-spec")
+
+
+def test_an_engine_dies_with_the_test_that_started_it(tmp_path):
+    # A test killed mid-way (SIGKILL: no fixture teardown) leaves no engine.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time; from pathlib import Path;"
+        "from tools.harness.valkey_engine import Engine;"
+        f"e = Engine(Path({str(tmp_path)!r})); print(e.proc.pid, flush=True); time.sleep(60)"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )  # fmt: skip
+    engine_pid = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=10)
+    wait_for(lambda: not Path(f"/proc/{engine_pid}").exists(), 10, "the engine to exit")

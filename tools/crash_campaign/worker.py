@@ -14,7 +14,6 @@ worker exits with VIOLATION_EXIT. SIGTERM drains the tier and exits 0.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import mmap
@@ -32,6 +31,7 @@ import numpy as np
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
+from tools.harness.parent_death import kill_me_with_my_parent
 from vllm_uma import lifeline
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.tier import DiskTier
@@ -42,7 +42,6 @@ NAMESPACE = bytes.fromhex("c7" * 16)
 VIOLATION_EXIT = 3
 JOB_TIMEOUT_S = 30.0
 IO_THREADS = 2
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ def _serve(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> int:
     # thread: if the driver dies then, only the kernel can end it. SIGKILL
     # wakes a stopped process; the driver forks from its only thread, so the
     # parent-death signal fires when the driver exits.
-    _kill_me_with_my_parent(plan.driver_pid)
+    kill_me_with_my_parent(plan.driver_pid)
     buffer = mmap.mmap(-1, ROWS * ROW_BYTES)
     view = memoryview(buffer).cast("B", (ROWS, ROW_BYTES))
     config = DiskTierConfig(
@@ -133,14 +132,6 @@ def _serve(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> int:
     tier.shutdown()
     print(f"worker {os.getpid()} stopped: {loop.counts}", flush=True)
     return 0
-
-
-def _kill_me_with_my_parent(driver_pid: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != driver_pid:  # it died before the signal was set
-        os._exit(1)
 
 
 class _Loop:

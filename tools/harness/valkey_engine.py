@@ -9,6 +9,7 @@ binary is an error that names the fix, never a skip.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -17,6 +18,8 @@ import time
 from pathlib import Path
 
 import valkey
+
+from tools.harness.parent_death import kill_me_with_my_parent
 
 START_TIMEOUT_S = 10.0
 
@@ -64,7 +67,13 @@ class Engine:
         argv = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
         log = open(self.workdir / f"valkey-{self.port}.log", "ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        # Dies with this process: a test killed mid-way leaves no engine.
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=functools.partial(kill_me_with_my_parent, os.getpid()),
+        )
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
