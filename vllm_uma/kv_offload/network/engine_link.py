@@ -1,96 +1,72 @@
-"""The network tier's link to its engine: connections, health, episodes.
+"""The network tier's link to its engine: its nodes' health, episodes, reconnects.
 
-Engine-core process. One connection pool serves the tier's transfer threads
-and its lookup thread (transfer_threads.py, probes.py); the scheduler thread
-only reads ``up``, a bool (atomic under the GIL), and never waits on a
-socket.
+Engine-core process. The link serves the tier's transfer threads and its
+lookup thread (transfer_threads.py, probes.py); the scheduler thread only
+reads ``up`` (bools, atomic under the GIL) and never waits on a socket.
 
-An engine that is gone or slow (a connection refused or reset, a timeout)
-puts the link down: one warning for the episode, the pool's sockets
-dropped, and every operation until it is back answers "miss" at once
-instead of waiting out a timeout per request. A watch thread pings the
-engine every ``retry_interval_s`` meanwhile; when it answers, the engine's
-policy is checked again (it may be a new engine), the link is up and one
-line says so. A full engine (OOM errors on writes) is its own episode:
-stores fail and are counted, loads go on.
+The engine is one node (standalone) or the primaries of a cluster
+(``"cluster": true``; engine_nodes.py, cluster_map.py). Every operation is
+one round trip per node (round_trips.py), all nodes at once.
+
+A node that is gone or slow (a connection refused or reset, a timeout) is
+down: one warning for its episode, its sockets dropped, and every key it
+holds a miss at once, with no round trip, until it is back; the other
+nodes serve theirs. A watch thread pings the nodes that are down every
+``retry_interval_s`` (and, for a cluster, reads the map again: a replica
+may have taken the slots over); when one answers, it is checked again (it
+may be a new engine), it is up and one line says so. A full node (OOM
+errors on writes) is its own episode: stores to it fail and are counted,
+loads go on.
 
 Every command has the settings' timeout (``timeout_s``) and the client
 retries nothing (``Retry(NoBackoff(), 0)``, the client's default when no
-retry is asked for): an operation fails within one timeout, and the
-breaker, not the client, decides when to try again.
+retry is asked for); the link, not the client, decides when to try a node
+again. The replies of a round trip are waited for until one deadline, a
+timeout after the last send, whichever nodes froze; a load's requests are
+small and leave at once, while a store's values to a node that froze may
+take a timeout to send, per such node.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import valkey
-from valkey.connection import Encoder, PythonRespSerializer
 
-from vllm_uma.kv_offload.network.credentials import password_source
+from vllm_uma.kv_offload.network.cluster_map import ClusterMap
+from vllm_uma.kv_offload.network.engine_nodes import Node, Route, route
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
 
 RETRY_INTERVAL_S = 2.0
-# Connections: one per transfer thread, one for lookups, one for the watch.
-POOL_CONNECTIONS = 8
-# Pieces of a command up to this size are joined before a send; larger ones
-# (values) go to the socket as they are, without a copy.
-SEND_CUTOFF_BYTES = 6000
-
-# Errors that mean "the engine did not answer": the link goes down.
+# Error replies of a cluster whose slot moved (or is moving) to another node.
+REDIRECTIONS = ("MOVED", "ASK", "TRYAGAIN")
+# Errors that mean "the node did not answer": it goes down.
 LINK_ERRORS = (valkey.exceptions.ConnectionError, valkey.exceptions.TimeoutError, OSError)
 
 
-def connection_pool(config: NetworkTierConfig) -> valkey.ConnectionPool:
-    kwargs = dict(
-        host=config.host,
-        port=config.port,
-        db=config.db,
-        socket_timeout=config.timeout_s,
-        socket_connect_timeout=config.connect_timeout_s,
-        credential_provider=password_source(config),
-        max_connections=POOL_CONNECTIONS,
-        client_name="vllm-uma",
-        # libvalkey (C) parses replies, 2-3x faster than Python on large
-        # values; but its command packer copies every value into one
-        # buffer, 3x slower than the Python one, which sends memoryviews
-        # as they are (measured: valkey/__init__.py).
-        command_packer=PythonRespSerializer(
-            SEND_CUTOFF_BYTES, Encoder("utf-8", "strict", False).encode
-        ),
-    )
-    if config.tls:
-        kwargs.update(
-            connection_class=valkey.SSLConnection,
-            ssl_ca_certs=config.tls_ca_file,
-            ssl_check_hostname=True,
-        )
-    return valkey.ConnectionPool(**kwargs)
+class NoAnswer(valkey.exceptions.ConnectionError):
+    """The reply of a key whose node did not answer, is down, or is not known."""
 
 
 class EngineLink:
     def __init__(
         self,
         config: NetworkTierConfig,
-        on_back: Callable[[], None],
+        check_node: Callable[[Node], None],
         retry_interval_s: float = RETRY_INTERVAL_S,
     ):
         self.url = config.url
         self.timeout_s = config.timeout_s
-        self._pool = connection_pool(config)
-        self.client = valkey.Valkey(connection_pool=self._pool)
-        self.up = True
-        self.full = False  # the engine refuses writes (OOM)
-        self._on_back = on_back  # the engine check, before the link is up again
+        self.seed = Node(config, config.host, config.port)
+        self.cluster = ClusterMap(config, self.seed) if config.cluster else None
+        self._check_node = check_node  # before a node is up again (warns)
         self._retry_interval_s = retry_interval_s
         self._lock = threading.Lock()
-        self._down_since = 0.0
-        self._failed_meanwhile = 0
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._watch = threading.Thread(
@@ -98,99 +74,166 @@ class EngineLink:
         )
         self._watch.start()
 
-    # -- from any thread --------------------------------------------------
+    @property
+    def primaries(self) -> tuple[Node, ...]:
+        return (self.seed,) if self.cluster is None else self.cluster.primaries
 
-    def went_down(self, exc: BaseException, what: str) -> None:
-        """``what`` failed for want of an answer: one warning per episode."""
+    @property
+    def up(self) -> bool:
+        """Some node answers: the tier may serve some blocks."""
+        return any(node.up for node in self.primaries)
+
+    # -- for round_trips.py, on the tier's threads -----------------------------
+
+    def route(self, names: Sequence[bytes]) -> Route:
+        slots = None if self.cluster is None else self.cluster.slots
+        return route(names, slots, self.seed)
+
+    def skipped(self, node: Node) -> bool:
+        """True while ``node`` is down: its keys fail without a round trip."""
+        if node.up:
+            return False
         with self._lock:
-            if not self.up:
-                self._failed_meanwhile += 1
+            node.failed_meanwhile += 1
+        return True
+
+    def node_of(self, name: bytes) -> Node | None:
+        return next(iter(self.route([name])))
+
+    # -- episodes, from any thread ---------------------------------------------
+
+    def node_down(self, node: Node, exc: BaseException, what: str) -> None:
+        """``what`` failed for want of an answer from ``node``: one warning
+        per episode."""
+        with self._lock:
+            if not node.up:
+                node.failed_meanwhile += 1
                 return
-            self.up = False
-            self._down_since = time.monotonic()
-            self._failed_meanwhile = 1
+            node.up = False
+            node.down_since = time.monotonic()
+            node.failed_meanwhile = 1
+        whose = "its blocks are misses"
+        if self.cluster is not None and not self.cluster.primaries:
+            whose = "the cluster's map is not read yet, so every block is a miss"
+        elif self.cluster is not None:
+            whose = "the blocks of its slots are misses (the other nodes serve theirs)"
         logger.warning(
-            "network KV tier: the engine at %s did not answer (%s: %s, during %s): its blocks "
-            "are misses, recomputed, until it answers again; trying every %.0f s.",
-            self.url,
+            "network KV tier: the %s at %s did not answer (%s: %s, during %s): %s, "
+            "recomputed, until it answers again; trying every %.0f s.",
+            "engine" if self.cluster is None else "cluster node",
+            node.url,
             type(exc).__name__,
             exc,
             what,
+            whose,
             self._retry_interval_s,
         )
-        self._pool.disconnect(inuse_connections=False)  # sockets of a gone engine
+        node.pool.disconnect(inuse_connections=False)  # sockets of a gone node
         self._wake.set()
 
-    def refused_write(self, exc: BaseException) -> None:
-        """A write came back with an OOM error: the engine is full."""
+    def slots_moved(self) -> None:
+        """A node answered MOVED or ASK: the watch thread reads the map again."""
+        if self.cluster is not None:
+            self.cluster.stale()
+            self._wake.set()
+
+    def start_down(self, exc: BaseException) -> None:
+        """At start-up: the engine does not answer yet; serve without it."""
+        self.node_down(self.seed, exc, "the start-up check")
+
+    def fail_fast(self) -> bool:
+        """True while every node is down: the caller fails without a round trip."""
+        if self.up:
+            return False
         with self._lock:
-            if self.full:
+            for node in self.primaries:
+                node.failed_meanwhile += 1
+        return True
+
+    def refused_write(self, node: Node | None, exc: BaseException) -> None:
+        """A write came back with an OOM error: the node is full."""
+        if node is None:
+            return
+        with self._lock:
+            if node.full:
                 return
-            self.full = True
+            node.full = True
         logger.warning(
             "network KV tier: the engine at %s is full and refuses writes (%s): blocks are not "
             "stored there until it takes writes again. Give it maxmemory-policy allkeys-lru "
             "(CONFIG SET maxmemory-policy allkeys-lru).",
-            self.url,
+            node.url,
             exc,
         )
 
-    def took_write(self) -> None:
-        if self.full:
-            with self._lock:
-                was_full, self.full = self.full, False
-            if was_full:
-                logger.info("network KV tier: the engine at %s takes writes again.", self.url)
-
-    def fail_fast(self) -> bool:
-        """True while the link is down: the caller fails without a round trip."""
-        if self.up:
-            return False
+    def took_write(self, node: Node | None) -> None:
+        if node is None or not node.full:
+            return
         with self._lock:
-            self._failed_meanwhile += 1
-        return True
+            was_full, node.full = node.full, False
+        if was_full:
+            logger.info("network KV tier: the engine at %s takes writes again.", node.url)
 
-    # -- the watch thread ---------------------------------------------------
+    # -- the watch thread -------------------------------------------------------
 
     def _watch_loop(self) -> None:
         while not self._stopping.is_set():
             self._wake.wait()
             self._wake.clear()
-            while not self.up and not self._stopping.wait(self._retry_interval_s):
-                if self._answers():
-                    self._back()
+            while self._needs_watch() and not self._stopping.wait(self._retry_interval_s):
+                self._tend()
 
-    def _answers(self) -> bool:
+    def _needs_watch(self) -> bool:
+        if self.cluster is not None and self.cluster.needs_reading:
+            return True
+        return not self.seed.up or not all(node.up for node in self.primaries)
+
+    def _tend(self) -> None:
+        if self.cluster is not None:
+            if not all(node.up for node in self.primaries):
+                self.cluster.stale()  # a replica may have taken a dead node's slots over
+            for node in self.cluster.read_again(self._try_node):
+                self._try_node(node, self._check_node)  # a new primary: checked
+        for node in {self.seed, *self.primaries}:
+            if not node.up and self._answers(node):
+                self._back(node)
+
+    def _try_node(self, node: Node, action: Callable[[Node], object]) -> bool:
+        """``action(node)``; False if the node did not answer."""
         try:
-            self.client.ping()
-            self._on_back()
+            action(node)
         except LINK_ERRORS:
-            self._pool.disconnect(inuse_connections=False)
+            node.pool.disconnect(inuse_connections=False)
             return False
         except Exception:  # the check itself failed: retried, never the thread's end
-            logger.exception("network KV tier: checking the engine at %s failed", self.url)
+            logger.exception("network KV tier: checking the engine at %s failed", node.url)
             return False
         return True
 
-    def _back(self) -> None:
+    def _answers(self, node: Node) -> bool:
+        def ping_and_check(node: Node) -> None:
+            node.client.ping()
+            self._check_node(node)
+
+        return self._try_node(node, ping_and_check)
+
+    def _back(self, node: Node) -> None:
         with self._lock:
-            self.up = True
-            gone_s = time.monotonic() - self._down_since
-            failed = self._failed_meanwhile
+            node.up = True
+            gone_s = time.monotonic() - node.down_since
+            failed = node.failed_meanwhile
         logger.info(
-            "network KV tier: the engine at %s answers again after %.1f s (%d operations "
+            "network KV tier: the %s at %s answers again after %.1f s (%d operations "
             "failed meanwhile, as misses).",
-            self.url,
+            "engine" if self.cluster is None else "cluster node",
+            node.url,
             gone_s,
             failed,
         )
-
-    def start_down(self, exc: BaseException) -> None:
-        """At start-up: the engine does not answer yet; serve without it."""
-        self.went_down(exc, "the start-up check")
 
     def close(self) -> None:
         self._stopping.set()
         self._wake.set()
         self._watch.join(timeout=self._retry_interval_s + 1.0)
-        self._pool.disconnect()
+        for node in {self.seed, *self.primaries}:
+            node.pool.disconnect()

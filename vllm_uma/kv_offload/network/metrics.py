@@ -43,9 +43,9 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         LOOKUP_HITS: counter("Lookups the network tier answered with a hit."),
         LOAD_MISSES: counter(
             "Blocks a restore from the network tier did not bring back (recomputed), by "
-            "reason: absent (evicted since the lookup), engine_down, engine_slow, refused, "
-            "error, or a "
-            "bad value's reason (truncated, corrupted, foreign).",
+            "reason: absent (evicted since the lookup), engine_down, engine_slow, moved (a "
+            "cluster's slot moved), refused, error, or a bad value's reason (truncated, "
+            "corrupted, foreign).",
             labelnames=("reason",),
         ),
         BAD_VALUES: counter(
@@ -55,11 +55,13 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         ),
         STORE_FAILED: counter(
             "Blocks the network tier could not store, by reason: engine_down, engine_full "
-            "(OOM: the engine refuses writes), refused, error.",
+            "(OOM: the engine refuses writes), moved, refused, error.",
             labelnames=("reason",),
         ),
         STORE_SKIPPED: counter(
             "Blocks not sent because this server saw them in the engine moments ago."
         ),
-        ENGINE_UP: gauge("1 while the network tier's engine answers, else 0."),
+        ENGINE_UP: gauge(
+            "1 while the network tier's engine answers (a cluster: any of its nodes), else 0."
+        ),
     }

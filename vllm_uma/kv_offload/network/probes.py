@@ -9,9 +9,10 @@ are asked in the same batch. A verdict lasts as long as a request that
 asked for it (``cleanup``); a load that failed turns its keys' verdicts to
 misses (``mark_miss``), so vLLM does not try the same doomed load again.
 
-``batch_lookup`` here: one pipeline of EXISTS per batch (EXISTS does not
-touch the engine's LRU clock; the load's MGET does). An engine that does not
-answer makes every key a miss, and puts the link down (engine_link.py).
+``batch_lookup`` here: one pipeline of EXISTS per batch and node (EXISTS
+does not touch the engine's LRU clock; the load's MGET does). A node that
+does not answer makes its keys misses, and is down until it answers again
+(engine_link.py).
 
 Why not an index of the keys known to exist, as the disk tier keeps: other
 servers store into the engine and the engine evicts on its own, unseen, so
@@ -22,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from valkey.exceptions import ResponseError
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 
-from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, EngineLink
+from vllm_uma.kv_offload.network import round_trips
+from vllm_uma.kv_offload.network.engine_link import EngineLink
 from vllm_uma.plugin import vllm_contract
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -49,12 +50,8 @@ class EngineProbes(AsyncLookupManager):
         """The lookup thread: one round trip for ``keys``."""
         if self._link.fail_fast():
             return [False] * len(keys)
-        pipe = self._link.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(self._name_of(key))
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except LINK_ERRORS as exc:
-            self._link.went_down(exc, "a lookup")
-            return [False] * len(keys)
-        return [not isinstance(r, ResponseError) and bool(r) for r in replies]
+        names = [self._name_of(key) for key in keys]
+        replies = round_trips.each_key(
+            self._link, names, [("EXISTS", name) for name in names], "a lookup"
+        )
+        return [not isinstance(reply, Exception) and bool(reply) for reply in replies]

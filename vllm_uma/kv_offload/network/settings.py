@@ -12,6 +12,11 @@ The user names the tier in vLLM's own flag, alone or after the disk tier::
 network I/O: the engine is checked by the tier itself in the engine core
 (engine_check.py), where a gone engine is a warning, not a failed start.
 
+A Valkey/Redis Cluster is ``"cluster": true`` with the url of any one of
+its nodes; the tier reads the others from it. A setting, not guessed from
+the engine: node_checks.py says why, and refuses a mode that does not
+match the engine, with the fix.
+
 Credentials never travel in the settings: a password in the URL is refused
 (URLs end up in logs, shell histories and ``ps``); the settings name an
 environment variable or a file, checked here to exist, and read again at
@@ -48,6 +53,7 @@ KNOWN_TIER_KEYS = frozenset(
         "tls_ca_file",
         "timeout_s",
         "connect_timeout_s",
+        "cluster",
     }
 )
 
@@ -69,6 +75,9 @@ class NetworkTierConfig:
     password_file: str | None  # or the file that does
     timeout_s: float
     connect_timeout_s: float
+    # The url names one node of a Valkey/Redis Cluster; the tier finds the
+    # others (network/cluster_map.py).
+    cluster: bool = False
     # vLLM's KV cache events are on (--kv-events-config): the tier publishes
     # its stores and its removals of bad values (set by kv_offload/config.py).
     kv_events: bool = False
@@ -117,6 +126,7 @@ def parse_network_tier(raw: dict[str, Any]) -> NetworkTierConfig:
         password_file=password_file,
         timeout_s=_seconds(raw, "timeout_s", DEFAULT_TIMEOUT_S),
         connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
+        cluster=_cluster(raw.get("cluster", False)),
     )
 
 
@@ -161,7 +171,7 @@ def _url_parts(url: Any) -> SplitResult:
     if parts.query or parts.fragment:
         raise NetworkTierConfigError(
             f"valkey tier url={shown!r} has a query or fragment: options are keys of the "
-            f"tier object (timeout_s, connect_timeout_s, tls_ca_file). Remove it."
+            f"tier object (timeout_s, connect_timeout_s, tls_ca_file, cluster). Remove it."
         )
     return parts
 
@@ -234,6 +244,16 @@ def _ca_file(value: Any, tls: bool) -> str | None:
         raise NetworkTierConfigError(
             f"valkey tier tls_ca_file={value!r} is not a file: give the PEM file of the CA "
             f"that signed the engine's certificate, or remove the key (system CAs)."
+        )
+    return value
+
+
+def _cluster(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise NetworkTierConfigError(
+            f"valkey tier cluster={value!r} is invalid: it must be true (the url names one "
+            f"node of a Valkey/Redis Cluster) or false (one engine). Set true or false, or "
+            f"remove the key (default false)."
         )
     return value
 

@@ -42,8 +42,9 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from vllm_uma.kv_offload.network import metrics as m
-from vllm_uma.kv_offload.network.engine_check import EngineRefused, check_engine
+from vllm_uma.kv_offload.network.engine_check import EngineRefused
 from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, RETRY_INTERVAL_S, EngineLink
+from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
 from vllm_uma.kv_offload.network.probes import EngineProbes
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
 from vllm_uma.kv_offload.network.transfer_threads import TransferThreads
@@ -128,7 +129,7 @@ class NetworkTier(SecondaryTierManager):
         """Blocking is fine here: vLLM builds the tier before serving."""
         url = self._link.url
         try:
-            report = check_engine(self._link.client, url)
+            report = check_at_start(self._link)
         except LINK_ERRORS as exc:
             self._link.start_down(exc)
             return
@@ -143,12 +144,13 @@ class NetworkTier(SecondaryTierManager):
             self._ns.hex(),
         )
 
-    def _check_again(self) -> None:
-        """The watch thread, when a gone engine answers: it may be another
-        one now. Only warned of: the server is serving by now."""
-        report = check_engine(self._link.client, self._link.url)
-        if report.problem is not None:
-            logger.warning("network KV tier: %s", report.problem)
+    def _check_again(self, node) -> None:
+        """The watch thread, when a gone node answers (it may be another
+        engine now) or joins a cluster's map. Only warned of: the server is
+        serving by now."""
+        problem = check_again(self._link, node)
+        if problem is not None:
+            logger.warning("network KV tier: %s", problem)
 
     # -- lookups (scheduler thread, no I/O) -----------------------------------
 
@@ -325,7 +327,8 @@ class NetworkTier(SecondaryTierManager):
 
 # Misses that are the engine's state, logged once per episode by the link.
 _QUIET = frozenset(
-    miss.value for miss in (Miss.ABSENT, Miss.ENGINE_DOWN, Miss.ENGINE_SLOW, Miss.ENGINE_FULL)
+    miss.value
+    for miss in (Miss.ABSENT, Miss.ENGINE_DOWN, Miss.ENGINE_SLOW, Miss.ENGINE_FULL, Miss.MOVED)
 )
 # Failures that are not about the value found.
 _NOT_THE_VALUE = frozenset({Miss.REFUSED.value, Miss.ERROR.value})

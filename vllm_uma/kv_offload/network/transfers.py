@@ -2,10 +2,13 @@
 
 Runs on the network tier's transfer threads (engine-core process), the only
 place values cross the network while serving. A job is a prefix's blocks
-(vLLM submits one per request and step): a load is one MGET per
-``BATCH_BLOCKS`` names, a store one pipeline of SETs per batch, so a job
-costs a round trip per batch, not per block, and at most a batch of values
-(8 x 2.9 MB for the default model) is in this process's memory at once.
+(vLLM submits one per request and step): a load is one round trip per
+``BATCH_BLOCKS`` names, a store one per batch of SETs, so a job costs a
+round trip per batch, not per block, and at most a batch of values (8 x
+2.9 MB for the default model) is in this process's memory at once. In a
+cluster a batch is one round trip per node it touches, all nodes at once,
+with one MGET per slot (engine_link.py); a node that does not answer makes
+misses of its keys only.
 
 A function here never raises and never touches the tier's state: it says
 what happened in a ``TransferDone`` that the scheduler thread applies
@@ -18,10 +21,11 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-from valkey.exceptions import OutOfMemoryError, ResponseError
+from valkey.exceptions import OutOfMemoryError
 
 from vllm_uma.kv_offload.disk.block_file import BadBlock
-from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, EngineLink
+from vllm_uma.kv_offload.network import round_trips
+from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, REDIRECTIONS, EngineLink
 from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value
 
 BATCH_BLOCKS = 8
@@ -34,6 +38,7 @@ class Miss(Enum):
     ENGINE_DOWN = "engine_down"  # no answer in time, or the link is down
     ENGINE_SLOW = "engine_slow"  # answers, but a load's batches took past its timeout
     ENGINE_FULL = "engine_full"  # a store refused with an OOM error
+    MOVED = "moved"  # a cluster's slot moved (MOVED, ASK): its map is read again
     REFUSED = "refused"  # another error reply (an ACL's NOPERM, ...)
     ERROR = "error"  # a bug of ours; the block is a miss all the same
 
@@ -95,73 +100,72 @@ def load_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> Trans
             done.failed.update(dict.fromkeys(transfer.keys[i:], Miss.ENGINE_SLOW.value))
             break
         blocks = list(batch)
-        try:
-            values = link.client.mget([name for _, name, _ in blocks])
-        except LINK_ERRORS as exc:
-            link.went_down(exc, "a load")
-            done.failed.update(dict.fromkeys(transfer.keys[i:], Miss.ENGINE_DOWN.value))
-            break
-        except ResponseError:
-            done.failed.update({key: Miss.REFUSED.value for key, _, _ in blocks})
-            continue
+        values = round_trips.mget(link, [name for _, name, _ in blocks], "a load")
         for (key, name, row), value in zip(blocks, values, strict=True):
             if value is None:
                 done.failed[key] = Miss.ABSENT.value
-                continue
-            try:
-                unpack_value(value, name, key, namespace, row)
-            except BadBlock as bad:
-                done.failed[key] = bad.reason.value
-                done.bad.append(str(bad))
+            elif isinstance(value, Exception):
+                done.failed[key] = miss_of(value).value
+            elif _unpacked(done, key, name, namespace, row, value):
+                done.moved.append(key)
+                done.nbytes += row.nbytes
+            else:
                 bad_names.append(name)
-                continue
-            done.moved.append(key)
-            done.nbytes += row.nbytes
     done.seconds = time.perf_counter() - start
     _forget(link, bad_names)
     return done
 
 
+def _unpacked(done: TransferDone, key, name, namespace, row, value) -> bool:
+    try:
+        unpack_value(value, name, key, namespace, row)
+        return True
+    except BadBlock as bad:
+        done.failed[key] = bad.reason.value
+        done.bad.append(str(bad))
+        return False
+
+
+def miss_of(error: Exception) -> Miss:
+    """The miss a key's error reply makes (NoAnswer: its node did not answer)."""
+    if isinstance(error, LINK_ERRORS):
+        return Miss.ENGINE_DOWN
+    text = str(error)
+    if text.startswith(REDIRECTIONS):  # the link reads the cluster's map again
+        return Miss.MOVED
+    if text.startswith("CLUSTERDOWN"):  # the cluster lost a node's slots
+        return Miss.ENGINE_DOWN
+    return Miss.REFUSED
+
+
 def _forget(link: EngineLink, names: list[bytes]) -> None:
     """Delete values that can never be served, so that no lookup finds them
     again. A good copy another server stored meanwhile may go too: a miss,
-    never wrong bytes."""
-    if not names:
-        return
-    try:
-        link.client.delete(*names)
-    except LINK_ERRORS as exc:
-        link.went_down(exc, "deleting bad values")
-    except ResponseError:
-        pass  # the ACL may forbid DEL: the value stays a counted miss
+    never wrong bytes. An error reply (the ACL may forbid DEL) leaves the
+    value a counted miss."""
+    if names:
+        round_trips.each_key(link, names, [("DEL", name) for name in names], "deleting bad values")
 
 
 def store_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> TransferDone:
     done = TransferDone(transfer.job_id, transfer.is_load)
     start = time.perf_counter()
-    for i, batch in _batches(transfer):
+    for _, batch in _batches(transfer):
         blocks = list(batch)
-        pipe = link.client.pipeline(transaction=False)
-        for key, name, row in blocks:
-            pipe.set(name, pack_value(key, namespace, row))
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except LINK_ERRORS as exc:
-            link.went_down(exc, "a store")
-            done.failed.update(dict.fromkeys(transfer.keys[i:], Miss.ENGINE_DOWN.value))
-            break
-        finally:
-            pipe.reset()  # the batch's values go now, not with the pipeline
-        for (key, _, row), reply in zip(blocks, replies, strict=True):
+        names = [name for _, name, _ in blocks]
+        # The batch's values live until its round trip ends, no longer.
+        commands = [("SET", name, pack_value(key, namespace, row)) for key, name, row in blocks]
+        replies = round_trips.each_key(link, names, commands, "a store")
+        del commands
+        for (key, name, row), reply in zip(blocks, replies, strict=True):
             if isinstance(reply, OutOfMemoryError):
-                link.refused_write(reply)
+                link.refused_write(link.node_of(name), reply)
                 done.failed[key] = Miss.ENGINE_FULL.value
             elif isinstance(reply, Exception):
-                done.failed[key] = Miss.REFUSED.value
+                done.failed[key] = miss_of(reply).value
             else:
                 done.moved.append(key)
                 done.nbytes += row.nbytes
-        if any(not isinstance(reply, Exception) for reply in replies):
-            link.took_write()  # ends a full engine's episode, if one was on
+                link.took_write(link.node_of(name))  # ends a full node's episode, if one was on
     done.seconds = time.perf_counter() - start
     return done
