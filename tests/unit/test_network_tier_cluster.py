@@ -9,6 +9,8 @@ puts it back."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -159,16 +161,18 @@ def test_a_bad_value_on_one_node_is_a_counted_miss_and_the_rest_is_served(
     jobs = Jobs(tier)
     keys = spread_keys(cluster)
     data = stored_rows(jobs, primary, keys)
-    spoiled = keys[3]
-    name = value_name(NS, spoiled)
-    owner = clients[node_of(cluster, spoiled)]
-    owner.setrange(name, HEADER_BYTES + 100, bytes([data[3][100] ^ 0x01]))
+    # On a node other than the url's: its delete goes to its own node.
+    bad = next(i for i, k in enumerate(keys) if node_of(cluster, k) != 0)
+    name = value_name(NS, keys[bad])
+    owner = clients[node_of(cluster, keys[bad])]
+    owner.setrange(name, HEADER_BYTES + 100, bytes([data[bad][100] ^ 0x01]))
     primary.clear()
     with WarningLog(tier_module.logger) as log:
         result = jobs.loaded(keys, list(range(8)))
-    assert not result.success and list(result.successful_keys) == keys[:3] + keys[4:]
-    assert primary.row(3) == bytes(len(data[3]))  # nothing of it lands in its row
-    served = (0, 1, 2, 4, 5, 6, 7)
+    assert not result.success
+    assert list(result.successful_keys) == keys[:bad] + keys[bad + 1 :]
+    assert primary.row(bad) == bytes(len(data[bad]))  # nothing of it lands in its row
+    served = [r for r in range(8) if r != bad]
     assert [primary.row(r) for r in served] == [data[r] for r in served]
     stats = counters(tier.get_stats())
     assert stats[(m.BAD_VALUES, ("corrupted",))] == 1
@@ -220,6 +224,27 @@ def test_a_killed_node_misses_its_slots_only_and_the_tier_serves_the_others(
     assert jobs.loaded(lost, list(range(len(lost)))).success
 
 
+def test_a_frozen_node_is_a_miss_of_its_slots_after_one_timeout_not_a_hang(
+    cluster, clients, tier, primary
+):
+    jobs = Jobs(tier)
+    keys = spread_keys(cluster)
+    stored_rows(jobs, primary, keys)
+    frozen = 2
+    kept = [k for k in keys if node_of(cluster, k) != frozen]
+    cluster.nodes[frozen].freeze()
+    try:
+        start = time.monotonic()
+        result = jobs.loaded(keys, list(range(8)))
+        assert time.monotonic() - start < TIMEOUT_S + 0.5
+        assert set(result.successful_keys) == set(kept)
+    finally:
+        os.kill(cluster.nodes[frozen].proc.pid, signal.SIGCONT)
+    wait_for(lambda: all(node.up for node in tier._link.primaries), what="the node back")
+    cluster.wait_ready()
+    assert jobs.loaded(keys, list(range(8))).success
+
+
 def test_every_primary_s_policy_is_checked(cluster, clients, primary):
     try:
         clients[2].config_set("maxmemory-policy", "noeviction")
@@ -248,8 +273,6 @@ def test_a_tier_not_told_it_is_a_cluster_is_refused_with_the_fix(cluster, primar
 
 def test_the_cluster_dies_with_the_test_that_started_it(tmp_path):
     # A test killed mid-way (SIGKILL: no fixture teardown) leaves no node.
-    import os
-    import signal
     import subprocess
     import sys
     from pathlib import Path
