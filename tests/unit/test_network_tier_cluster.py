@@ -187,9 +187,10 @@ def test_a_killed_node_misses_its_slots_only_and_the_tier_serves_the_others(
     jobs = Jobs(tier)
     keys = spread_keys(cluster)
     data = stored_rows(jobs, primary, keys)
-    dead = 1
+    dead = 0  # the url's node too: the map is read from the others meanwhile
     lost = [k for k in keys if node_of(cluster, k) == dead]
     kept = [k for k in keys if node_of(cluster, k) != dead]
+    late = None
     with WarningLog(engine_link.logger) as warned, InfoLog(engine_link.logger) as info:
         cluster.nodes[dead].stop()
         try:
@@ -215,11 +216,23 @@ def test_a_killed_node_misses_its_slots_only_and_the_tier_serves_the_others(
             assert survivor.cluster("INFO")["cluster_state"] == "ok"
             primary.clear()
             assert set(jobs.loaded(keys, list(range(8))).successful_keys) == set(kept)
+            # A server started now, with the dead node in its url, serves
+            # without the cluster until that node answers.
+            late = make_tier(cluster, primary, NS, cluster=True, timeout_s=TIMEOUT_S)
+            assert not late._link.up and "map is not read yet" in warned.messages[-1]
+            assert not Jobs(late).loaded(kept, list(range(len(kept)))).success
         finally:  # the next tests share the cluster
             cluster.nodes[dead].start()  # empty, with its slots (its nodes.conf)
             cluster.wait_ready()
         wait_for(lambda: all(node.up for node in tier._link.primaries), what="the node back")
         assert any("answers again" in line for line in info.messages)
+        wait_for(lambda: len(late._link.primaries) == NODES and late._link.up, what="the map")
+    try:
+        primary.clear()
+        assert Jobs(late).loaded(kept, list(range(len(kept)))).success
+        assert [primary.row(r) for r in range(len(kept))] == [data[keys.index(k)] for k in kept]
+    finally:
+        late.shutdown()
     stats = counters(tier.get_stats())
     assert stats[(m.LOAD_MISSES, ("engine_down",))] == 3 * len(lost)
     assert jobs.stored(lost, [0] * len(lost)).success
@@ -248,6 +261,47 @@ def test_frozen_nodes_are_misses_of_their_slots_after_one_timeout_not_one_each(
     wait_for(lambda: all(node.up for node in tier._link.primaries), what="the nodes back")
     cluster.wait_ready()
     assert jobs.loaded(keys, list(range(8))).success
+
+
+def _owner_port(client, slot: int) -> int:
+    for first, last, (_, port, *_rest), *_replicas in client.execute_command("CLUSTER SLOTS"):
+        if first <= slot <= last:
+            return port
+    return 0
+
+
+def _give_slot(cluster, clients, slot: int, to: int) -> None:
+    """Move an empty ``slot`` to node ``to``, on every node, and wait until
+    every node says so."""
+    node_id = clients[to].execute_command("CLUSTER MYID")
+    for client in clients:
+        client.execute_command("CLUSTER SETSLOT", slot, "NODE", node_id)
+    port = cluster.nodes[to].port
+    wait_for(lambda: all(_owner_port(c, slot) == port for c in clients), what="the slot moved")
+
+
+def test_a_moved_slot_is_a_counted_miss_until_the_map_is_read_again(
+    cluster, clients, tier, primary
+):
+    jobs = Jobs(tier)
+    k = next(key(i) for i in range(100) if node_of(cluster, key(i)) == 1)
+    name, slot = value_name(NS, k), key_slot(value_name(NS, k))
+    data = primary.fill(0, seed=8)
+    _give_slot(cluster, clients, slot, to=2)  # the tier's map still says node 1
+    try:
+        with WarningLog(tier_module.logger) as log:
+            assert not jobs.stored([k], [0]).success  # node 1 answers MOVED
+        assert counters(tier.get_stats())[(m.STORE_FAILED, ("moved",))] == 1
+        assert log.messages == []  # the cluster's state, not a fault: counted only
+        to_port = cluster.nodes[2].port
+        wait_for(lambda: [n.port for n in tier._link.route([name])] == [to_port], what="the map")
+        assert jobs.stored([k], [0]).success
+        assert clients[2].exists(name) == 1
+        primary.clear()
+        assert jobs.loaded([k], [5]).success and primary.row(5) == data
+    finally:
+        clients[2].delete(name)  # the slot must be empty to move back
+        _give_slot(cluster, clients, slot, to=1)
 
 
 def test_every_primary_s_policy_is_checked(cluster, clients, primary):
