@@ -330,6 +330,12 @@ def test_a_tier_not_told_it_is_a_cluster_is_refused_with_the_fix(cluster, primar
         make_tier(cluster, primary, NS)
 
 
+def test_a_database_the_cluster_does_not_have_is_refused_with_the_fix(cluster, primary):
+    url = cluster.url.removesuffix("/0") + "/1"
+    with pytest.raises(EngineRefused, match="refused database 1 .* use /0 in the url"):
+        make_tier(cluster, primary, NS, cluster=True, url=url)
+
+
 def test_the_cluster_dies_with_the_test_that_started_it(tmp_path):
     # A test killed mid-way (SIGKILL: no fixture teardown) leaves no node.
     import subprocess

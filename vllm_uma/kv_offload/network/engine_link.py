@@ -62,6 +62,7 @@ class EngineLink:
     ):
         self.url = config.url
         self.timeout_s = config.timeout_s
+        self.db = config.db
         self.seed = Node(config, config.host, config.port)
         self.cluster = ClusterMap(config, self.seed) if config.cluster else None
         self._check_node = check_node  # before a node is up again (warns)

@@ -44,6 +44,11 @@ def check_at_start(link: EngineLink) -> EngineReport:
     try:
         link.cluster.read(link.seed)
     except ResponseError as exc:
+        if link.db != 0:  # SELECT failed: a cluster has database 0 alone by default
+            raise EngineRefused(
+                f"the cluster at {link.url} refused database {link.db} ({exc}): use /0 in "
+                f"the url, or give the cluster more (Valkey 9: cluster-databases)."
+            ) from None
         raise EngineRefused(
             f"the valkey tier says cluster, but the engine at {link.url} does not serve "
             f"CLUSTER SLOTS ({exc}): if it is not a cluster, remove "
