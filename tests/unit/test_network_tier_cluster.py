@@ -313,9 +313,11 @@ def test_every_primary_s_policy_is_checked(cluster, clients, primary):
         clients[2].config_set("maxmemory-policy", "allkeys-lru")
         clients[1].config_set("maxmemory-policy", "volatile-lru")
         clients[0].config_set("cluster-require-full-coverage", "yes")
-        with WarningLog(tier_module.logger) as log:
+        with WarningLog(tier_module.logger) as log, InfoLog(tier_module.logger) as info:
             make_tier(cluster, primary, NS, cluster=True).shutdown()
         (warning,) = log.messages
+        # The start-up line adds the three primaries' caps up: 3 x 64 MB.
+        assert any("cluster of 3 primaries, maxmemory 0.19 GiB" in line for line in info.messages)
         assert f":{cluster.nodes[1].port}/0 runs maxmemory-policy volatile-lru" in warning
         assert f"127.0.0.1:{cluster.nodes[0].port} run cluster-require-full-coverage" in warning
         assert "CONFIG SET cluster-require-full-coverage no" in warning
