@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from valkey.exceptions import ResponseError
 
+from vllm_uma.kv_offload.network.engine_usage import write_descriptor
+
 GOOD_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 FIX = "CONFIG SET maxmemory-policy allkeys-lru (and CONFIG SET maxmemory <bytes>)"
 
@@ -48,6 +50,15 @@ class EngineReport:
             f"engine {self.version or 'version unknown'}, maxmemory {cap}, "
             f"policy {self.policy or 'unknown'}, used {used}"
         )
+
+    def share(self, nbytes: int) -> str:
+        """``nbytes`` as a share of what the engine may hold, for a message."""
+        if self.maxmemory:
+            return f"{nbytes / self.maxmemory:.1%} of maxmemory"
+        if self.used_memory:
+            why = "no maxmemory" if self.maxmemory == 0 else "maxmemory unknown"
+            return f"{nbytes / self.used_memory:.1%} of the memory used ({why})"
+        return "share of the engine unknown"
 
 
 def _gib(n: int) -> str:
@@ -110,3 +121,14 @@ def _info(client) -> tuple[int | None, str | None]:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def keep_descriptor(client, namespace: bytes, info: dict | None) -> None:
+    """The namespace's descriptor, for `vllm-uma kv-store URL ls`; a refusal
+    (an ACL, a full engine) costs only the model's name in that listing."""
+    if info is None:
+        return
+    try:
+        write_descriptor(client, namespace, info)
+    except ResponseError:
+        pass
