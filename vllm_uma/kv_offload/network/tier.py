@@ -46,6 +46,7 @@ from vllm_uma.kv_offload.network.engine_check import (
     EngineRefused,
     check_engine,
     keep_descriptor,
+    namespace_share,
 )
 from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, RETRY_INTERVAL_S, EngineLink
 from vllm_uma.kv_offload.network.probes import EngineProbes
@@ -143,14 +144,16 @@ class NetworkTier(SecondaryTierManager):
         if report.problem is not None:
             logger.warning("network KV tier: %s", report.problem)
         try:
-            keep_descriptor(self._link.client, self._ns, self._info)
-        except LINK_ERRORS as exc:  # gone since the check: never a failed start
-            self._link.went_down(exc, "writing the namespace's descriptor")
+            held = namespace_share(self._link.client, self._ns, self._info, report)
+        except LINK_ERRORS as exc:  # gone since the check: a line, never a failed start
+            self._link.went_down(exc, "counting the namespace's blocks")
+            held = "its blocks not counted: the engine stopped answering"
         logger.info(
-            "KV offloading: network tier at %s (%s), namespace %s.",
+            "KV offloading: network tier at %s (%s), namespace %s: %s.",
             url,
             report.summary(),
             self._ns.hex(),
+            held,
         )
 
     def _check_again(self) -> None:
