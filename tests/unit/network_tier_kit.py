@@ -31,7 +31,12 @@ def started_engine(workdir: Path, *args: str) -> Engine:
 
 
 def make_tier(
-    engine: Engine, primary: Primary, ns: bytes, kv_events: bool = False, **settings
+    engine: Engine,
+    primary: Primary,
+    ns: bytes,
+    kv_events: bool = False,
+    namespace_info: dict | None = None,
+    **settings,
 ) -> NetworkTier:
     config = parse_network_tier({"type": "valkey", "url": engine.url, **settings})
     config = dataclasses.replace(config, kv_events=kv_events)
@@ -41,6 +46,7 @@ def make_tier(
         "valkey",
         config=config,
         namespace_id=ns,
+        namespace_info=namespace_info,
         retry_interval_s=0.1,
     )
 

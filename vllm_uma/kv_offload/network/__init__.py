@@ -9,14 +9,19 @@ no store of our own. Same namespace and block format as the disk tier.
 
     settings.py          the tier's JSON, checked once (URL, credentials' source, timeouts)
     credentials.py       the password, read from a variable or a file at each connection
+    key_names.py         which keys are ours, by name alone (other applications share engines)
     value_format.py      key names (cluster hash tags) and values (a block file's bytes)
-    engine_check.py      the engine's maxmemory and policy: refused, warned, or fine
+    engine_check.py      the engine's maxmemory and policy: refused, warned, or fine; our share
+    engine_usage.py      what our namespaces hold there: bounded SCANs, MEMORY USAGE, UNLINK
     engine_link.py       the connection pool, timeouts, one log line per episode, reconnect
     probes.py            whether the engine holds a key, asked off the scheduler thread
     transfers.py         one job's blocks: pipelined SETs, MGETs, checked values
     transfer_threads.py  the threads that run them, loads first
     metrics.py           the /metrics counters
     tier.py              NetworkTier: what vLLM calls, on the scheduler thread
+
+``vllm-uma kv-store URL ls|du|clear`` (commands/kv_store_engine.py) looks
+after an engine the way ``kv-store ROOT`` looks after a disk store.
 
 The engine and its client, pinned in pyproject.toml (extra ``valkey``, and
 the test extra): the client is ``valkey`` 6.2.0 with ``libvalkey`` 4.2.1,

@@ -42,7 +42,12 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from vllm_uma.kv_offload.network import metrics as m
-from vllm_uma.kv_offload.network.engine_check import EngineRefused, check_engine
+from vllm_uma.kv_offload.network.engine_check import (
+    EngineRefused,
+    check_engine,
+    keep_descriptor,
+    namespace_share,
+)
 from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, RETRY_INTERVAL_S, EngineLink
 from vllm_uma.kv_offload.network.probes import EngineProbes
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
@@ -88,12 +93,14 @@ class NetworkTier(SecondaryTierManager):
         *,
         config: NetworkTierConfig,
         namespace_id: bytes,
+        namespace_info: dict[str, Any] | None = None,
         backpressure_detector=None,
         retry_interval_s: float = RETRY_INTERVAL_S,
     ):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
         self._ns = namespace_id
+        self._info = namespace_info  # its descriptor's source (engine_usage.py)
         self._rows = primary_kv_view.cast("B")
         self._stats = m.TierStats()
         self._link = EngineLink(config, self._check_again, retry_interval_s)
@@ -136,11 +143,17 @@ class NetworkTier(SecondaryTierManager):
             raise EngineRefused(report.problem)
         if report.problem is not None:
             logger.warning("network KV tier: %s", report.problem)
+        try:
+            held = namespace_share(self._link.client, self._ns, self._info, report)
+        except LINK_ERRORS as exc:  # gone since the check: a line, never a failed start
+            self._link.went_down(exc, "counting the namespace's blocks")
+            held = "its blocks not counted: the engine stopped answering"
         logger.info(
-            "KV offloading: network tier at %s (%s), namespace %s.",
+            "KV offloading: network tier at %s (%s), namespace %s: %s.",
             url,
             report.summary(),
             self._ns.hex(),
+            held,
         )
 
     def _check_again(self) -> None:
@@ -149,6 +162,7 @@ class NetworkTier(SecondaryTierManager):
         report = check_engine(self._link.client, self._link.url)
         if report.problem is not None:
             logger.warning("network KV tier: %s", report.problem)
+        keep_descriptor(self._link.client, self._ns, self._info)
 
     # -- lookups (scheduler thread, no I/O) -----------------------------------
 
