@@ -20,9 +20,15 @@ pool and to one only the disk has. Checked per family:
 
 One family (the mixture of experts, the layout furthest from the default
 model's) also has the network tier, after the disk tier, on a real Valkey
-engine (tools/harness/valkey_engine.py). It is then served again by a server
-with an empty disk directory and the same engine, as a second host would:
-its first prompt comes back from the network tier with the L1 hit's tokens.
+engine (tools/harness/valkey_engine.py), across simulated hosts
+(tools/hosts: network namespaces on a bridge, links shaped to 10 Gbit/s):
+the first server runs on host 1, the engine on host 3. It is then served
+again on host 2, with an empty disk directory and the same engine: its
+first prompt comes back from the network tier with the L1 hit's tokens.
+Then host 2 loses the engine: its link cut (a request answered, recomputed,
+the first host's tokens; the tier reconnects once the link is back and
+restores again), then the engine killed (answered, recomputed, the same
+tokens).
 
 Then the default model in bfloat16 with ``--kv-cache-dtype fp8`` on the same
 store: half the bytes per block in the breakdown and in every block file,
@@ -43,6 +49,7 @@ from tests.e2e.traffic import EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
 from tools.harness.server import metric, model_process, proc_status
 from tools.harness.valkey_engine import Engine
+from tools.hosts import LinkShape, Network
 from tools.model_zoo import build
 from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token, parse_build_name
 from vllm_uma.kv_offload.disk import block_file
@@ -61,6 +68,13 @@ CACHED = "vllm:prompt_tokens_cached_by_source_total"
 POOL_REVISIT, DISK_REVISIT = 4, 0
 GIVEN_BACK = "vllm:kv_memory_given_back_idle_bytes_total"
 RESTARTED = build_name(FAMILIES["qwen3_moe"], "scaled")
+# The simulated hosts: the first server, the second, the engine.
+HOST_A, HOST_B, HOST_ENGINE = 1, 2, 3
+LINK_MBIT = 10_000
+# A request that has to wait for a lost engine waits at most the tier's
+# timeout (2 s) before it recomputes; this only catches a hang.
+ANSWERED_WITHIN_S = 60
+ENGINE_BACK = "network KV tier: the engine at"
 # vLLM has no cache-hit source for a shared remote store (network/tier.py).
 NETWORK_SOURCE = "external_unspecified"
 COMPUTED = "vllm:prompt_tokens_by_source_total"
@@ -126,12 +140,11 @@ def serve_and_revisit(
 
         run["prompt_ids"], run["cold"] = complete(0)
         run["hit"] = complete(0)[1]
+        run["cold_of"] = {}  # prompt i -> its cold tokens
         for i in range(1, 6):
+            run["cold_of"][i] = complete(i)[1]
             if i == POOL_REVISIT:
-                complete(i)
                 run["hit_4"] = complete(i)[1]  # L1 hit of the pool revisit's prompt
-            else:
-                complete(i)
         for label, i in (("pool", POOL_REVISIT), ("disk", DISK_REVISIT)):
             start = metrics(srv)
             run[f"{label}_tokens"] = complete(i)[1]
@@ -163,35 +176,46 @@ def serve_family(exe: str, name: str, root: Path, log: Path, network_url: str | 
 
 
 @pytest.fixture(scope="module")
-def network_engine(tmp_path_factory):
-    """The engine every host's network tier shares (allkeys-lru, as advised)."""
+def hosts():
+    """Three simulated hosts on one switch (tools/hosts; CI runs as root)."""
+    with Network(3, LinkShape(rate_mbit=LINK_MBIT)) as net:
+        yield net
+
+
+@pytest.fixture(scope="module")
+def network_engine(hosts, tmp_path_factory):
+    """The engine every host's network tier shares (allkeys-lru, as advised),
+    on its own host."""
     lru = ("--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru")
-    engine = Engine(tmp_path_factory.mktemp("valkey"), *lru)
+    workdir = tmp_path_factory.mktemp("valkey")
+    address = hosts.host(HOST_ENGINE).address
+    engine = hosts.on(HOST_ENGINE).submit(Engine, workdir, *lru, host=address).result()
     yield engine
     engine.stop()
 
 
 @pytest.fixture(scope="module")
-def runs(vllm_uma_exe, default_model_dir, network_engine, tmp_path_factory):
+def runs(vllm_uma_exe, default_model_dir, hosts, network_engine, tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo-store") / "kv"
     logs = tmp_path_factory.mktemp("zoo-logs")
-    return {
-        name: serve_family(
-            vllm_uma_exe,
-            name,
-            root,
-            logs / f"{name}.log",
-            network_engine.url if name == RESTARTED else None,
-        )
-        for name in BUILDS
-    }
+    out = {}
+    for name in BUILDS:
+        log = logs / f"{name}.log"
+        if name == RESTARTED:  # on host A, with the engine on its own host
+            serve = hosts.on(HOST_A).submit(
+                serve_family, vllm_uma_exe, name, root, log, network_engine.url
+            )
+            out[name] = serve.result()
+        else:
+            out[name] = serve_family(vllm_uma_exe, name, root, log, None)
+    return out
 
 
 @pytest.fixture(scope="module")
-def restarted(vllm_uma_exe, runs, network_engine, tmp_path_factory):
-    """The mixture of experts served again after every family, as on another
-    host: an empty disk directory, the same engine. Its first prompt is in
-    the engine only."""
+def restarted(vllm_uma_exe, runs, hosts, network_engine, tmp_path_factory):
+    """The mixture of experts served again after every family, on host B: an
+    empty disk directory, the same engine. Its first prompt is in the engine
+    only. Then B loses the engine, twice (the module's docstring)."""
     first = runs[RESTARTED]
     kv_args = ["--dtype", "float32"]
     empty_root = tmp_path_factory.mktemp("zoo-other-host") / "kv"
@@ -199,27 +223,50 @@ def restarted(vllm_uma_exe, runs, network_engine, tmp_path_factory):
         first["path"], RESTARTED, kv_args, first["per_block"], empty_root, network_engine.url
     )
     log = tmp_path_factory.mktemp("zoo-restart") / "server.log"
-    srv = Server(vllm_uma_exe, args, log).wait_ready()
-    try:
-        start = metrics(srv)
-        reply = srv.complete(RESTARTED, prompt(DISK_REVISIT), MAX_TOKENS, return_token_ids=True)
-        end = metrics(srv)
-    finally:
-        srv.stop()
+    on_b = hosts.on(HOST_B)
 
-    def hits(source: str) -> float:
+    def on_host_b() -> dict:
+        srv = Server(vllm_uma_exe, args, log).wait_ready()
+        try:
+            out = {"restored": served(srv, DISK_REVISIT)}
+            hosts.cut(HOST_ENGINE)  # the engine's cable: packets dropped, no reset
+            try:
+                out["cut"] = served(srv, 1)
+            finally:
+                hosts.restore(HOST_ENGINE)
+            wait_for_another(srv, f"{ENGINE_BACK} {network_engine.url} answers again")
+            out["back"] = served(srv, 2)
+            network_engine.stop()
+            out["killed"] = served(srv, 3)
+            out["log"] = srv.log()
+        finally:
+            srv.stop()
+        return out
+
+    return {**on_b.submit(on_host_b).result(), "first": first, "url": network_engine.url}
+
+
+def served(srv: Server, i: int) -> dict:
+    """Prompt ``i`` on ``srv``: its tokens, where its prompt came from, how long."""
+    start = metrics(srv)
+    began = time.monotonic()
+    payload = {"model": RESTARTED, "prompt": prompt(i), "max_tokens": MAX_TOKENS}
+    payload |= {"temperature": 0, "return_token_ids": True}
+    reply = srv.post("/v1/completions", payload, timeout=ANSWERED_WITHIN_S)
+    took = time.monotonic() - began
+    end = metrics(srv)
+
+    def delta(name: str, source: str) -> float:
         label = f'source="{source}"'
-        return metric(end, CACHED, label) - metric(start, CACHED, label)
+        return metric(end, name, label) - metric(start, name, label)
 
     return {
         "tokens": reply["choices"][0]["token_ids"],
-        "network": hits(NETWORK_SOURCE),
-        "disk": hits("disk"),
-        "computed": metric(end, COMPUTED, 'source="local_compute"')
-        - metric(start, COMPUTED, 'source="local_compute"'),
+        "network": delta(CACHED, NETWORK_SOURCE),
+        "disk": delta(CACHED, "disk"),
+        "computed": delta(COMPUTED, "local_compute"),
         "prompt_tokens": reply["usage"]["prompt_tokens"],
-        "hit": first["hit"],
-        "log": srv.log(),
+        "took_s": took,
     }
 
 
@@ -282,15 +329,43 @@ def test_an_idle_server_gives_the_freed_blocks_back(runs, name):
     assert run["given_back"] >= 4 * run["per_block"], run["given_back"]
 
 
+def full_prefix(reply: dict) -> int:
+    return (reply["prompt_tokens"] - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+
+
 def test_another_host_restores_from_the_network_tier_the_l1_hits_tokens(restarted):
-    # Every full block of the prompt came from the engine (nothing on this
-    # host's disk), and the greedy tokens are the first host's L1 hit's.
-    assert restarted["disk"] == 0
-    full_blocks = (restarted["prompt_tokens"] - 1) // BLOCK_TOKENS
-    assert restarted["network"] == full_blocks * BLOCK_TOKENS
-    assert restarted["computed"] <= BLOCK_TOKENS  # only the tail was computed
-    assert restarted["tokens"] == restarted["hit"]
+    # Every full block of the prompt came from the engine on its own host
+    # (nothing on this host's disk), and the greedy tokens are host A's L1 hit's.
+    got = restarted["restored"]
+    assert got["disk"] == 0
+    assert got["network"] == full_prefix(got)
+    assert got["computed"] <= BLOCK_TOKENS  # only the tail was computed
+    assert got["tokens"] == restarted["first"]["hit"]
     assert "KV offloading: host pool of" in restarted["log"]
+
+
+def test_a_cut_link_to_the_engine_is_a_recompute_with_the_right_tokens(restarted):
+    # Host A stored prompt 1 in the engine; with the engine's link cut, host B
+    # answers (no hang) from its own compute, with host A's tokens.
+    got = restarted["cut"]
+    assert got["network"] == 0 and got["disk"] == 0
+    assert got["computed"] == got["prompt_tokens"]
+    assert got["tokens"] == restarted["first"]["cold_of"][1]
+    assert got["took_s"] < ANSWERED_WITHIN_S
+    assert f"{ENGINE_BACK} {restarted['url']} did not answer" in restarted["log"]
+
+
+def test_the_tier_reconnects_once_the_link_is_back_and_restores_again(restarted):
+    got = restarted["back"]
+    assert got["network"] == full_prefix(got)
+    assert got["tokens"] == restarted["first"]["cold_of"][2]
+
+
+def test_a_killed_engine_is_a_recompute_with_the_right_tokens(restarted):
+    got = restarted["killed"]
+    assert got["network"] == 0 and got["computed"] == got["prompt_tokens"]
+    assert got["tokens"] == restarted["first"]["cold_of"][3]
+    assert got["took_s"] < ANSWERED_WITHIN_S
 
 
 def test_families_sharing_one_store_never_share_a_namespace(runs):

@@ -42,7 +42,12 @@ def started_cluster(workdir: Path, *args: str) -> Cluster:
 
 
 def make_tier(
-    engine: Engine | Cluster, primary: Primary, ns: bytes, kv_events: bool = False, **settings
+    engine: Engine | Cluster,
+    primary: Primary,
+    ns: bytes,
+    kv_events: bool = False,
+    namespace_info: dict | None = None,
+    **settings,
 ) -> NetworkTier:
     config = parse_network_tier({"type": "valkey", "url": engine.url, **settings})
     config = dataclasses.replace(config, kv_events=kv_events)
@@ -52,6 +57,7 @@ def make_tier(
         "valkey",
         config=config,
         namespace_id=ns,
+        namespace_info=namespace_info,
         retry_interval_s=0.1,
     )
 

@@ -8,6 +8,7 @@ simulated here"), so a failure to make one is a failure, with its reason.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -15,12 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
-from tools.hosts import LinkShape, Network, cleanup_leftovers, ipcmd, leftover_runs, shaping
+from tools.harness.parent_death import kill_me_with_my_parent
+from tools.hosts import LinkShape, Network, cleanup_leftovers, inside, ipcmd, leftover_runs, shaping
 from tools.hosts.ipcmd import HostsError, namespaces
 
 PY = sys.executable
@@ -257,3 +260,54 @@ def test_a_name_in_use_is_refused_with_the_fix(net):
     with pytest.raises(HostsError, match=f"exist already.*tools.hosts down {tag}"):
         Network(2, tag=tag).up()
     assert all(h.netns in namespaces() for h in net.hosts)  # the first run untouched
+
+
+def test_a_hosts_thread_runs_our_code_on_that_host(net):
+    # The thread is in host 2's namespace; the main thread stays in the root one.
+    root = inside.netns_inode()
+    on_host_2 = net.on(2).submit(inside.netns_inode).result()
+    assert on_host_2 == os.stat(f"{inside.NETNS_DIR}/{net.host(2).netns}").st_ino != root
+    assert inside.netns_inode() == root
+    # Sockets it opens are host 2's: it reaches host 1's address, the root cannot.
+    url = f"http://{net.host(1).address}:{PORT}/"
+
+    def fetch() -> str:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                return urllib.request.urlopen(url, timeout=2).read().decode()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    assert net.on(2).submit(fetch).result() == "hello from host 1"
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=2)  # no route from the root namespace
+    # What it starts runs on host 2.
+    child = net.on(2).submit(subprocess.Popen, ["sleep", "30"]).result()
+    try:
+        assert inside.netns_inode(child.pid) == on_host_2
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_hosts_thread_outlives_the_children_tied_to_it(tmp_path):
+    # PR_SET_PDEATHSIG fires when the starting *thread* ends: a child tied to
+    # its parent lives as long as the host's thread, and goes with it.
+    network = Network(1).up()
+    try:
+        start = functools.partial(
+            subprocess.Popen,
+            ["sleep", "60"],
+            preexec_fn=functools.partial(kill_me_with_my_parent, os.getpid()),
+        )
+        child = network.on(1).submit(start).result()
+        time.sleep(0.3)
+        assert child.poll() is None  # the thread is still there
+    finally:
+        network.down()
+    assert child.wait(timeout=5) == -signal.SIGKILL
+    with pytest.raises(HostsError, match="make the network first"):
+        inside.enter(network.host(1).netns)

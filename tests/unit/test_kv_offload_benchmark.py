@@ -236,3 +236,48 @@ def test_a_measured_pass_waits_for_the_disk_tiers_writes_too(monkeypatch):
     monkeypatch.setattr(client.time, "sleep", lambda s: None)
     client.wait_quiet("http://x")
     assert seen == [10, 20, 30, 30]  # quiet only once the writes stopped
+
+
+def test_each_pass_is_new_traffic_of_the_same_shape():
+    s = settings(passes=3)
+    no_reuse = build_traffic("no_reuse", s, SIZING)
+    prompts = [p for run in no_reuse.passes for p in run]
+    assert len(no_reuse.passes) == 3 and len(set(prompts)) == 24  # nothing to restore
+    assert no_reuse.measured == build_traffic("no_reuse", settings(), SIZING).measured
+    reuse = build_traffic("reuse_fits", s, SIZING)
+    assert [len(set(run)) for run in reuse.passes] == [8, 8, 8]
+    assert len({p for run in reuse.passes for p in run}) == 24  # new suffixes each pass
+    prefix = " ".join(reuse.warmup[1].split(" ")[: 4000 - 256 - 1])
+    assert all(run[1].startswith(prefix) for run in reuse.passes)  # the same prefixes
+    spill = build_traffic("spill_revisit", s, SIZING)
+    assert spill.passes == (spill.warmup,) * 3  # the same revisits each pass
+    assert len(build_traffic("restart", s, SIZING).passes) == 1  # a fresh server's first
+
+
+def test_the_runner_serves_every_pass_and_waits_between_them(monkeypatch):
+    from tools.benchmark import kv_offload_runner as runner_module
+
+    served, quiet = [], []
+
+    def run_pass(url, prompts, max_tokens, concurrency, label, model):
+        served.append((label, tuple(prompts)))
+        return passes([0.5] * len(prompts))
+
+    monkeypatch.setattr(runner_module, "run_pass", run_pass)
+    monkeypatch.setattr(runner_module, "wait_quiet", lambda url: quiet.append(len(served)))
+    traffic = build_traffic("no_reuse", settings(passes=3), SIZING)
+    result = Runner(settings(passes=3), BW, Path("/tmp"))._measure("http://x", traffic.passes)
+    assert [p for _, p in served] == list(traffic.passes)
+    assert [label for label, _ in served] == [f"measured {i}/3" for i in (1, 2, 3)]
+    assert quiet == [1, 2]  # before the 2nd and the 3rd pass, not before the first
+    assert len(result.replies) == 24 and result.wall_s == pytest.approx(12.0)
+
+
+def test_passes_are_refused_past_the_workloads_seeds():
+    from tools.benchmark.kv_offload_benchmark import parse_args
+
+    assert parse_args([]).passes == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--passes", "0"])
+    with pytest.raises(SystemExit):
+        parse_args(["--passes", "101", "--requests", "8"])  # 808 > 800

@@ -5,8 +5,10 @@
 Workloads (prompts of --prompt-tokens, greedy, --concurrency in flight):
   no_reuse       distinct prompts (control: nothing to restore)
   reuse_fits     shared prefixes that fit L1, distinct suffixes (control)
-  spill_revisit  prefixes overflowing L1, served twice; the second pass is measured
+  spill_revisit  prefixes overflowing L1, served once, then the revisits are measured
   restart        the spill traffic on a fresh process; only the disk tier can help
+Each server serves --passes measured passes (restart: one): new prompts of
+the same shape for the controls, the same revisits for spill_revisit.
 Variants, a fresh server each, all with the same KV budget (--l1-bytes +
 the pool, given with --kv-cache-memory-bytes): off has all of it as L1; pool
 has the host pool (--kv-offloading-size) and the rest; pool_disk has the fs
@@ -33,7 +35,7 @@ from pathlib import Path
 from tools.benchmark.kv_offload_report import VARIANTS, busy, chart, compare, expectations, table
 from tools.benchmark.kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
 from tools.benchmark.kv_offload_runner import Runner
-from tools.benchmark.kv_offload_workloads import WORKLOADS, Settings
+from tools.benchmark.kv_offload_workloads import MAX_CONTROL_REQUESTS, WORKLOADS, Settings
 from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.floors import disk_tier_read_gbps, memcpy_gbps
@@ -66,6 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.model = model_choice.served_model(ap, args.model)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1 (3 or more give a range)")
+    if not 1 <= args.passes or args.passes * args.requests > MAX_CONTROL_REQUESTS:
+        ap.error(
+            f"--passes {args.passes} x --requests {args.requests}: at least 1 pass, at most "
+            f"{MAX_CONTROL_REQUESTS} requests in all (each workload's prompts have their own "
+            f"seeds); lower --passes or --requests"
+        )
     if args.prompt_tokens + args.max_tokens > args.max_model_len:
         ap.error("--prompt-tokens + --max-tokens must fit in --max-model-len")
     args.disk_dir = (args.disk_dir or args.out.parent).absolute()
@@ -145,6 +153,14 @@ def _add_traffic_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=4000, help="tokens per prompt")
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
     ap.add_argument("--requests", type=int, default=8, help="measured requests of the controls")
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=3,
+        help="measured passes of --requests per server (no_reuse, reuse_fits, spill_revisit; "
+        "restart has one): with requests in flight, how the idle engine's first step "
+        "batches them is a race that moves one pass's p50 by a third",
+    )
     ap.add_argument("--suffix-tokens", type=int, default=256, help="reuse_fits: distinct suffix")
 
 

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import requests
 
-from tools.benchmark.kv_offload_client import diff, run_pass, scrape, stream_completion, wait_quiet
+from tools.benchmark.kv_offload_client import (
+    PassResult,
+    diff,
+    run_pass,
+    scrape,
+    stream_completion,
+    wait_quiet,
+)
 from tools.benchmark.kv_offload_report import summarize
 from tools.benchmark.kv_offload_workloads import Settings, Sizing, Traffic, build_traffic
 from tools.benchmark.lib import servers
@@ -90,7 +97,7 @@ class Runner:
                 run_pass(server.url, list(traffic.warmup), *self._pass_opts("warm-up"))
                 wait_quiet(server.url)
             before = scrape(server.url)
-            result = run_pass(server.url, list(traffic.measured), *self._pass_opts("measured"))
+            result = self._measure(server.url, traffic.passes)
             counters = diff(scrape(server.url), before)
             # Our server keeps about `cores` threads busy; more load is others'.
             extra["loadavg_1m"] = round(os.getloadavg()[0], 2)
@@ -102,6 +109,20 @@ class Runner:
             f"hits {fig['hit_tokens']}"
         )
         return {**fig, **extra, "memory_breakdown": breakdown, "log": str(server.log_path)}
+
+    def _measure(self, url: str, passes: tuple[tuple[str, ...], ...]) -> PassResult:
+        """Every measured pass, one after the other, each after the stores of
+        the one before have reached their tiers (as after the warm-up); the
+        replies of all of them, and the time spent serving them."""
+        replies, wall = [], 0.0
+        for i, prompts in enumerate(passes):
+            if i:
+                wait_quiet(url)
+            label = f"measured {i + 1}/{len(passes)}" if len(passes) > 1 else "measured"
+            result = run_pass(url, list(prompts), *self._pass_opts(label))
+            replies += result.replies
+            wall += result.wall_s
+        return PassResult(replies, wall)
 
     def _write(self, args: list[str], name: str, disk_root: Path) -> dict:
         """restart with a disk tier: a first server serves the traffic and
@@ -190,7 +211,7 @@ class Runner:
             return {}
         z = self.sizing
         shape = {
-            w: {"warmup": len(t.warmup), "measured": len(t.measured)}
+            w: {"warmup": len(t.warmup), "measured": sum(len(p) for p in t.passes)}
             for w, t in self.traffic.items()
         }
         return {

@@ -42,19 +42,26 @@ class Settings:
     # the rest of the budget.
     staging_pool: bool = False
     staging_bytes: int = 0
+    # Measured passes per server (restart: always 1). With 4 requests in
+    # flight, whether the idle engine's first step takes one request or two
+    # is a race of arrival, and it moves a pass's p50 by 0.3 s (0.55 vs
+    # 0.82 s, seen in one round of reuse_fits), more than any tier's cost:
+    # several passes per server make a round's p50 a figure of the server.
+    passes: int = 1
 
     @classmethod
     def from_args(cls, args) -> "Settings":
         fields = {
             k: getattr(args, k)
             for k in cls.__dataclass_fields__
-            if k not in ("server_args", "staging_pool", "staging_bytes")
+            if k not in ("server_args", "staging_pool", "staging_bytes", "passes")
         }
         return cls(
             **fields,
             server_args=tuple(shlex.split(args.server_args)),
             staging_pool=args.equal_memory,
             staging_bytes=getattr(args, "staging_bytes", 0),
+            passes=getattr(args, "passes", 1),
         )
 
     @property
@@ -101,22 +108,46 @@ class Sizing:
 class Traffic:
     warmup: tuple[str, ...]  # served first on the same server (or the writer), not measured
     measured: tuple[str, ...]
+    # Further measured passes on the same server, after `measured`.
+    more: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def passes(self) -> tuple[tuple[str, ...], ...]:
+        return (self.measured, *self.more)
+
+
+# Seeds of a workload's passes stay below the next workload's: at most this
+# many measured requests of the controls in all passes (checked by the CLI).
+MAX_CONTROL_REQUESTS = 800
 
 
 def build_traffic(name: str, s: Settings, z: Sizing) -> Traffic:
+    """A workload's prompts. Each pass of the controls is new traffic of the
+    same shape (no_reuse: new prompts; reuse_fits: the same prefixes, new
+    suffixes); spill_revisit revisits the same prompts in the same order
+    each pass, which LRU has evicted again by then; restart has one pass,
+    the fresh server's first traffic."""
     seed, n, t = SEEDS[name], s.requests, s.prompt_tokens
+    passes = range(s.passes)
     if name == "no_reuse":
-        return Traffic((), tuple(text(seed + i, t) for i in range(n)))
+        runs = [tuple(text(seed + p * n + i, t) for i in range(n)) for p in passes]
+        return Traffic((), runs[0], tuple(runs[1:]))
     if name == "reuse_fits":
         k = reuse_prefixes(s, z)
         prefixes = [text(seed + i, t - s.suffix_tokens) for i in range(k)]
         warm = tuple(f"{p} {text(seed + 100 + i, s.suffix_tokens)}" for i, p in enumerate(prefixes))
-        measured = tuple(
-            f"{prefixes[j % k]} {text(seed + 200 + j, s.suffix_tokens)}" for j in range(n)
-        )
-        return Traffic(warm, measured)
+        runs = [
+            tuple(
+                f"{prefixes[j % k]} {text(seed + 200 + p * n + j, s.suffix_tokens)}"
+                for j in range(n)
+            )
+            for p in passes
+        ]
+        return Traffic(warm, runs[0], tuple(runs[1:]))
     prompts = tuple(text(seed + i, t) for i in range(spill_prompts(s, z)))
-    return Traffic(prompts, prompts)
+    if name == "restart":
+        return Traffic(prompts, prompts)
+    return Traffic(prompts, prompts, (prompts,) * (s.passes - 1))
 
 
 def reuse_prefixes(s: Settings, z: Sizing) -> int:

@@ -47,24 +47,34 @@ def free_port() -> int:
 
 
 class Engine:
-    """One valkey-server process; ``restart`` keeps its port."""
+    """One valkey-server process; ``restart`` keeps its port.
 
-    def __init__(self, workdir: Path, *args: str):
+    ``host``: the address it listens on, 127.0.0.1 unless it runs on a
+    simulated host (started from that host's thread, tools/hosts/inside.py,
+    on that host's address)."""
+
+    def __init__(self, workdir: Path, *args: str, host: str = "127.0.0.1"):
         self.workdir = workdir
         self.args = args
+        self.host = host
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"valkey://127.0.0.1:{self.port}/0"
+        return f"valkey://{self.host}:{self.port}/0"
 
     def client(self) -> valkey.Valkey:
-        return valkey.Valkey(port=self.port, socket_timeout=5)
+        return valkey.Valkey(host=self.host, port=self.port, socket_timeout=5)
 
     def start(self) -> None:
-        argv = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv = [server_binary(), "--port", str(self.port), "--bind", self.host]
+        if self.host != "127.0.0.1":
+            # Protected mode answers only loopback clients of an engine with
+            # no password. A simulated host's engine is reachable from the
+            # test's own namespaces only (tools/hosts): no password needed.
+            argv += ["--protected-mode", "no"]
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
         log = open(self.workdir / f"valkey-{self.port}.log", "ab")
         # Dies with this process: a test killed mid-way leaves no engine.

@@ -2,6 +2,7 @@
 a bridge, each link shaped with tc, cut and restored on demand.
 
     network.py   Network: the switch, the hosts, their links; run a command on a host
+    inside.py    a thread of this process inside a host: our own code on that host
     shaping.py   LinkShape (rate, delay) and the tc commands that apply it
     probe.py     a link's throughput and round trip, measured between two hosts
     runs.py      names per run, the run's state file, finding and removing leftovers

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tools.hosts import shaping
+from tools.hosts import inside, shaping
 from tools.hosts.ipcmd import HostsError, namespaces, preflight, run
 from tools.hosts.runs import RunState, free_tag, remove_run, run_prefix
 from tools.hosts.shaping import LinkShape
@@ -60,6 +61,7 @@ class Network:
             for i in range(1, hosts + 1)
         ]
         self._children: list[subprocess.Popen] = []
+        self._threads: dict[int, ThreadPoolExecutor] = {}
 
     # -- lifetime ---------------------------------------------------------
 
@@ -118,6 +120,11 @@ class Network:
             except subprocess.TimeoutExpired:
                 pass
         self._children.clear()
+        # After the children: a thread's end kills what it started with
+        # PR_SET_PDEATHSIG, and whoever started it there stops it first.
+        for thread in self._threads.values():
+            thread.shutdown(wait=True, cancel_futures=True)
+        self._threads.clear()
         remove_run(self.prefix)
 
     # -- partitions -------------------------------------------------------
@@ -145,6 +152,14 @@ class Network:
         child = subprocess.Popen(["ip", "netns", "exec", self.host(index).netns, *argv], **kwargs)
         self._children.append(child)
         return child
+
+    def on(self, index: int) -> ThreadPoolExecutor:
+        """Host ``index``'s thread in this process (tools/hosts/inside.py):
+        ``net.on(2).submit(fn, ...).result()`` runs ``fn`` on host 2; what
+        it starts runs there, and lives until ``down()`` at the latest."""
+        if index not in self._threads:
+            self._threads[index] = inside.executor(self.host(index).netns)
+        return self._threads[index]
 
     def describe(self) -> list[str]:
         lines = [f"switch {self.switch} (bridge {BRIDGE}); links: {self.shape.describe()}"]

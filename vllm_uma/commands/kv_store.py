@@ -9,6 +9,8 @@
 Safe while servers use the store (kv_offload/disk/admin.py says why).
 Exit status: 0 done; 1 verify found bad files; 2 a usage error or ROOT is
 not a store.
+
+A network tier's engine (a URL instead of ROOT): kv_store_engine.py.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from vllm_uma.kv_offload.disk import admin
 PROG = "vllm-uma kv-store"
 
 
-def _size(nbytes: int) -> str:
+def human_size(nbytes: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
@@ -35,7 +37,11 @@ def _when(ns: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        epilog=f"A network tier's engine: {PROG} URL ls|du|clear (see {PROG} URL --help).",
+    )
     parser.add_argument("root", type=Path, help="the fs tier's root_dir")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("ls", help="namespaces with model, dtype, blocks, size, last use")
@@ -61,7 +67,7 @@ def _ls(root: Path) -> int:
         dtype = str((s.info or {}).get("kv_dtype", "?"))
         print(
             f"{s.namespace:32}  {s.model[-40:]:40} {dtype:9} {s.blocks:7d} "
-            f"{_size(s.bytes):>10}  {_when(s.last_use_ns)}"
+            f"{human_size(s.bytes):>10}  {_when(s.last_use_ns)}"
         )
     if not rows:
         print("(no namespaces)")
@@ -72,8 +78,10 @@ def _du(root: Path) -> int:
     rows = admin.survey(root)
     for s in rows:
         temps = f"  ({s.temp_files} temp files in flight or left over)" if s.temp_files else ""
-        print(f"{_size(s.bytes):>10}  {s.namespace}  {s.model}{temps}")
-    print(f"{_size(sum(s.bytes for s in rows)):>10}  total, {sum(s.blocks for s in rows)} blocks")
+        print(f"{human_size(s.bytes):>10}  {s.namespace}  {s.model}{temps}")
+    print(
+        f"{human_size(sum(s.bytes for s in rows)):>10}  total, {sum(s.blocks for s in rows)} blocks"
+    )
     return 0
 
 
@@ -92,6 +100,10 @@ def _verify(root: Path, remove: bool) -> int:
 
 
 def main(argv: list[str]) -> int:
+    from vllm_uma.commands import kv_store_engine
+
+    if kv_store_engine.is_engine_url(argv):
+        return kv_store_engine.main(argv)
     args = build_parser().parse_args(argv)
     try:
         if args.command == "ls":
@@ -110,7 +122,7 @@ def main(argv: list[str]) -> int:
                 dry_run=args.dry_run,
             )
             verb = "would delete" if args.dry_run else "deleted"
-            print(f"{verb} {files} block files, {_size(nbytes)}")
+            print(f"{verb} {files} block files, {human_size(nbytes)}")
             return 0
         if not args.yes:
             print(
@@ -119,7 +131,7 @@ def main(argv: list[str]) -> int:
             )
             return 2
         files, nbytes = admin.clear(args.root)
-        print(f"deleted {files} block files, {_size(nbytes)}")
+        print(f"deleted {files} block files, {human_size(nbytes)}")
         return 0
     except admin.StoreError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

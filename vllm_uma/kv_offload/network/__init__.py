@@ -11,8 +11,10 @@ nodes each hold their slots' blocks.
 
     settings.py          the tier's JSON, checked once (URL, credentials' source, timeouts)
     credentials.py       the password, read from a variable or a file at each connection
+    key_names.py         which keys are ours, by name alone (other applications share engines)
     value_format.py      key names (cluster hash tags) and values (a block file's bytes)
-    engine_check.py      one node's maxmemory and policy: refused, warned, or fine
+    engine_check.py      one node's maxmemory and policy: refused, warned, or fine; our share
+    engine_usage.py      what our namespaces hold there: bounded SCANs, MEMORY USAGE, UNLINK
     node_checks.py       the mode (standalone or cluster) and every primary's check
     engine_nodes.py      a node's connection pool; which node and slot holds a key
     cluster_map.py       a cluster's slots and primaries, read again when they change
@@ -23,6 +25,9 @@ nodes each hold their slots' blocks.
     transfer_threads.py  the threads that run them, loads first
     metrics.py           the /metrics counters
     tier.py              NetworkTier: what vLLM calls, on the scheduler thread
+
+``vllm-uma kv-store URL ls|du|clear`` (commands/kv_store_engine.py) looks
+after an engine the way ``kv-store ROOT`` looks after a disk store.
 
 The engine and its client, pinned in pyproject.toml (extra ``valkey``, and
 the test extra): the client is ``valkey`` 6.2.0 with ``libvalkey`` 4.2.1,

@@ -42,8 +42,13 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from vllm_uma.kv_offload.network import metrics as m
-from vllm_uma.kv_offload.network.engine_check import EngineRefused
+from vllm_uma.kv_offload.network.engine_check import (
+    EngineRefused,
+    keep_descriptor,
+    namespace_share,
+)
 from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, RETRY_INTERVAL_S, EngineLink
+from vllm_uma.kv_offload.network.key_names import descriptor_name
 from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
 from vllm_uma.kv_offload.network.probes import EngineProbes
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
@@ -89,12 +94,14 @@ class NetworkTier(SecondaryTierManager):
         *,
         config: NetworkTierConfig,
         namespace_id: bytes,
+        namespace_info: dict[str, Any] | None = None,
         backpressure_detector=None,
         retry_interval_s: float = RETRY_INTERVAL_S,
     ):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
         self._ns = namespace_id
+        self._info = namespace_info  # its descriptor's source (engine_usage.py)
         self._rows = primary_kv_view.cast("B")
         self._stats = m.TierStats()
         self._link = EngineLink(config, self._check_again, retry_interval_s)
@@ -137,20 +144,30 @@ class NetworkTier(SecondaryTierManager):
             raise EngineRefused(report.problem)
         if report.problem is not None:
             logger.warning("network KV tier: %s", report.problem)
+        try:
+            # Counted on the url's node: a cluster's other nodes are not walked.
+            held = namespace_share(self._link.seed.client, self._ns, self._info, report)
+        except LINK_ERRORS as exc:  # gone since the check: a line, never a failed start
+            self._link.node_down(self._link.seed, exc, "counting the namespace's blocks")
+            held = "its blocks not counted: the engine stopped answering"
         logger.info(
-            "KV offloading: network tier at %s (%s), namespace %s.",
+            "KV offloading: network tier at %s (%s), namespace %s: %s.",
             url,
             report.summary(),
             self._ns.hex(),
+            held,
         )
 
     def _check_again(self, node) -> None:
         """The watch thread, when a gone node answers (it may be another
         engine now) or joins a cluster's map. Only warned of: the server is
-        serving by now."""
+        serving by now. The namespace's descriptor is written again where it
+        lives, if that is this node (a new engine has none)."""
         problem = check_again(self._link, node)
         if problem is not None:
             logger.warning("network KV tier: %s", problem)
+        if self._link.node_of(descriptor_name(self._ns)) is node:
+            keep_descriptor(node.client, self._ns, self._info)
 
     # -- lookups (scheduler thread, no I/O) -----------------------------------
 

@@ -37,8 +37,7 @@ from vllm_uma.kv_offload.disk.block_file import (
     checksum,
     pack_header,
 )
-
-NAME_PREFIX = "vllm-uma:kv:"
+from vllm_uma.kv_offload.network.key_names import NAME_PREFIX
 
 
 def value_name(namespace: bytes, key: bytes) -> bytes:

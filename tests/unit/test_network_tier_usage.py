@@ -1,0 +1,128 @@
+"""The network tier's share of its engine, in its start-up line: counted,
+bounded, and never a failed start."""
+
+from __future__ import annotations
+
+import pytest
+from disk_tier_kit import NS, OTHER_NS, InfoLog, Primary, WarningLog, key
+from network_tier_kit import make_tier, started_engine
+
+from vllm_uma.kv_offload.network import engine_check, engine_link, engine_usage
+from vllm_uma.kv_offload.network import tier as tier_module
+from vllm_uma.kv_offload.network.value_format import value_name
+
+MAXMEMORY = 4 << 20
+LRU = ("--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "allkeys-lru")
+INFO = {"model": "org/model-one", "kv_dtype": "bfloat16", "groups": ["not kept"]}
+
+
+@pytest.fixture
+def engine(tmp_path):
+    engine = started_engine(tmp_path, *LRU)
+    yield engine
+    engine.stop()
+
+
+def fill(engine, ns: bytes, count: int, nbytes: int = 10000) -> int:
+    """``count`` values under block names of ``ns``; their MEMORY USAGE."""
+    client = engine.client()
+    for i in range(count):
+        client.set(value_name(ns, key(i)), bytes(nbytes))
+    return sum(client.memory_usage(value_name(ns, key(i))) for i in range(count))
+
+
+def start_line(engine, **kw) -> str:
+    with InfoLog(tier_module.logger) as log:
+        tier = make_tier(engine, Primary(), NS, namespace_info=INFO, **kw)
+    tier.shutdown()
+    (line,) = [m for m in log.messages if "KV offloading: network tier at" in m]
+    return line
+
+
+def test_the_start_up_line_gives_our_blocks_and_their_share_of_maxmemory(engine):
+    ours = fill(engine, NS, 12)
+    fill(engine, OTHER_NS, 30)  # another namespace's: not ours to count
+    engine.client().set(b"app:big", bytes(200000))
+    line = start_line(engine)
+    assert f"namespace {NS.hex()}: 12 blocks, {ours / 2**30:.2f} GiB, " in line
+    assert line.endswith(f"{ours / MAXMEMORY:.1%} of maxmemory.")
+    assert "at least" not in line
+
+
+def test_a_count_cut_short_says_at_least(engine, monkeypatch):
+    fill(engine, NS, 64, nbytes=10)
+    monkeypatch.setattr(engine_usage, "SCAN_BATCH", 1)
+    monkeypatch.setattr(engine_check, "COUNT_MAX_KEYS", 2)
+    line = start_line(engine)
+    blocks = int(line.split(": at least ")[1].split()[0])
+    assert 2 <= blocks < 64
+    assert "of maxmemory (counting stops at 1 s or 2 names)." in line
+
+
+def test_a_count_stops_at_its_deadline(engine, monkeypatch):
+    fill(engine, NS, 64, nbytes=10)
+    monkeypatch.setattr(engine_usage, "SCAN_BATCH", 1)
+    monkeypatch.setattr(engine_check, "COUNT_DEADLINE_S", 0.0)
+    assert ": at least " in start_line(engine)
+
+
+def test_an_engine_gone_during_the_count_is_a_line_not_a_failed_start(engine, monkeypatch):
+    fill(engine, NS, 3)
+    real = engine_check.namespace_usage
+
+    def dies_first(client, *args):
+        engine.stop()
+        return real(client, *args)
+
+    monkeypatch.setattr(engine_check, "namespace_usage", dies_first)
+    with WarningLog(engine_link.logger) as warned, InfoLog(tier_module.logger) as log:
+        tier = make_tier(engine, Primary(), NS, namespace_info=INFO)
+    try:
+        assert not tier._link.up  # the link watches for it, as for any gone engine
+        assert any("counting the namespace's blocks" in m for m in warned.messages)
+        assert any(
+            "its blocks not counted: the engine stopped answering" in m for m in log.messages
+        )
+    finally:
+        tier.shutdown()
+
+
+def test_an_acl_that_may_not_count_is_a_phrase_in_the_line(engine, monkeypatch):
+    engine.client().acl_setuser(
+        "kv", enabled=True, passwords=["+pw-of-kv"], keys=["vllm-uma:*"],
+        commands=["+@all", "-memory"],
+    )  # fmt: skip
+    monkeypatch.setenv("TEST_KV_PASSWORD", "pw-of-kv")
+    fill(engine, NS, 2)
+    url = f"valkey://kv@127.0.0.1:{engine.port}/0"
+    line = start_line(engine, url=url, password_env="TEST_KV_PASSWORD")
+    assert "its blocks not counted (User kv has no permissions" in line
+    assert "+scan +memory|usage" in line
+
+
+class PagedScan:
+    """A client whose SCAN returns these pages (a name twice, as SCAN may
+    while the engine resizes its table), each name 100 bytes."""
+
+    def __init__(self, pages: list[list[bytes]]):
+        self._pages = pages
+
+    def scan(self, cursor: int, match: bytes, count: int):
+        following = cursor + 1 if cursor + 1 < len(self._pages) else 0
+        return following, list(self._pages[cursor])
+
+    def pipeline(self, transaction: bool):
+        return self
+
+    def memory_usage(self, name: bytes) -> None:
+        self._asked = getattr(self, "_asked", 0) + 1
+
+    def execute(self) -> list[int]:
+        asked, self._asked = self._asked, 0
+        return [100] * asked
+
+
+def test_a_name_scan_returns_twice_is_counted_once():
+    names = [value_name(NS, key(i)) for i in range(3)]
+    usage = engine_usage.namespace_usage(PagedScan([names[:2], names[1:], [names[0]]]), NS)
+    assert (usage.blocks, usage.bytes, usage.complete) == (3, 300, True)
