@@ -94,9 +94,13 @@ class Server:
         log_path: Path,
         env: dict | None = None,
         port: int | None = None,
+        host: str = "127.0.0.1",
     ):
         """``exe``: the ``vllm-uma`` command, a path or an argv prefix
-        (``[python, "-m", "vllm_uma.commands.main"]``); ``port``: a free one if None."""
+        (``[python, "-m", "vllm_uma.commands.main"]``); ``port``: a free one if None;
+        ``host``: the address it listens on and is reached at (a fleet's
+        server on one host of several listens on that host's address)."""
+        self.host = host
         self._chose_port = port is None
         self.log_path = log_path
         self._prefix = [exe] if isinstance(exe, str) else list(exe)
@@ -109,7 +113,7 @@ class Server:
 
     def _start(self, port: int) -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{self.host}:{port}"
         # Appended to: a server started again (a fleet's restart, a new port)
         # keeps the lines of the run that failed, which say why.
         self._log = open(self.log_path, "a")
@@ -123,10 +127,10 @@ class Server:
         )
 
     def command(self, prefix: list[str], args: list[str]) -> list[str]:
-        """The argv started: ``prefix serve ARGS`` on this server's loopback
-        port. A subclass that starts another server (a benchmark's stock
+        """The argv started: ``prefix serve ARGS`` on this server's address
+        and port. A subclass that starts another server (a benchmark's stock
         vLLM) says so here and keeps the rest: readiness, requests, stop."""
-        return [*prefix, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        return [*prefix, "serve", *args, "--host", self.host, "--port", str(self.port)]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

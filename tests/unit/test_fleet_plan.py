@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, cores_for, plan_fleet
+from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, Peer, cores_for, plan_fleet
 
 
 def ask(**kw) -> FleetRequest:
@@ -210,3 +210,89 @@ def test_an_events_directory_too_deep_for_a_unix_socket_is_refused_with_the_fix(
     deep = Path("/") / ("d" * 100)
     with pytest.raises(FleetPlanError, match=r"characters long, over the 107.*VLLM_UMA_CACHE_DIR"):
         plan_fleet(ask(events_dir=deep), [0, 1], ports())
+
+
+def test_one_host_of_several_advertises_its_address_for_servers_and_events():
+    plan = plan_fleet(ask(advertise="10.0.0.5"), [0, 1], ports())
+    assert [m.url for m in plan.members] == ["http://10.0.0.5:9001", "http://10.0.0.5:9003"]
+    assert plan.peer_lines == [
+        "http://10.0.0.5:9001=tcp://10.0.0.5:9002",
+        "http://10.0.0.5:9003=tcp://10.0.0.5:9004",
+    ]
+    assert flag(plan.router_argv, "--worker-urls") == "http://10.0.0.5:9001"
+
+
+def test_a_router_routes_to_the_peers_of_other_hosts_with_their_events():
+    peers = (Peer.parse("http://10.0.0.6:9001=tcp://10.0.0.6:9002"), Peer.parse("http://h7:80"))
+    argv = list(plan_fleet(ask(servers=1, peers=peers), [0, 1], ports()).router_argv)
+    workers = argv[argv.index("--worker-urls") + 1 : argv.index("--prometheus-host")]
+    assert workers == ["http://127.0.0.1:9001", "http://10.0.0.6:9001", "http://h7:80"]
+    sources = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-event-source"]
+    # A peer without its events is routed by load alone: no source for it.
+    assert sources == [
+        "http://127.0.0.1:9001=tcp://127.0.0.1:9002",
+        peers[0].url + "=" + peers[0].events,
+    ]
+
+
+@pytest.mark.parametrize(
+    "text", ["10.0.0.6:9001", "http://h:80=h:81", "http://h/x:80", "ftp://h:1"]
+)
+def test_a_peer_not_in_the_form_join_prints_is_refused_with_the_form(text):
+    with pytest.raises(FleetPlanError, match="http://HOST:PORT"):
+        Peer.parse(text)
+
+
+def test_a_fleet_that_joins_another_router_starts_none_and_takes_no_peers():
+    plan = plan_fleet(ask(join="http://10.0.0.1:8000/", advertise="10.0.0.5"), [0, 1], ports())
+    assert plan.join and plan.router_argv == () and plan.router_url == "http://10.0.0.1:8000"
+    with pytest.raises(FleetPlanError, match="--peer and --join"):
+        plan_fleet(ask(join="http://10.0.0.1:8000", peers=(Peer("http://h:1"),)), [0, 1], ports())
+
+
+def test_the_network_tier_goes_after_the_disk_store_or_alone():
+    def tiers(**kw):
+        argv = plan_fleet(ask(**kw), [0, 1], ports()).members[0].argv
+        config = json.loads(flag(argv, "--kv-transfer-config"))
+        return config, [t["type"] for t in config["kv_connector_extra_config"]["secondary_tiers"]]
+
+    config, kinds = tiers(network_url="valkey://10.0.0.9:6379/0")
+    assert kinds == ["fs", "valkey"]
+    assert config["kv_connector"] == "OffloadingConnector"  # the pool: their staging area
+    config, kinds = tiers(network_url="valkey://10.0.0.9:6379/0", kv_store=None)
+    assert kinds == ["valkey"] and "kv_connector" in config
+    argv = (
+        plan_fleet(ask(network_url="valkey://h:1/0", kv_store=None), [0, 1], ports())
+        .members[0]
+        .argv
+    )
+    assert "--kv-offloading-size" not in argv  # no 1 GiB pool: the staging pool
+    with pytest.raises(FleetPlanError, match="--kv-network"):
+        plan_fleet(
+            ask(
+                network_url="valkey://h:1/0",
+                kv_store=None,
+                serve_flags=("--kv-transfer-config", "{}"),
+            ),
+            [0, 1],
+            ports(),
+        )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--advertise", "host-a"], "is not an IP address"),
+        (["--advertise", "192.0.2.77"], "this host cannot listen there"),  # TEST-NET-1
+        (["--join", "http://10.0.0.1:8000"], "add --advertise"),
+        (["--advertise", "127.0.0.1", "--join", "10.0.0.1:8000"], "router's http://HOST:PORT"),
+        (["--kv-network", "valkey://user:secret@h:6379/0"], "--kv-network"),
+    ],
+)
+def test_the_flags_of_one_host_of_several_are_checked_with_the_fix(argv, message):
+    from vllm_uma.commands.fleet import build_parser, check_hosts_flags
+
+    problem = check_hosts_flags(build_parser().parse_args(argv))
+    assert problem is not None and message in problem, problem
+    assert "secret" not in problem
+    assert check_hosts_flags(build_parser().parse_args(["--advertise", "127.0.0.1"])) is None

@@ -120,3 +120,63 @@ def test_each_server_has_its_own_restart_budget():
         assert keep_restarting(two, float(t))
     assert not keep_restarting(one, 10.0)  # server 1's 4th exit in the window
     assert keep_restarting(deque([0.0, 1.0, 2.0]), window + 5.0)  # old exits expire
+
+
+class FakeRouter:
+    """vllm-router's worker management, as a fleet that joins it uses it:
+    POST /add_worker?url=... and /remove_worker?url=...; ``refuse``: 503."""
+
+    def __init__(self, refuse: bool = False):
+        import http.server
+        import urllib.parse
+
+        calls = self.calls = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                path, _, query = self.path.partition("?")
+                calls.append((path, urllib.parse.parse_qs(query)["url"][0]))
+                self.send_response(503 if refuse else 200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self._server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_a_fleet_that_joins_a_router_adds_its_servers_and_removes_them_when_it_stops(tmp_path):
+    router = FakeRouter()
+    members = plan(tmp_path, False, False).members
+    joined = FleetPlan(members, (), router.url, None, join=True)
+    fleet = Fleet(joined, FAKE_SERVE, tmp_path)
+    try:
+        fleet.start()
+        assert fleet.router is None  # no router of its own
+        urls = [m.url for m in members]
+        assert router.calls == [("/add_worker", u) for u in urls]
+        assert joined.peer_lines == [f"{m.url}={m.events_endpoint}" for m in members]
+    finally:
+        fleet.stop()
+        router.close()
+    assert router.calls[2:] == [("/remove_worker", u) for u in urls]
+    assert servers_of(joined) == []
+
+
+def test_a_router_that_does_not_take_a_server_fails_the_start_with_the_reason(tmp_path):
+    router = FakeRouter(refuse=True)
+    joined = FleetPlan(plan(tmp_path, False).members, (), router.url, None, join=True)
+    fleet = Fleet(joined, FAKE_SERVE, tmp_path)
+    try:
+        with pytest.raises(FleetError, match="did not take server 1"):
+            fleet.start()
+    finally:
+        fleet.stop()
+        router.close()
+    assert servers_of(joined) == []

@@ -126,22 +126,6 @@ def turn_prompt(args: argparse.Namespace, conversation: int, turn: int) -> str:
     return "\n".join(parts)
 
 
-class HostServer(Server):
-    """`vllm-uma serve` on a simulated host's address (started from that
-    host's thread, tools/hosts/inside.py), reachable from the other hosts."""
-
-    def __init__(self, address: str, *args, **kwargs):
-        self.address = address
-        super().__init__(*args, **kwargs)
-
-    def _start(self, port: int) -> None:
-        super()._start(port)
-        self.url = f"http://{self.address}:{port}"
-
-    def command(self, prefix: list[str], args: list[str]) -> list[str]:
-        return [*prefix, "serve", *args, "--host", self.address, "--port", str(self.port)]
-
-
 def server_args(args: argparse.Namespace, disk: Path, engine_url: str | None) -> list[str]:
     tiers = [{"type": "fs", "root_dir": str(disk), "max_size_gib": 4}]
     if engine_url is not None:
@@ -220,7 +204,7 @@ def run_turns(args, url: str, turns: range) -> list[dict]:
 
 def run_variant(args, net: Network, variant: str, work: Path) -> dict:
     engine = None
-    servers: list[HostServer] = []
+    servers: list[Server] = []
     try:
         engine_url = None
         if variant == "network":
@@ -233,8 +217,9 @@ def run_variant(args, net: Network, variant: str, work: Path) -> dict:
             argv = server_args(args, work / f"disk-{name}", engine_url)
             log = work.parent / f"{variant}-{name}.log"
 
-            def start(address=address, argv=argv, log=log) -> HostServer:
-                return HostServer(address, EXE, argv, log, env=OFFLINE).wait_ready()
+            # Started from the host's thread (tools/hosts/inside.py), on its address.
+            def start(address=address, argv=argv, log=log) -> Server:
+                return Server(EXE, argv, log, env=OFFLINE, host=address).wait_ready()
 
             progress(f"{variant}: starting server {name} on host {index} ({address})")
             servers.append(net.on(index).submit(start).result())

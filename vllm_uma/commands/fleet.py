@@ -1,7 +1,16 @@
 """``vllm-uma fleet``: parse, plan, run (the supervisor's own process).
 
     vllm-uma fleet [MODEL] [--servers N] [--host H] [--port P]
-        [--policy kv_aware] [--kv-store DIR|none] [--log-dir DIR] [serve flags]
+        [--policy kv_aware] [--kv-store DIR|none] [--kv-network URL]
+        [--advertise ADDR] [--join ROUTER_URL | --peer URL[=EVENTS] ...]
+        [--log-dir DIR] [serve flags]
+
+One host of several: ``--advertise`` is this host's address on the network
+the hosts share (its servers and their KV event relays listen there);
+``--join`` adds the servers to another host's router instead of starting
+one; ``--peer`` gives this fleet's router the servers of other hosts;
+``--kv-network`` is the network tier every host reads (docs/fleet.md,
+"Several hosts").
 
 The serve flags are checked once here with vLLM's own parser (as
 ``vllm-uma serve`` does), so that a typo fails before N servers start.
@@ -13,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -55,8 +65,78 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the servers' shared disk store (default: <cache dir>/kv-store); 'none': no disk tier",
     )
+    parser.add_argument(
+        "--kv-network",
+        default=None,
+        metavar="URL",
+        help="the network KV tier every host reads: valkey://HOST:PORT/DB (or redis://); "
+        "after the disk store, or alone with --kv-store none",
+    )
+    parser.add_argument(
+        "--advertise",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="this host's address, where its servers and KV event relays listen for a "
+        "router on another host (default 127.0.0.1: this host only)",
+    )
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument(
+        "--join",
+        default=None,
+        metavar="ROUTER_URL",
+        help="add the servers to the vllm-router at http://HOST:PORT on another host "
+        "instead of starting a router here",
+    )
+    hosts.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="URL[=EVENTS]",
+        help="a server of another host for this fleet's router, with its KV events "
+        "(http://HOST:PORT=tcp://HOST:PORT, as `--join` prints); repeat per server",
+    )
     parser.add_argument("--log-dir", type=Path, default=None, help="server and router logs")
     return parser
+
+
+def check_hosts_flags(fleet_args) -> str | None:
+    """What is wrong with the flags of one host of several, or None."""
+    import ipaddress
+    import socket
+
+    try:
+        ipaddress.ip_address(fleet_args.advertise)
+    except ValueError:
+        return (
+            f"--advertise {fleet_args.advertise!r} is not an IP address: give this host's "
+            f"address on the network the hosts share (ip -brief addr shows them)."
+        )
+    with socket.socket(socket.AF_INET6 if ":" in fleet_args.advertise else socket.AF_INET) as s:
+        try:
+            s.bind((fleet_args.advertise, 0))
+        except OSError as exc:
+            return (
+                f"--advertise {fleet_args.advertise}: this host cannot listen there "
+                f"({exc.strerror}): give an address of one of its interfaces "
+                f"(ip -brief addr shows them)."
+            )
+    join = fleet_args.join
+    if join is not None and not re.fullmatch(r"http://[^/\s:]+:\d+/?", join):
+        return f"--join {join!r} is invalid: it must be the router's http://HOST:PORT."
+    if join is not None and fleet_args.advertise.startswith("127."):
+        return (
+            "--join adds this host's servers to a router on another host, which cannot "
+            "reach them on loopback: add --advertise with this host's address on the "
+            "network the hosts share."
+        )
+    if fleet_args.kv_network is not None:
+        from vllm_uma.kv_offload.network.settings import parse_network_tier
+
+        try:
+            parse_network_tier({"type": "valkey", "url": fleet_args.kv_network})
+        except ValueError as exc:
+            return f"--kv-network: {exc}"
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -69,7 +149,7 @@ def main(argv: list[str]) -> int:
     from vllm_uma.commands.kv_events_endpoint import private_dir
     from vllm_uma.commands.preflight import PreflightError
     from vllm_uma.commands.serve import parse_serve_args
-    from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, plan_fleet
+    from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, Peer, plan_fleet
     from vllm_uma.fleet.supervisor import Fleet, FleetError
     from vllm_uma.server_process import free_port
 
@@ -87,6 +167,12 @@ def main(argv: list[str]) -> int:
         kv_store = models.default_cache_root() / "kv-store"
     else:
         kv_store = None if fleet_args.kv_store == "none" else Path(fleet_args.kv_store)
+    if problem := check_hosts_flags(fleet_args):
+        return _fail(problem, 2)
+    try:
+        peers = tuple(Peer.parse(p) for p in fleet_args.peer)
+    except FleetPlanError as exc:
+        return _fail(str(exc), 2)
     try:
         events_dir = private_dir()  # the servers' KV event sockets: this user's only
     except PreflightError as exc:
@@ -101,6 +187,10 @@ def main(argv: list[str]) -> int:
         port=fleet_args.port,
         policy=fleet_args.policy,
         kv_store=None if kv_store is None else kv_store.expanduser().resolve(),
+        advertise=fleet_args.advertise,
+        join=fleet_args.join,
+        peers=peers,
+        network_url=fleet_args.kv_network,
     )
     try:
         plan = plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)

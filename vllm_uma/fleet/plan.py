@@ -12,16 +12,28 @@ A server's share:
 - KV events through its own relay (relay.py): the server publishes on a
   Unix socket in this user's private directory (``events_dir``, mode 0700,
   commands/kv_events_endpoint.private_dir), the router subscribes at
-  127.0.0.1:out;
+  <address>:out;
+- its address: 127.0.0.1, or with ``--advertise ADDR`` this host's address
+  on the network the other hosts share, where the server and its relay
+  listen and the router reaches them (one host of several);
 - with the shared disk store (one ``root_dir`` for all, its cap shared,
   disk/ledger/), the automatic host pool: a staging area for the disk tier,
   the rest of each server's budget its KV cache (kv_offload/pool_size.py);
-  without a store, a host pool of ``--kv-offloading-size`` 1 GiB each.
+  without a store, a host pool of ``--kv-offloading-size`` 1 GiB each;
+- with ``--kv-network URL``, the network tier on the Valkey/Redis engine
+  every host reaches, after the disk store (or alone): what one host
+  stored, another restores (kv_offload/network/).
+
+The router: this fleet's own (``--host``/``--port``), which also routes to
+``--peer`` servers of other hosts; or, with ``--join URL``, another host's
+router, to which each server is added once it is ready (vllm-router's
+``/add_worker``) and from which it is removed when it stops.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,23 +65,52 @@ class MemberPlan:
     events_out_port: int  # the relay's: the router subscribes (connects) here
     argv: tuple[str, ...]  # everything after `vllm-uma serve`
     env: dict[str, str] = field(default_factory=dict)
+    address: str = "127.0.0.1"  # where it and its relay listen
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     @property
     def events_endpoint(self) -> str:
         """Where the router reads this server's events."""
-        return f"tcp://127.0.0.1:{self.events_out_port}"
+        return f"tcp://{self.address}:{self.events_out_port}"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A server of another host's fleet, for this fleet's router: its URL
+    and, for kv_aware, where its relay publishes its KV events."""
+
+    url: str
+    events: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Peer:
+        url, _, events = text.partition("=")
+        if not re.fullmatch(r"http://[^/\s:]+:\d+", url) or (
+            events and not re.fullmatch(r"tcp://[^/\s:]+:\d+", events)
+        ):
+            raise FleetPlanError(
+                f"--peer {text!r} is invalid: it must be http://HOST:PORT of another host's "
+                f"server, with =tcp://HOST:PORT of its KV events for kv_aware (the line "
+                f"that host's `vllm-uma fleet --join` prints)."
+            )
+        return cls(url, events or None)
 
 
 @dataclass(frozen=True)
 class FleetPlan:
     members: tuple[MemberPlan, ...]
-    router_argv: tuple[str, ...]  # after the `vllm-router` executable
-    router_url: str
+    router_argv: tuple[str, ...]  # after the `vllm-router` executable; () with join
+    router_url: str  # this fleet's router, or the one it joins
     kv_store: Path | None
+    join: bool = False  # the router is another host's: add the servers to it
+
+    @property
+    def peer_lines(self) -> list[str]:
+        """What another host's fleet passes as --peer to route here."""
+        return [f"{m.url}={m.events_endpoint}" for m in self.members]
 
 
 @dataclass(frozen=True)
@@ -85,6 +126,10 @@ class FleetRequest:
     kv_store: Path | None  # None: no disk tier
     events_dir: Path  # private (0700): the servers' KV event sockets
     metrics_port: int = 29000  # the router's Prometheus /metrics
+    advertise: str = "127.0.0.1"  # where the servers and relays listen
+    join: str | None = None  # another host's router (http://HOST:PORT); None: our own
+    peers: tuple[Peer, ...] = ()  # other hosts' servers our router also routes to
+    network_url: str | None = None  # the network tier's engine (--kv-network)
 
 
 def cores_for(servers: int, allowed: list[int]) -> list[tuple[int, ...]]:
@@ -134,6 +179,13 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
         _member_plan(i, cores, ask, flags, utilization, additional, free_port)
         for i, cores in enumerate(shares, start=1)
     ]
+    if ask.join is not None:
+        if ask.peers:
+            raise FleetPlanError(
+                "--peer and --join: a fleet that joins another host's router has no router "
+                "of its own to give peers to; pass the --peer lines to the joined host's fleet."
+            )
+        return FleetPlan(tuple(members), (), ask.join.rstrip("/"), ask.kv_store, join=True)
     router = _router_argv(ask, members)
     return FleetPlan(tuple(members), tuple(router), f"http://{ask.host}:{ask.port}", ask.kv_store)
 
@@ -164,7 +216,8 @@ def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
     user configured offloading; their KV events self-describing."""
     added: list[str] = []
     user_pool = given(flags, "--kv-offloading-size")
-    if not user_pool and not given(flags, "--kv-transfer-config") and ask.kv_store is None:
+    lower = ask.kv_store is not None or ask.network_url is not None
+    if not user_pool and not given(flags, "--kv-transfer-config") and not lower:
         added += ["--kv-offloading-size", str(DEFAULT_POOL_GIB)]
     if ask.kv_store is not None and given(flags, "--kv-transfer-config"):
         raise FleetPlanError(
@@ -172,16 +225,26 @@ def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
             "both configure offloading: remove one (--kv-store none turns the "
             "store off)."
         )
+    if ask.network_url is not None and given(flags, "--kv-transfer-config"):
+        raise FleetPlanError(
+            "--kv-transfer-config and --kv-network both configure offloading: remove one "
+            '(or put {"type": "valkey", "url": ...} in your secondary_tiers).'
+        )
     if not given(flags, "--kv-transfer-config"):
         # Pool and disk events with their tokens and parent: without them
         # the router can place L1 blocks only (router_admission.py).
         extra: dict = {"self_describing_kv_events": True}
         config: dict = {"kv_connector_extra_config": extra}
+        tiers = []
         if ask.kv_store is not None:
-            extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(ask.kv_store)}]
+            tiers.append({"type": "fs", "root_dir": str(ask.kv_store)})
+        if ask.network_url is not None:  # after the disk: a local hit is never fetched
+            tiers.append({"type": "valkey", "url": ask.network_url})
+        if tiers:
+            extra["secondary_tiers"] = tiers
             if not user_pool:
                 # The connector named without a size: the pool is sized as
-                # the disk tier's staging area, L1 gets the rest.
+                # the lower tiers' staging area, L1 gets the rest.
                 config.update(kv_connector="OffloadingConnector", kv_role="kv_both")
         added += ["--kv-transfer-config", json.dumps(config)]
     return added
@@ -227,7 +290,7 @@ def _member_plan(
         json.dumps(events),
     ]
     env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_ranges(cores)}
-    return MemberPlan(index, port, cores, events_in, events_out, tuple(argv), env)
+    return MemberPlan(index, port, cores, events_in, events_out, tuple(argv), env, ask.advertise)
 
 
 def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:
@@ -235,7 +298,7 @@ def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:
         "--host", ask.host,
         "--port", str(ask.port),
         "--policy", ask.policy,
-        "--worker-urls", *[m.url for m in members],
+        "--worker-urls", *[m.url for m in members], *[p.url for p in ask.peers],
         "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(ask.metrics_port),
         # A dead server leaves the rotation within seconds, not a minute.
@@ -245,6 +308,9 @@ def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:
     if ask.policy == "kv_aware":
         for m in members:
             argv += ["--kv-event-source", f"{m.url}={m.events_endpoint}"]
+        for p in ask.peers:  # a peer without its events is routed by load alone
+            if p.events is not None:
+                argv += ["--kv-event-source", f"{p.url}={p.events}"]
         argv += ["--kv-event-block-size", str(BLOCK_TOKENS), "--kv-event-model", ask.model]
     return argv
 

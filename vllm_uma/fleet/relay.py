@@ -45,13 +45,21 @@ logger = get_logger(__name__)
 
 class EventRelay:
     def __init__(
-        self, ctx: zmq.Context, inbound: str, outbound_port: int, block_tokens: int, name: str
+        self,
+        ctx: zmq.Context,
+        inbound: str,
+        outbound_port: int,
+        block_tokens: int,
+        name: str,
+        address: str = "127.0.0.1",
     ):
         self.name = name  # for the log: which server's events
         self.block_tokens = block_tokens  # the router's --kv-event-block-size
         self.dropped: collections.Counter[str] = collections.Counter()  # reason -> events
         self.inbound = inbound  # the server publishes (binds) here: ipc://
-        self.outbound = f"tcp://127.0.0.1:{outbound_port}"  # the router reads here
+        # The router reads here: loopback, or this host's address when the
+        # router is on another host (--advertise; docs/fleet.md says who can read).
+        self.outbound = f"tcp://{address}:{outbound_port}"
         self._ctx = ctx
         self._control = f"inproc://relay-{outbound_port}"
         self._ready = threading.Event()

@@ -83,7 +83,14 @@ class Fleet:
 
     def _start_member(self, member: MemberPlan) -> Server:
         log = self._log_dir / f"server-{member.index}.log"
-        server = Server(self._serve_exe, list(member.argv), log, env=member.env, port=member.port)
+        server = Server(
+            self._serve_exe,
+            list(member.argv),
+            log,
+            env=member.env,
+            port=member.port,
+            host=member.address,
+        )
         logger.info(
             "fleet: server %d of %d starting on %s, cores %s (log %s)",
             member.index, len(self.plan.members), member.url, member.env.get(
@@ -105,6 +112,7 @@ class Fleet:
                     member.events_out_port,
                     BLOCK_TOKENS,
                     f"server {member.index}",
+                    member.address,
                 )
             )
         with ThreadPoolExecutor(max_workers=len(self.plan.members)) as pool:
@@ -119,8 +127,31 @@ class Fleet:
                     failed.append(f"server {index}: {exc}")
         if failed:
             raise FleetError("a server did not start:\n" + "\n".join(failed))
-        if not self._stop.is_set():
+        if self._stop.is_set():
+            return
+        if self.plan.join:
+            self._join()
+        else:
             self._start_router()
+
+    def _join(self) -> None:
+        """Add every server to the router of another host (--join); each
+        line also says what that host's fleet passes as --peer for KV-aware
+        routing, since vllm-router reads KV events only from the sources it
+        started with."""
+        for index, server in sorted(self.servers.items()):
+            if not self._router_admin("add_worker", server.url):
+                raise FleetError(
+                    f"the router at {self.plan.router_url} did not take server {index} "
+                    f"({server.url}); is it running, and can it reach this host's address?"
+                )
+        for line in self.plan.peer_lines:
+            logger.info(
+                "fleet: joined vllm-router at %s; for kv_aware, start that router's fleet "
+                "with --peer %s",
+                self.plan.router_url,
+                line,
+            )
 
     def _start_router(self) -> None:
         log = self._log_dir / "router.log"
@@ -200,16 +231,20 @@ class Fleet:
         logger.info("fleet: server %d is back in the router's rotation.", member.index)
         return True
 
-    def _router_admin(self, action: str, url: str) -> None:
-        """vllm-router's own worker management (POST /remove_worker, /add_worker)."""
-        port = _flag(self.plan, "--port")
+    def _router_admin(self, action: str, url: str) -> bool:
+        """vllm-router's own worker management (POST /remove_worker,
+        /add_worker), on this fleet's router or the one it joined."""
+        if self.plan.join:
+            base = self.plan.router_url
+        else:
+            base = f"http://127.0.0.1:{_flag(self.plan, '--port')}"
         try:
-            reply = requests.post(
-                f"http://127.0.0.1:{port}/{action}", params={"url": url}, timeout=10
-            )
+            reply = requests.post(f"{base}/{action}", params={"url": url}, timeout=10)
             reply.raise_for_status()
         except requests.RequestException as exc:
             logger.warning("fleet: vllm-router %s %s failed: %s", action, url, exc)
+            return False
+        return True
 
     def request_stop(self, *_) -> None:
         self._stop.set()
@@ -220,6 +255,9 @@ class Fleet:
         if self._stopped:
             return
         self._stopped = True
+        if self.plan.join:  # out of the other host's rotation before we go
+            for server in self.servers.values():
+                self._router_admin("remove_worker", server.url)
         if self.router is not None:
             _stop_router(self.router)
         if self._router_log is not None:
