@@ -40,6 +40,7 @@ from vllm_uma.kv_offload.disk.layout import NOINDEX, Layout
 from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
 from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
+from vllm_uma.kv_offload.staging_store import StagingTieringManager
 from vllm_uma.models.publish import default_cache_root
 from vllm_uma.plugin import vllm_contract
 
@@ -197,7 +198,10 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
             fingerprint[:16],
             " and ".join(tier.tier_type for tier in tiers),
         )
-        return TieringOffloadingManager(primary_tier=primary, secondary_tiers=tiers)
+        # A staging pool stores only what the lower tiers lack (staging_store.py).
+        staging = StagingTieringManager.applies(tiers)
+        manager = StagingTieringManager if staging else TieringOffloadingManager
+        return manager(primary_tier=primary, secondary_tiers=tiers)
 
     def _namespace(self, offload: OffloadPlan):
         """What the lower tiers file blocks under, and the weights' fingerprint."""

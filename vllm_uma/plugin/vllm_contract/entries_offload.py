@@ -20,12 +20,14 @@ PROM = f"{OFF}.metrics:OffloadPromMetrics"
 TIERING_SPEC = "vllm.v1.kv_offload.tiering.spec:TieringOffloadingSpec"
 PRIMARY = "vllm.v1.kv_offload.tiering.manager:CPUPrimaryTierOffloadingManager"
 SECONDARY = "vllm.v1.kv_offload.tiering.base:SecondaryTierManager"
+TIERING = "vllm.v1.kv_offload.tiering.manager:TieringOffloadingManager"
 
 C = ("vllm_uma.kv_offload.connector",)
 RELEASE = ("vllm_uma.memory_release.scheduler",)
 BOTH = C + RELEASE
 M = ("vllm_uma.kv_offload.metrics",)
 S = ("vllm_uma.kv_offload.spec",)
+STAGING = ("vllm_uma.kv_offload.staging_store",)
 T = ("vllm_uma.kv_offload.disk.tier",)
 NET = ("vllm_uma.kv_offload.network.tier",)
 PROBES = ("vllm_uma.kv_offload.network.probes",)
@@ -243,6 +245,29 @@ ENTRIES = (
         M,
         "shows our counters at 0 from the start",
         params=("metric_name", "labelvalues", "engine_idx"),
+    ),
+    # -- staging_store.py: a staging pool stores only what the lower tiers lack
+    Method(
+        TIERING,
+        "prepare_store",
+        STAGING,
+        "StagingTieringManager filters the keys before vLLM's prepare_store",
+        params=("keys", "req_context"),
+    ),
+    Text(
+        TIERING,
+        "prepare_store",
+        STAGING,
+        "the pool is asked with the keys given (the filtered ones), and a key left out of "
+        "keys_to_store is one the offloading side already has, to the connector",
+        text="primary_result = self.primary_tier.prepare_store(keys, req_context)",
+    ),
+    Method(
+        SECONDARY,
+        "touch",
+        STAGING,
+        "a dropped block is touched in the tier",
+        ("keys", "req_context"),
     ),
     # -- spec.py: our specs over vLLM's CPU and tiering specs
     InstanceAttribute(
