@@ -38,6 +38,7 @@ COSTLIEST_FIRST = [
     "tests/e2e/test_shared_store.py",
     "tests/e2e/test_offload.py",
     "tests/e2e/test_fleet.py",
+    "tests/e2e/test_fleet_hosts.py",
     "tests/e2e/test_startup_errors.py",
     "tests/e2e/test_served_check.py",
 ]
