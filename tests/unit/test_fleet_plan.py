@@ -283,6 +283,8 @@ def test_the_network_tier_goes_after_the_disk_store_or_alone():
     "argv, message",
     [
         (["--advertise", "host-a"], "is not an IP address"),
+        (["--advertise", "0.0.0.0"], "one IPv4 address of this host"),
+        (["--advertise", "::1"], "one IPv4 address of this host"),
         (["--advertise", "192.0.2.77"], "this host cannot listen there"),  # TEST-NET-1
         (["--join", "http://10.0.0.1:8000"], "add --advertise"),
         (["--advertise", "127.0.0.1", "--join", "10.0.0.1:8000"], "router's http://HOST:PORT"),
@@ -296,3 +298,16 @@ def test_the_flags_of_one_host_of_several_are_checked_with_the_fix(argv, message
     assert problem is not None and message in problem, problem
     assert "secret" not in problem
     assert check_hosts_flags(build_parser().parse_args(["--advertise", "127.0.0.1"])) is None
+
+
+def test_fleets_that_join_a_router_name_their_event_sockets_by_their_servers_ports():
+    # No router here holds an address: two such fleets on one host must not
+    # share (and remove) each other's sockets.
+    a = plan_fleet(ask(join="http://10.0.0.1:8000", advertise="10.0.0.5"), [0, 1], ports())
+    b_ports = itertools.count(9101)
+    b = plan_fleet(
+        ask(join="http://10.0.0.1:8000", advertise="10.0.0.5"), [0, 1], lambda: next(b_ports)
+    )
+    sockets = [m.events_in for m in (*a.members, *b.members)]
+    assert len(set(sockets)) == 4
+    assert sockets[0].endswith("fleet-joined-10.0.0.5-9001.sock")

@@ -14,6 +14,7 @@ import signal
 import time
 
 import pytest
+import valkey
 from disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
 from network_tier_kit import make_tier, settled_lookup, started_cluster, wait_for
 from valkey.crc import key_slot
@@ -24,6 +25,7 @@ from vllm_uma.kv_offload.network import engine_link
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network import tier as tier_module
 from vllm_uma.kv_offload.network.engine_check import EngineRefused
+from vllm_uma.kv_offload.network.key_names import descriptor_name
 from vllm_uma.kv_offload.network.value_format import value_name
 
 TIMEOUT_S = 0.5
@@ -313,11 +315,24 @@ def test_every_primary_s_policy_is_checked(cluster, clients, primary):
         clients[2].config_set("maxmemory-policy", "allkeys-lru")
         clients[1].config_set("maxmemory-policy", "volatile-lru")
         clients[0].config_set("cluster-require-full-coverage", "yes")
+        info_of_ns = {"model": "test-model", "kv_dtype": "bfloat16"}
         with WarningLog(tier_module.logger) as log, InfoLog(tier_module.logger) as info:
-            make_tier(cluster, primary, NS, cluster=True).shutdown()
+            make_tier(cluster, primary, NS, cluster=True, namespace_info=info_of_ns).shutdown()
         (warning,) = log.messages
-        # The start-up line adds the three primaries' caps up: 3 x 64 MB.
-        assert any("cluster of 3 primaries, maxmemory 0.19 GiB" in line for line in info.messages)
+        # The start-up line adds the three primaries' caps up: 3 x 64 MB,
+        # and counts no blocks (one node's count over all the caps would
+        # understate the share).
+        (line,) = [x for x in info.messages if "cluster of 3 primaries, maxmemory 0.19 GiB" in x]
+        assert "its blocks not counted on a cluster" in line
+
+        # The namespace's descriptor is on the node of its slot, not lost to MOVED.
+        def holds_descriptor(client) -> bool:
+            try:
+                return bool(client.exists(descriptor_name(NS)))
+            except valkey.exceptions.ResponseError:  # MOVED: not this node's slot
+                return False
+
+        assert sum(holds_descriptor(c) for c in clients) == 1
         assert f":{cluster.nodes[1].port}/0 runs maxmemory-policy volatile-lru" in warning
         assert f"127.0.0.1:{cluster.nodes[0].port} run cluster-require-full-coverage" in warning
         assert "CONFIG SET cluster-require-full-coverage no" in warning
@@ -361,3 +376,14 @@ def test_the_cluster_dies_with_the_test_that_started_it(tmp_path):
     parent.wait(timeout=10)
     for pid in pids:
         wait_for(lambda pid=pid: not Path(f"/proc/{pid}").exists(), 10, "the node to exit")
+
+
+def test_kv_store_refuses_a_cluster_node_with_the_reason(cluster, capsys):
+    # One node's SCAN would list a part of our keys, and a delete of several
+    # would be refused across slots: refused, nothing deleted.
+    from vllm_uma.commands import main as cli
+
+    for command in (["ls"], ["clear", "--yes"]):
+        assert cli.main(["kv-store", cluster.url, *command]) == 2
+        err = capsys.readouterr().err
+        assert "is a node of a Valkey/Redis Cluster" in err and "valkey-cli --cluster" in err

@@ -105,13 +105,19 @@ def check_hosts_flags(fleet_args) -> str | None:
     import socket
 
     try:
-        ipaddress.ip_address(fleet_args.advertise)
+        address = ipaddress.ip_address(fleet_args.advertise)
     except ValueError:
         return (
             f"--advertise {fleet_args.advertise!r} is not an IP address: give this host's "
             f"address on the network the hosts share (ip -brief addr shows them)."
         )
-    with socket.socket(socket.AF_INET6 if ":" in fleet_args.advertise else socket.AF_INET) as s:
+    if address.version != 4 or address.is_unspecified:
+        return (
+            f"--advertise {fleet_args.advertise}: give one IPv4 address of this host, the "
+            f"one other hosts reach it at (an IPv6 or an unspecified address cannot be "
+            f"advertised to them yet)."
+        )
+    with socket.socket(socket.AF_INET) as s:
         try:
             s.bind((fleet_args.advertise, 0))
         except OSError as exc:
@@ -123,7 +129,7 @@ def check_hosts_flags(fleet_args) -> str | None:
     join = fleet_args.join
     if join is not None and not re.fullmatch(r"http://[^/\s:]+:\d+/?", join):
         return f"--join {join!r} is invalid: it must be the router's http://HOST:PORT."
-    if join is not None and fleet_args.advertise.startswith("127."):
+    if join is not None and address.is_loopback:
         return (
             "--join adds this host's servers to a router on another host, which cannot "
             "reach them on loopback: add --advertise with this host's address on the "

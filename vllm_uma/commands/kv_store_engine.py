@@ -130,6 +130,16 @@ def main(argv: list[str]) -> int:
 def _run(client, url: str, args: argparse.Namespace) -> int:
     from vllm_uma.kv_offload.network import engine_usage
 
+    if _is_cluster_node(client):
+        # A cluster spreads our keys over every primary: one node's SCAN
+        # sees a part of them, and a delete of several refuses across slots.
+        print(
+            f"{PROG}: error: {url} is a node of a Valkey/Redis Cluster (cluster_enabled:1); "
+            f"this command walks one standalone engine. List or clear each primary with "
+            f"valkey-cli --cluster call, or use an engine that is not a cluster.",
+            file=sys.stderr,
+        )
+        return USAGE_ERROR
     if args.command == "clear":
         keys, nbytes = engine_usage.clear(client, args.namespace)
         what = f"namespace {args.namespace}" if args.namespace else "every namespace of ours"
@@ -145,6 +155,15 @@ def _run(client, url: str, args: argparse.Namespace) -> int:
     total = sum(u.bytes for u in rows)
     print(f"{url}: {report.summary()}; ours {_size(total)}, {report.share(total)}")
     return 0
+
+
+def _is_cluster_node(client) -> bool:
+    import valkey.exceptions as errors
+
+    try:
+        return bool(int(client.info("cluster").get("cluster_enabled", 0)))
+    except errors.ResponseError:  # INFO refused by the ACL: the commands below will say
+        return False
 
 
 def _ls(rows, report) -> None:

@@ -264,7 +264,12 @@ def _member_plan(
     port, events_out = free_port(), free_port()
     # Named by the router's address, which no other live fleet holds (and a
     # fleet started again on it reuses the names instead of adding files).
-    socket = ask.events_dir / f"fleet-{ask.host}-{ask.port}-server-{index}.sock"
+    if ask.join is None:
+        socket = ask.events_dir / f"fleet-{ask.host}-{ask.port}-server-{index}.sock"
+    else:
+        # No router here holds an address to name the fleet by: the
+        # server's own port, which no live server on this host shares.
+        socket = ask.events_dir / f"fleet-joined-{ask.advertise}-{port}.sock"
     if len(str(socket)) > MAX_SOCKET_PATH:
         raise FleetPlanError(
             f"the KV events socket {socket} is {len(str(socket))} characters long, over "

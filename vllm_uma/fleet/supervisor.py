@@ -234,10 +234,9 @@ class Fleet:
     def _router_admin(self, action: str, url: str) -> bool:
         """vllm-router's own worker management (POST /remove_worker,
         /add_worker), on this fleet's router or the one it joined."""
-        if self.plan.join:
-            base = self.plan.router_url
-        else:
-            base = f"http://127.0.0.1:{_flag(self.plan, '--port')}"
+        base = self.plan.router_url
+        if not self.plan.join and _flag(self.plan, "--host") in ("0.0.0.0", "::"):
+            base = f"http://127.0.0.1:{_flag(self.plan, '--port')}"  # every address
         try:
             reply = requests.post(f"{base}/{action}", params={"url": url}, timeout=10)
             reply.raise_for_status()

@@ -19,10 +19,19 @@ the tier instead (a store would have made them recent there too). To
 vLLM's connector a dropped block is one the offloading side already has,
 as a block the pool holds is.
 
+Only blocks the pool lacks are dropped: a block still in a pool row goes
+through vLLM's own path, which records its use in the pool's LRU.
+
 Where it applies: every secondary tier answers ``holds`` (today: the disk
 tier alone). The network tier cannot answer without a round trip, and a
 block the disk holds may still be missing from the engine, so with a
 network tier every block is stored as before.
+
+The window it leaves: ``holds`` reads this server's copy of the disk's
+index. On a store shared by several servers, a peer's eviction reaches it
+through the ledger's feed, a moment later; a block dropped in that moment
+is on no tier, and the connector does not offer it again. It is then
+recomputed when next needed: a cache miss, never a wrong token.
 
 Process: the engine core's scheduler thread, as vLLM's manager.
 """
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from vllm.v1.kv_offload.base import OffloadKey, PrepareStoreOutput, ReqContext
+from vllm.v1.kv_offload.base import LookupResult, OffloadKey, PrepareStoreOutput, ReqContext
 from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 
 from vllm_uma.plugin import vllm_contract
@@ -52,7 +61,13 @@ class StagingTieringManager(TieringOffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
         keys = list(keys)
-        held = [k for k in keys if all(t.holds(k) for t in self.secondary_tiers)]
+        pool = self.primary_tier
+        held = [
+            k
+            for k in keys
+            if pool.lookup(k, req_context) is LookupResult.MISS
+            and all(t.holds(k) for t in self.secondary_tiers)
+        ]
         if held:
             for tier in self.secondary_tiers:
                 tier.touch(held, req_context)

@@ -144,12 +144,22 @@ class NetworkTier(SecondaryTierManager):
             raise EngineRefused(report.problem)
         if report.problem is not None:
             logger.warning("network KV tier: %s", report.problem)
-        try:
-            # Counted on the url's node: a cluster's other nodes are not walked.
-            held = namespace_share(self._link.seed.client, self._ns, self._info, report)
-        except LINK_ERRORS as exc:  # gone since the check: a line, never a failed start
-            self._link.node_down(self._link.seed, exc, "counting the namespace's blocks")
-            held = "its blocks not counted: the engine stopped answering"
+        if self._link.cluster is not None:
+            # One node's count over the whole cluster's cap would understate
+            # the share; the descriptor goes to the node of its slot.
+            node = self._link.node_of(descriptor_name(self._ns))
+            try:
+                if node is not None:
+                    keep_descriptor(node.client, self._ns, self._info)
+            except LINK_ERRORS as exc:  # a line, never a failed start
+                self._link.node_down(node, exc, "writing the namespace's descriptor")
+            held = "its blocks not counted on a cluster"
+        else:
+            try:
+                held = namespace_share(self._link.seed.client, self._ns, self._info, report)
+            except LINK_ERRORS as exc:  # gone since the check: a line, never a failed start
+                self._link.node_down(self._link.seed, exc, "counting the namespace's blocks")
+                held = "its blocks not counted: the engine stopped answering"
         logger.info(
             "KV offloading: network tier at %s (%s), namespace %s: %s.",
             url,
