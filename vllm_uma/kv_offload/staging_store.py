@@ -60,17 +60,13 @@ class StagingTieringManager(TieringOffloadingManager):
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
-        keys = list(keys)
-        pool = self.primary_tier
-        held = [
-            k
-            for k in keys
-            if pool.lookup(k, req_context) is LookupResult.MISS
-            and all(t.holds(k) for t in self.secondary_tiers)
-        ]
+        kept, held = [], []
+        for k in keys:
+            below_only = self.primary_tier.lookup(k, req_context) is LookupResult.MISS and all(
+                t.holds(k) for t in self.secondary_tiers
+            )
+            (held if below_only else kept).append(k)
         if held:
             for tier in self.secondary_tiers:
                 tier.touch(held, req_context)
-            held_set = set(held)
-            keys = [k for k in keys if k not in held_set]
-        return super().prepare_store(keys, req_context)
+        return super().prepare_store(kept, req_context)
