@@ -224,8 +224,27 @@ class Server:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs. A zombie does not count:
+    it holds no memory, port or file any more, and the orphans of the
+    session (multiprocessing's resource tracker) are reaped by whoever
+    adopted them, which on some machines' init takes a second or more."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    return True
+    return any(pgrp == pgid and state != "Z" for pgrp, state in _process_groups())
+
+
+def _process_groups():
+    """(process group, state) of every process /proc lists now."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parens.
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        yield int(fields[2]), fields[0].decode()

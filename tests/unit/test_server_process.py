@@ -89,3 +89,51 @@ def test_the_refusal_text_is_the_one_preflight_prints():
             check_port("127.0.0.1", taken.getsockname()[1])
     finally:
         taken.close()
+
+
+ORPHAN_ZOMBIE = """
+import os, signal, time
+if os.fork() == 0:
+    os._exit(0)  # a child its parent never waits for: a zombie of the group
+time.sleep(60)
+"""
+
+
+def test_a_group_of_zombies_counts_as_stopped():
+    # The stop waits for the server's session to exit; a zombie holds
+    # nothing, and the init that adopts a session's orphans may take a
+    # second or more to reap them.
+    import os
+    import signal
+    import subprocess
+    import time
+
+    leader = subprocess.Popen([sys.executable, "-c", ORPHAN_ZOMBIE], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not any(
+            pgrp == leader.pid and state == "Z" for pgrp, state in server_process._process_groups()
+        ):
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.05)
+        assert server_process._group_alive(leader.pid)  # the leader still runs
+        os.kill(leader.pid, signal.SIGKILL)
+        while leader.pid not in _zombies():
+            assert time.monotonic() < deadline, "the leader was not killed"
+            time.sleep(0.05)
+        os.killpg(leader.pid, 0)  # the group still exists: its members are zombies
+        assert not server_process._group_alive(leader.pid)
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+def _zombies() -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_bytes().rsplit(b") ", 1)[1][:1] == b"Z":
+                out.add(int(entry.name))
+        except (OSError, IndexError):
+            pass
+    return out
