@@ -276,3 +276,38 @@ def test_an_engine_dies_with_the_test_that_started_it(tmp_path):
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=10)
     wait_for(lambda: not Path(f"/proc/{engine_pid}").exists(), 10, "the engine to exit")
+
+
+def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_engine, caplog):
+    # The watch tries a down node every retry interval; an engine that
+    # answers PING but keeps failing the check logs one traceback, and
+    # another only when the failure changes.
+    import logging
+
+    import valkey
+
+    from vllm_uma.kv_offload.network.settings import parse_network_tier
+
+    engine = start_engine(*LRU)
+    failures = iter(["NOPERM no permission"] * 3 + ["NOPERM other"] * 2)
+
+    def refuse(node):
+        raise valkey.exceptions.ResponseError(next(failures))
+
+    config = parse_network_tier({"type": "valkey", "url": engine.url})
+    link = engine_link.EngineLink(config, refuse, retry_interval_s=60)
+    try:
+        with caplog.at_level(logging.ERROR, logger=engine_link.logger.name):
+            answered = [link._answers(link.seed) for _ in range(5)]
+        assert answered == [False] * 5
+        said = [r for r in caplog.records if "checking the engine" in r.getMessage()]
+        assert [r.exc_info is not None for r in said] == [True, True]
+        assert ["no permission" in said[0].getMessage(), "other" in said[1].getMessage()] == [
+            True,
+            True,
+        ]
+        link.seed.check_failure = "ResponseError: NOPERM other"
+        assert link._try_node(link.seed, lambda node: None)  # it passes: forgotten
+        assert link.seed.check_failure is None
+    finally:
+        link.close()

@@ -206,10 +206,29 @@ class EngineLink:
         except LINK_ERRORS:
             node.pool.disconnect(inuse_connections=False)
             return False
-        except Exception:  # the check itself failed: retried, never the thread's end
-            logger.exception("network KV tier: checking the engine at %s failed", node.url)
+        except Exception as exc:  # the check itself failed: retried, never the thread's end
+            self._check_failed(node, exc)
             return False
+        node.check_failure = None
         return True
+
+    def _check_failed(self, node: Node, exc: Exception) -> None:
+        """One log line, with its traceback, per failure that repeats: the
+        watch tries again every retry interval, and an engine that keeps
+        refusing the check (an ACL that forbids a command, say) would
+        otherwise print a traceback every time."""
+        failure = f"{type(exc).__name__}: {exc}"
+        if node.check_failure == failure:
+            return
+        node.check_failure = failure
+        logger.error(
+            "network KV tier: checking the engine at %s failed (%s); its blocks stay misses. "
+            "Trying again every %.0f s; this is said again only if the failure changes.",
+            node.url,
+            failure,
+            self._retry_interval_s,
+            exc_info=exc,
+        )
 
     def _answers(self, node: Node) -> bool:
         def ping_and_check(node: Node) -> None:

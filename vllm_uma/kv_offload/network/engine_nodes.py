@@ -85,6 +85,8 @@ class Node:
         self.full = False  # the node refuses writes (OOM)
         self.down_since = 0.0
         self.failed_meanwhile = 0
+        # The watch's last check failure other than no answer, said once.
+        self.check_failure: str | None = None
 
     def __repr__(self) -> str:
         return f"Node({self.address})"
