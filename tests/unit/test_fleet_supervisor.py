@@ -124,20 +124,35 @@ def test_each_server_has_its_own_restart_budget():
 
 class FakeRouter:
     """vllm-router's worker management, as a fleet that joins it uses it:
-    POST /add_worker?url=... and /remove_worker?url=...; ``refuse``: 503."""
+    POST /add_worker?url=... and /remove_worker?url=..., GET /list_workers
+    ({"urls": [...]}, vllm-router 0.1.17's reply); ``refuse``: 503."""
 
     def __init__(self, refuse: bool = False):
         import http.server
+        import json
         import urllib.parse
 
         calls = self.calls = []
+        workers = self.workers = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 path, _, query = self.path.partition("?")
-                calls.append((path, urllib.parse.parse_qs(query)["url"][0]))
+                url = urllib.parse.parse_qs(query)["url"][0]
+                calls.append((path, url))
+                if not refuse and path == "/add_worker":
+                    workers.append(url)
+                elif not refuse and url in workers:
+                    workers.remove(url)
                 self.send_response(503 if refuse else 200)
                 self.end_headers()
+
+            def do_GET(self):
+                body = json.dumps({"urls": workers}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *args):
                 pass
@@ -180,3 +195,29 @@ def test_a_router_that_does_not_take_a_server_fails_the_start_with_the_reason(tm
         fleet.stop()
         router.close()
     assert servers_of(joined) == []
+
+
+def test_a_joined_fleet_adds_its_servers_again_to_a_router_that_forgot_them(tmp_path, caplog):
+    import logging
+
+    router = FakeRouter()
+    members = plan(tmp_path, False, False).members
+    fleet = Fleet(FleetPlan(members, (), router.url, None, join=True), FAKE_SERVE, tmp_path)
+    urls = [m.url for m in members]
+    try:
+        fleet.start()
+        fleet.rejoin()  # listed: nothing to do
+        assert router.calls == [("/add_worker", u) for u in urls]
+        router.workers.clear()  # the router restarted: it forgot them
+        fleet.rejoin()
+        assert router.calls[2:] == [("/add_worker", u) for u in urls]
+        assert sorted(router.workers) == sorted(urls)
+        router.close()  # gone: said once, nothing added
+        with caplog.at_level(logging.WARNING, logger=supervisor.logger.name):
+            fleet.rejoin()
+            fleet.rejoin()
+        said = [r for r in caplog.records if "does not list its workers" in r.getMessage()]
+        assert len(said) == 1
+    finally:
+        fleet.stop()
+    assert servers_of(fleet.plan) == []

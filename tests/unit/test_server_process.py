@@ -129,11 +129,14 @@ def test_a_group_of_zombies_counts_as_stopped():
 
 
 def _zombies() -> set[int]:
-    out = set()
+    return {pid for pid, state in _states() if state == "Z"}
+
+
+def _states():
     for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "stat").read_bytes().rsplit(b") ", 1)[1][:1] == b"Z":
-                out.add(int(entry.name))
-        except (OSError, IndexError):
-            pass
-    return out
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_bytes()
+            except OSError:
+                continue
+            yield int(entry.name), stat.rsplit(b") ", 1)[1][:1].decode()

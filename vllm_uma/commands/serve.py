@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 
-from vllm_uma import lifeline, models
+from vllm_uma import exit_without_collection, lifeline, models
 from vllm_uma.commands.argv import given
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
@@ -206,6 +206,7 @@ def main(argv: list[str]) -> int:
             f"in the log above say why. Restart the server.",
             EXIT_FAILURE,
         )
+    exit_without_collection.arm()  # served and stopped: exit 1.5 s sooner
     return 0
 
 

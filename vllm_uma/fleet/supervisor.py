@@ -49,6 +49,10 @@ RESTART_LIMIT = 3
 RESTART_WINDOW_S = 300.0
 POLL_S = 1.0
 ROUTER_READY_S = 120.0
+# How often a fleet that joined another host's router checks that the router
+# still lists its servers: vllm-router keeps workers added by /add_worker in
+# memory only, so a restarted router has forgotten them.
+JOIN_CHECK_S = 10.0
 
 
 class FleetError(RuntimeError):
@@ -78,6 +82,7 @@ class Fleet:
         self._exits: dict[int, deque[float]] = {m.index: deque() for m in plan.members}
         self._stop = threading.Event()
         self._stopped = False
+        self._join_lost = False  # the joined router did not answer its last check
         self._zmq = zmq.Context()
         self._relays: list[EventRelay] = []
 
@@ -187,8 +192,14 @@ class Fleet:
             raise FleetError(f"vllm-router did not answer /health in {ROUTER_READY_S:.0f} s")
 
     def watch(self) -> int:
-        """Until stopped: restart servers that exit. Returns the exit status."""
+        """Until stopped: restart servers that exit, and (a fleet that joined
+        another host's router) add its servers again to a router that
+        forgot them. Returns the exit status."""
+        next_join_check = time.monotonic() + JOIN_CHECK_S
         while not self._stop.wait(POLL_S):
+            if self.plan.join and time.monotonic() >= next_join_check:
+                self.rejoin()
+                next_join_check = time.monotonic() + JOIN_CHECK_S
             if self.router is not None and self.router.poll() is not None:
                 logger.error(
                     "fleet: vllm-router exited with %d; stopping the fleet.",
@@ -230,6 +241,34 @@ class Fleet:
         self._router_admin("add_worker", member.url)
         logger.info("fleet: server %d is back in the router's rotation.", member.index)
         return True
+
+    def rejoin(self) -> None:
+        """Add again those of our running servers the joined router does not
+        list (GET /list_workers): it restarted, or dropped them. A router
+        that does not answer is said once until it answers again."""
+        try:
+            reply = requests.get(f"{self.plan.router_url}/list_workers", timeout=5)
+            reply.raise_for_status()
+            listed = set(reply.json()["urls"])
+        except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+            if not self._join_lost:
+                logger.warning(
+                    "fleet: the router at %s does not list its workers (%s); its servers "
+                    "stay as they are, asked again every %.0f s.",
+                    self.plan.router_url, exc, JOIN_CHECK_S,
+                )  # fmt: skip
+            self._join_lost = True
+            return
+        self._join_lost = False
+        for index, server in sorted(self.servers.items()):
+            if server.url in listed or server.proc.poll() is not None:
+                continue  # listed, or exited: the restart adds it when it is back
+            if self._router_admin("add_worker", server.url):
+                logger.warning(
+                    "fleet: the router at %s no longer listed server %d (%s): it restarted "
+                    "or dropped it; added it again.",
+                    self.plan.router_url, index, server.url,
+                )  # fmt: skip
 
     def _router_admin(self, action: str, url: str) -> bool:
         """vllm-router's own worker management (POST /remove_worker,

@@ -11,7 +11,10 @@ slot, all of a node's in its one pipeline.
 A node that is down is skipped (its keys answer NoAnswer at once), one that
 fails now is put down (engine_link.py), and the others' replies are kept:
 a gone node makes misses of its own keys only. Replies are read until one
-deadline, a timeout after the last send.
+deadline, a timeout after the last send; a node whose turn to be read
+comes after that deadline still gets a tenth of a timeout
+(``LAST_READ_SHARE``), so a round trip can last up to that much longer,
+and a node is not put down for another node's delay.
 """
 
 from __future__ import annotations
