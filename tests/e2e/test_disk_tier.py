@@ -22,6 +22,11 @@ CPU's kernels: the comparisons hold on AVX2, AVX-512 and AMX alike.
 - D starts on C's root_dir: no partial file is left, some prefix tokens of
   C's prompts come back from the blocks C wrote before it was killed, and
   D's tokens equal C's.
+- F starts on a copy of the store A wrote (taken before the damage) in
+  which one 2-hex subdirectory was moved out and replaced by a symlink to
+  it: F serves A's prompts with A's tokens, the blocks behind the link are
+  recomputed and their stores refused, and nothing behind the link is
+  read, written or deleted.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import threading
@@ -206,6 +212,8 @@ def restart(vllm_uma_exe, default_model_dir, tmp_path_factory):
         # still pending (the platform raises --shutdown-timeout for that).
         a.stop()
     files_after_a = block_files(root)
+    # An undamaged copy of what A wrote, for the symlink test (linked).
+    shutil.copytree(root, root.parent / "copy-of-a", symlinks=True)
     damaged = damage(root)
     b_outputs, b_metrics, _ = serve_prompts(
         vllm_uma_exe,
@@ -368,22 +376,19 @@ def test_after_sigkill_the_killed_servers_blocks_are_restored(capped):
 
 
 @pytest.fixture(scope="module")
-def linked(vllm_uma_exe, default_model_dir, tmp_path_factory):
-    """E stores a prompt; a subdirectory of its blocks is moved out of the
-    store and linked back; F serves the prompt again on the same root."""
-    root = tmp_path_factory.mktemp("disk-linked") / "kv"
-    args = disk_args(root, cap_gib=1)
-    e_outputs, _, _ = serve_prompts(
-        vllm_uma_exe, args, tmp_path_factory.mktemp("server-e"), order=[0]
-    )
+def linked(vllm_uma_exe, restart, tmp_path_factory):
+    """A copy of the store A wrote (restart); a subdirectory of its blocks is
+    moved out of the store and linked back; F serves A's prompts on it (the
+    victim may be a block of any of them)."""
+    root = restart["root"].parent / "copy-of-a"
     victim = block_files(root)[len(block_files(root)) // 2]
     outside = root.parent / "outside-the-store"
     before = move_out_and_link_back(victim.parent, outside)
     f_outputs, f_metrics, _ = serve_prompts(
-        vllm_uma_exe, args, tmp_path_factory.mktemp("server-f"), order=[0]
+        vllm_uma_exe, disk_args(root, cap_gib=1), tmp_path_factory.mktemp("server-f")
     )
     return dict(
-        e_outputs=e_outputs,
+        a_outputs=restart["a_outputs"],
         f_outputs=f_outputs,
         f_metrics=f_metrics,
         outside=outside,
@@ -394,7 +399,7 @@ def linked(vllm_uma_exe, default_model_dir, tmp_path_factory):
 def test_nothing_is_read_written_or_deleted_through_a_symlinked_subdirectory(linked):
     assert listing(linked["outside"]) == linked["before"]
     # The blocks behind the link were recomputed, and their store refused.
-    assert linked["f_outputs"] == linked["e_outputs"]
+    assert linked["f_outputs"] == linked["a_outputs"]
     assert metric(linked["f_metrics"], STORE_FAILED, 'reason="io_error"') >= 1
 
 
