@@ -129,12 +129,14 @@ def test_a_shaped_link_carries_about_its_rate(net):
     rtt = _on_host(net, 2, [*PROBE, "rtt", *to, "--rounds", "20"])
     up = _on_host(net, 2, [*PROBE, "send", *to, "--mbytes", "5"])
     print(f"{RATE_MBIT} Mbit/s link: host 2 -> 3 {up['mbit_s']} Mbit/s, RTT {rtt['rtt_ms']} ms")
-    assert 0.6 * RATE_MBIT <= up["mbit_s"] <= 1.1 * RATE_MBIT, up
+    # The cap is the shaping; the floor only catches a rate set in the
+    # wrong unit, loosely: the sender shares two cores with the suite.
+    assert 0.3 * RATE_MBIT <= up["mbit_s"] <= 1.1 * RATE_MBIT, up
     # The other direction goes through the other end's tbf.
     to = _probe_server(net, 2)
     down = _on_host(net, 3, [*PROBE, "send", *to, "--mbytes", "5"])
     print(f"{RATE_MBIT} Mbit/s link: host 3 -> 2 {down['mbit_s']} Mbit/s")
-    assert 0.6 * RATE_MBIT <= down["mbit_s"] <= 1.1 * RATE_MBIT, down
+    assert 0.3 * RATE_MBIT <= down["mbit_s"] <= 1.1 * RATE_MBIT, down
 
 
 def test_a_hosts_downlink_is_shared_by_its_senders(net):
@@ -154,7 +156,11 @@ def test_a_hosts_downlink_is_shared_by_its_senders(net):
     span = max(s["end"] for s in sent) - min(s["start"] for s in sent)
     together = 2 * 4e6 * 8 / span / 1e6
     print(f"{RATE_MBIT} Mbit/s link: hosts 2 and 3 -> 1 at once: {together:.1f} Mbit/s in all")
-    assert 0.6 * RATE_MBIT <= together <= 1.1 * RATE_MBIT, sent
+    # Only the cap is asserted: without the switch's bucket the two would
+    # move about twice the rate (each uplink allows the full rate). A floor
+    # would time the senders, and they share this machine's two cores with
+    # the rest of the suite (58 Mbit/s was seen in a loaded run).
+    assert together <= 1.1 * RATE_MBIT, sent
 
 
 def test_each_end_of_a_shaped_link_has_its_token_bucket(net):

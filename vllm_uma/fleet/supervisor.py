@@ -13,6 +13,9 @@ Order matters:
   that server within RESTART_WINDOW_S; each server has its own count)
   stops the fleet rather than loop;
 - the router exiting stops the fleet: clients have no address any more;
+- a fleet that joined another host's router (--join) has none of its own:
+  every JOIN_CHECK_S it asks that router which workers it lists and adds
+  back those of its servers it forgot (a router restarted since);
 - stop (Ctrl-C, SIGTERM, or one of the above): the router first (no new
   requests), then the servers in parallel, each given the time its disk
   tier needs to drain (server_process.Server.stop: SIGTERM, 30 s, SIGKILL).
