@@ -23,6 +23,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import requests
@@ -224,27 +225,31 @@ class Server:
 
 
 def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs. A zombie does not count:
-    it holds no memory, port or file any more, and the orphans of the
-    session (multiprocessing's resource tracker) are reaped by whoever
-    adopted them, which on some machines' init takes a second or more."""
+    """Whether a process of the group still runs. A zombie whose threads
+    are all gone does not count: it holds no memory, port or file any more,
+    and the orphans of the session (multiprocessing's resource tracker) are
+    reaped by whoever adopted them, which on some machines' init takes a
+    second or more. (A group leader shows Z as soon as its own thread ends,
+    while its other threads may still be freeing the address space.)"""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    return any(pgrp == pgid and state != "Z" for pgrp, state in _process_groups())
+    return any(pgrp == pgid and not gone for pgrp, gone in _process_groups())
 
 
-def _process_groups():
-    """(process group, state) of every process /proc lists now."""
+def _process_groups() -> Iterator[tuple[int, bool]]:
+    """(process group, finished) of every process /proc lists now:
+    finished is a zombie with no thread left but itself."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/stat", "rb") as f:
                 stat = f.read()
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parens.
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            gone = fields[0] == b"Z" and len(os.listdir(f"/proc/{entry.name}/task")) <= 1
         except OSError:  # exited meanwhile
             continue
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parens.
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        yield int(fields[2]), fields[0].decode()
+        yield int(fields[2]), gone

@@ -1,7 +1,8 @@
-"""Server's ports: free_port() stays out of the kernel's ephemeral range and
-never repeats; a server whose self-chosen port was taken before it bound it
-starts again on another port, a bounded number of times, and a port the
-caller chose is refused, not replaced.
+"""Server's ports and stop: free_port() stays out of the kernel's ephemeral
+range and never repeats; a server whose self-chosen port was taken before it
+bound it starts again on another port, a bounded number of times, and a port
+the caller chose is refused, not replaced; a stop does not wait for zombies
+that nobody reaps yet.
 
 The "server" here is a small script that runs vllm-uma's real port check
 (commands/preflight.py) and then answers /health, so the retry is driven by
@@ -112,7 +113,7 @@ def test_a_group_of_zombies_counts_as_stopped():
     try:
         deadline = time.monotonic() + 10
         while not any(
-            pgrp == leader.pid and state == "Z" for pgrp, state in server_process._process_groups()
+            pgrp == leader.pid and gone for pgrp, gone in server_process._process_groups()
         ):
             assert time.monotonic() < deadline, "the child never became a zombie"
             time.sleep(0.05)
@@ -123,6 +124,40 @@ def test_a_group_of_zombies_counts_as_stopped():
             time.sleep(0.05)
         os.killpg(leader.pid, 0)  # the group still exists: its members are zombies
         assert not server_process._group_alive(leader.pid)
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+LEADER_GONE_THREAD_LEFT = """
+import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(60,)).start()
+time.sleep(0.2)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends, the process does not
+"""
+
+
+def test_a_zombie_leader_with_a_thread_left_still_counts_as_running():
+    # Its state is Z as soon as its own thread ends; its other threads may
+    # still hold the address space (an engine core freeing its KV cache).
+    import os
+    import signal
+    import subprocess
+    import time
+
+    leader = subprocess.Popen(
+        [sys.executable, "-c", LEADER_GONE_THREAD_LEFT], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while leader.pid not in _zombies():
+            assert time.monotonic() < deadline, "the main thread never ended"
+            time.sleep(0.05)
+        assert server_process._group_alive(leader.pid)  # a thread is left
+        os.kill(leader.pid, signal.SIGKILL)
+        while server_process._group_alive(leader.pid):
+            assert time.monotonic() < deadline, "a killed process still counts as running"
+            time.sleep(0.05)
     finally:
         leader.kill()
         leader.wait()

@@ -252,7 +252,8 @@ class Fleet:
         try:
             reply = requests.get(f"{self.plan.router_url}/list_workers", timeout=5)
             reply.raise_for_status()
-            listed = set(reply.json()["urls"])
+            # Compared without a trailing slash, in case the router keeps one.
+            listed = {url.rstrip("/") for url in reply.json()["urls"]}
         except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
             if not self._join_lost:
                 logger.warning(
@@ -264,7 +265,7 @@ class Fleet:
             return
         self._join_lost = False
         for index, server in sorted(self.servers.items()):
-            if server.url in listed or server.proc.poll() is not None:
+            if server.url.rstrip("/") in listed or server.proc.poll() is not None:
                 continue  # listed, or exited: the restart adds it when it is back
             if self._router_admin("add_worker", server.url):
                 logger.warning(

@@ -141,9 +141,9 @@ class ReleasingScheduler:
             SHARED_POOLS.release(self._pool_engine_id)
             self._pool_engine_id = None
         super().shutdown()
-        # The engine core's stop on purpose (not a failed start): from here
-        # it exits without its last garbage collection, 1.5 s sooner.
-        exit_without_collection.arm()
+        # A stop on purpose exits without its last garbage collection, 1.5 s
+        # sooner; a fatal error (this runs then too) exits as before.
+        exit_without_collection.arm_engine_core()
 
     # -- building the releaser from the scheduler's parts ---------------------
 

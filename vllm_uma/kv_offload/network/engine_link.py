@@ -209,7 +209,6 @@ class EngineLink:
         except Exception as exc:  # the check itself failed: retried, never the thread's end
             self._check_failed(node, exc)
             return False
-        node.check_failure = None
         return True
 
     def _check_failed(self, node: Node, exc: Exception) -> None:
@@ -235,7 +234,12 @@ class EngineLink:
             node.client.ping()
             self._check_node(node)
 
-        return self._try_node(node, ping_and_check)
+        if not self._try_node(node, ping_and_check):
+            return False
+        # Forgotten only when the check itself passes (a cluster's map read
+        # from the same node succeeds while its check keeps failing).
+        node.check_failure = None
+        return True
 
     def _back(self, node: Node) -> None:
         with self._lock:
