@@ -17,11 +17,12 @@ Armed only on a stop on purpose, after the server served: the API server
 once vLLM's serve command returned without an error (commands/serve.py);
 the engine core once its scheduler shut down with no exception in flight
 but vLLM's SystemExit(0) of a stop (``run_engine_core`` also shuts the
-engine down after a fatal error), and only in an engine core that `vllm-uma serve` started, never
-in a process that runs the engine in-process (an offline ``LLM``). The
-engine core's part needs vllm-uma's scheduler (memory_release/scheduler.py),
-which the platform installs unless the memory release is turned off; without
-it the engine core exits with its collection, as before. A process that
+engine down after a fatal error), and only in an engine core that
+`vllm-uma serve` started, never in a process that runs the engine
+in-process (an offline ``LLM``). The engine core's part needs vllm-uma's
+scheduler (memory_release/scheduler.py), which the platform installs
+unless the memory release is turned off; without it the engine core exits
+with its collection, as before. A process that
 fails (a refused flag, a budget too small, a fatal engine error) exits as
 before: with the collection, some libraries' leak reports (nanobind's, for
 triton's objects) print at exit when their objects are not collected, and
@@ -38,10 +39,9 @@ from __future__ import annotations
 
 import atexit
 import gc
-import os
 import sys
 
-from vllm_uma.lifeline import API_SERVER_ENV
+from vllm_uma.lifeline import api_server_pid
 
 _armed = False
 
@@ -68,6 +68,5 @@ def arm_engine_core() -> None:
         isinstance(in_flight, SystemExit) and in_flight.code in (None, 0)
     ):
         return
-    api_server = os.environ.get(API_SERVER_ENV)
-    if api_server is not None and api_server != str(os.getpid()):
+    if api_server_pid() is not None:
         arm()

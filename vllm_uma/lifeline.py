@@ -104,11 +104,19 @@ def _supervisor_state(pid: int) -> str:
     return "other"
 
 
+def api_server_pid() -> int | None:
+    """In an engine core that `vllm-uma serve` started: its API server's pid
+    (from the environment the server set). None in the API server itself,
+    and in a process no `vllm-uma serve` started (an offline ``LLM``)."""
+    parent = _pid_from(API_SERVER_ENV)
+    return None if parent == os.getpid() else parent
+
+
 def follow_api_server() -> bool:
     """In vLLM's engine core: stop when the API server that started it exits
     (see the module's docstring for when a signal is safe)."""
-    parent = _pid_from(API_SERVER_ENV)
-    if parent is None or os.getpid() == parent or _supervisor_state(parent) == "other":
+    parent = api_server_pid()
+    if parent is None or _supervisor_state(parent) == "other":
         return False
     return _watch(parent, "api-server", _stop_engine_core, f"the API server (pid {parent})")
 

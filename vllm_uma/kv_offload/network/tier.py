@@ -147,7 +147,7 @@ class NetworkTier(SecondaryTierManager):
         if self._link.cluster is not None:
             # One node's count over the whole cluster's cap would understate
             # the share; the descriptor goes to the node of its slot.
-            node = self._link.node_of(descriptor_name(self._ns))
+            node = self._descriptor_node()
             try:
                 if node is not None:
                     keep_descriptor(node.client, self._ns, self._info)
@@ -176,8 +176,13 @@ class NetworkTier(SecondaryTierManager):
         problem = check_again(self._link, node)
         if problem is not None:
             logger.warning("network KV tier: %s", problem)
-        if self._link.node_of(descriptor_name(self._ns)) is node:
+        if self._descriptor_node() is node:
             keep_descriptor(node.client, self._ns, self._info)
+
+    def _descriptor_node(self):
+        """The node that holds the namespace's descriptor: the node of its
+        key's slot (the engine itself when it is not a cluster)."""
+        return self._link.node_of(descriptor_name(self._ns))
 
     # -- lookups (scheduler thread, no I/O) -----------------------------------
 
