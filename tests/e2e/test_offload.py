@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.e2e.traffic import EAGER, EVICT_AND_REVISIT, complete, metrics
-from tools.harness.server import Server, metric
+from tools.harness.server import Server, metric, model_process
+from vllm_uma.kv_offload.streaming_copies import ENV, SETTING, applies
 from vllm_uma.plugin.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow
@@ -107,6 +108,7 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
             outputs = run_traffic(srv)
             concurrent = run_concurrent(srv) if name == "tiny" else None
             results[name] = dict(
+                engine_tunables=environment_of(model_process(srv.proc.pid).pid).get(ENV, ""),
                 outputs=outputs,
                 concurrent=concurrent,
                 burst=burst,
@@ -118,6 +120,14 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
         for srv in launched.values():
             srv.stop()
     return results
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """The environment ``pid`` started with, from /proc (psutil's environ()
+    misses variables once the process has set its title)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        items = f.read().decode(errors="replace").split("\0")
+    return dict(item.partition("=")[::2] for item in items if "=" in item)
 
 
 def same_kind(outputs, kind: str) -> dict[int, list[int]]:
@@ -162,6 +172,14 @@ def test_the_pool_is_in_the_breakdown(runs):
     line = next(x for x in runs["pool"]["log"].splitlines() if "memory breakdown:" in x)
     assert parse_breakdown(line)["kv_offload_pool"] == 1 << 30
     assert "KV offloading: host pool of 1.00 GiB (--kv-offloading-size)." in runs["pool"]["log"]
+
+
+@pytest.mark.skipif(not applies(), reason="glibc on x86-64 only")
+def test_the_engine_core_streams_its_copies_only_with_offloading(runs):
+    """The API server's hook reaches the engine core it spawns
+    (kv_offload/streaming_copies.py), and only when KV is offloaded."""
+    assert SETTING in runs["pool"]["engine_tunables"].split(":")
+    assert SETTING not in runs["off"]["engine_tunables"].split(":")
 
 
 def test_a_pool_too_small_loses_no_request(runs):

@@ -201,6 +201,26 @@ def test_loads_do_not_wait_behind_stores():
     mover.shutdown()
 
 
+def test_an_idle_step_waits_for_a_pending_load_and_no_longer():
+    caches, _ = kv_caches(fill=True)
+    mover = HostPoolMover(caches, HostPool(4, LAYERS * PAGE))
+    release = threading.Event()
+    try:
+        assert mover.wait_for_a_load(5.0) is False  # nothing pending: at once
+        mover._loads.submit(release.wait, 30)  # the load's thread is held
+        mover.submit_load(1, CPULoadStoreSpec([3]), l1([5]))
+        mover.submit_store(2, l1([0]), CPULoadStoreSpec([0]))
+        mover.wait({2})  # a store that ended does not end the wait
+        assert mover.wait_for_a_load(0.05) is False
+        release.set()
+        assert mover.wait_for_a_load(5.0) is True
+        assert sorted(r.job_id for r in mover.get_finished()) == [1, 2]
+        assert mover.wait_for_a_load(5.0) is False  # reported: no longer pending
+    finally:
+        release.set()
+        mover.shutdown()
+
+
 def test_ids_outside_the_cache_or_the_pool_are_refused():
     caches, _ = kv_caches(fill=False)
     mover = HostPoolMover(caches, HostPool(4, LAYERS * PAGE))

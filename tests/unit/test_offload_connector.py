@@ -241,6 +241,26 @@ def test_the_worker_reports_released_requests_as_finished_sending():
     assert connector.get_finished(set()) == ({"B", "C"}, {"loaded"})
 
 
+def test_only_a_step_with_nothing_scheduled_waits_for_loads():
+    engine = Engine(pool_rows=4)
+    a = engine.add("A")
+    assert engine.step(a).idle_step is False
+    assert engine.step(busy=True).idle_step is False
+    assert engine.step().idle_step is True
+    waits = []
+    connector = UmaOffloadingConnector.__new__(UmaOffloadingConnector)
+    connector.connector_worker = SimpleNamespace(get_finished=lambda ids: (set(), set()))
+    connector._spec = SimpleNamespace(
+        mover=lambda: SimpleNamespace(wait_for_a_load=lambda: waits.append(1))
+    )
+    for idle in (False, True):
+        connector._connector_metadata = UmaConnectorMetadata(
+            load_jobs={}, store_jobs={}, idle_step=idle
+        )
+        connector.get_finished(set())
+    assert waits == [1]
+
+
 def test_every_counter_reaches_prometheus():
     """Each name the scheduler counts is registered in the API server's metrics."""
     import functools

@@ -1,6 +1,7 @@
 """L1 <-> L2 copy bandwidth of vllm-uma's mover, beside this machine's memcpy.
 
     .venv/bin/python -m tools.benchmark.kv_pool_bandwidth [--model NAME] [--blocks 64] [--repeats N]
+        [--copies streamed|cached]
 
 Uses the real HostPool and HostPoolMover on a KV cache laid out like vLLM's
 (one backing buffer) and shaped like the model's (the default model unless
@@ -14,6 +15,11 @@ threads as the mover copies with: the floor for moving those bytes. The
 target is 80% of it. One run, ratios measured in the same process (the
 machine is shared); memcpy is taken before and after the mover and the
 faster kept.
+
+The copies run as in a server's engine core with KV offloading: glibc
+streams copies of 64 KiB and more past the cache
+(vllm_uma/kv_offload/streaming_copies.py; the tool starts itself again
+under that GLIBC_TUNABLES). ``--copies cached`` keeps glibc's own threshold.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -38,12 +45,14 @@ from tools.benchmark.lib.geometry import (
 from vllm_uma import models
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover, default_copy_threads
+from vllm_uma.kv_offload.streaming_copies import ENV, SETTING, stream_engine_copies
 
 TARGET = 0.8  # of memcpy, for both directions
 
 
 def main() -> int:
     args = parse_args()
+    run_with_copies(args.copies)
     n = args.blocks
     model_dir = model_directory(args.model)
     # One layer's share of a block, and the layers a block holds: all of
@@ -55,6 +64,7 @@ def main() -> int:
     gbps = measure(HostPoolMover(caches, pool), n, nbytes, args)
     print(f"transfer: {n} blocks x {num_layers} layers x {page} B = {nbytes / 2**20:.1f} MiB")
     print(f"threads: {default_copy_threads()} (the mover's and memcpy's)")
+    print(f"copies: {args.copies} ({ENV}={os.environ.get(ENV, '')!r})")
     print(f"{'copy':8} {'GB/s':>7} {'vs memcpy':>10}")
     for name in ("memcpy", "store", "load"):
         print(f"{name:8} {gbps[name]:7.2f} {gbps[name] / gbps['memcpy']:9.0%}")
@@ -72,6 +82,21 @@ def main() -> int:
         )
     )
     return 0
+
+
+def run_with_copies(copies: str) -> None:
+    """Start this tool again under the GLIBC_TUNABLES ``copies`` asks for,
+    unless it runs under them already (glibc reads them only at start)."""
+    env = dict(os.environ)
+    others = [item for item in env.get(ENV, "").split(":") if item and item != SETTING]
+    env[ENV] = ":".join(others)
+    if copies == "streamed":
+        stream_engine_copies(env)
+    if not env[ENV]:
+        del env[ENV]
+    if env.get(ENV) != os.environ.get(ENV):
+        module = __spec__.name if __spec__ else "tools.benchmark.kv_pool_bandwidth"
+        os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
 
 
 def model_directory(name: str) -> Path:
@@ -92,6 +117,13 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--blocks", type=int, default=64, help="blocks per transfer")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument(
+        "--copies",
+        choices=("streamed", "cached"),
+        default="streamed",
+        help="streamed: as the engine core copies with KV offloading (glibc's non-temporal "
+        "threshold at 64 KiB); cached: glibc's own threshold",
+    )
     return ap.parse_args()
 
 

@@ -11,7 +11,11 @@ What crosses from scheduler to worker, in each step's metadata: vLLM's load
 and store jobs, plus the ids of finished requests whose L1 blocks we held
 and now release. The worker reports those ids as ``finished_sending``, and
 vLLM's scheduler frees their blocks (``request_finished`` returned
-``delay_free_blocks=True`` for them). The hold rules are in holds.py.
+``delay_free_blocks=True`` for them); the hold rules are in holds.py. And
+whether the step scheduled any token: one that did not waits in the worker
+for a pending load to end, up to a few milliseconds, instead of going back
+at once to vLLM's 1 ms polling loop, whose steps take CPU from the copy
+(mover.py).
 
 Scheduler side: vLLM's OffloadingConnectorScheduler, plus
 - finished requests with chunks left to store are held, hidden from vLLM's
@@ -76,6 +80,8 @@ class UmaConnectorMetadata(OffloadingConnectorMetadata):
     # Held finished requests whose blocks may be freed now: the worker
     # reports them as finished_sending.
     released_req_ids: set[str] = field(default_factory=set)
+    # The step runs no forward: all the worker can do is wait for loads.
+    idle_step: bool = False
 
 
 class UmaConnectorScheduler(OffloadingConnectorScheduler):
@@ -111,7 +117,8 @@ class UmaConnectorScheduler(OffloadingConnectorScheduler):
                 scheduler_output, finished_req_ids=scheduler_output.finished_req_ids - held
             )
         meta = super().build_connector_meta(scheduler_output)
-        released = self._settle(busy=scheduler_output.total_num_scheduled_tokens > 0)
+        busy = scheduler_output.total_num_scheduled_tokens > 0
+        released = self._settle(busy=busy)
         released |= self._to_release
         self._to_release = set()
         return UmaConnectorMetadata(
@@ -119,6 +126,7 @@ class UmaConnectorScheduler(OffloadingConnectorScheduler):
             store_jobs=meta.store_jobs,
             jobs_to_flush=meta.jobs_to_flush,
             released_req_ids=released,
+            idle_step=not busy,
         )
 
     def _build_store_jobs(self, scheduler_output):
@@ -252,14 +260,19 @@ class UmaOffloadingConnector(VllmOffloadingConnector):
         spec = make_spec(offloading_config, offload)
         self.connector_scheduler = None
         self.connector_worker = None
+        self._spec = spec
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = UmaConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = OffloadingConnectorWorker(spec, vllm_config, kv_cache_config)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
-        sending, recving = super().get_finished(finished_req_ids)
         meta = self._get_connector_metadata()
+        if isinstance(meta, UmaConnectorMetadata) and meta.idle_step:
+            mover = self._spec.mover()
+            if mover is not None:
+                mover.wait_for_a_load()
+        sending, recving = super().get_finished(finished_req_ids)
         if isinstance(meta, UmaConnectorMetadata) and meta.released_req_ids:
             sending = set(sending) | meta.released_req_ids
         return sending, recving

@@ -96,6 +96,11 @@ class HostPoolWorkerMixin:
             self._worker = make_mover(self, kv_caches)
         return self._worker
 
+    def mover(self) -> HostPoolMover | None:
+        """The worker side's mover, once vLLM built it (None before, and on
+        the scheduler side)."""
+        return self._worker
+
 
 class UmaOffloadingSpec(HostPoolWorkerMixin, CPUOffloadingSpec):
     """L2 only: vLLM's CPUOffloadingManager decides, our mover copies."""

@@ -37,6 +37,7 @@ What changes from the CPU platform, and why:
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import psutil
@@ -45,6 +46,7 @@ from vllm.platforms.cpu import CpuPlatform
 from vllm_uma import startup_stop
 from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.kv_offload.pool_size import POOL_ONLY_NOTE
+from vllm_uma.kv_offload.streaming_copies import stream_engine_copies
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
@@ -186,6 +188,9 @@ class UmaPlatform(CpuPlatform):
             for warning in plan.warnings:
                 logger.warning_once(warning)
             if note := offload_config.flush_on_stop(vllm_config, plan):
+                logger.info_once(note)
+            # For the engine core, spawned after this hook (streaming_copies.py).
+            if note := stream_engine_copies(os.environ):
                 logger.info_once(note)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":

@@ -1,0 +1,68 @@
+"""The engine core's KV copies stream past the CPU cache (glibc's non-temporal threshold).
+
+Where it runs: in the API server, from the platform's config hook, when KV
+offloading is planned. What crosses to the engine core is one environment
+variable, ``GLIBC_TUNABLES``: vLLM's CPU platform starts the engine core
+with ``spawn`` (a new exec of Python) after the hook, and its glibc reads the
+variable as it starts. The API server's own glibc read its tunables at its
+own start, so nothing changes there.
+
+Why. The mover copies a block as one piece per layer per run of blocks
+(mover.py): 96 KiB for SmolLM2, 512 KiB for Qwen3-0.6B's 28 layers x 8 KV
+heads x 128 in bfloat16. glibc's ``memcpy`` writes through the cache below
+its non-temporal threshold (every destination line is read before it is
+written) and streams above it; glibc derives the threshold from the cache
+sizes, 182 MiB on this machine. So every piece took the slow way: a 4k-token
+prefix of Qwen3-0.6B (455 MB) moved 13 GB/s on two threads where one copy of
+the same bytes moved 24 GB/s. With the threshold at 64 KiB the mover moved
+20.7 GB/s (store) and 22.8 GB/s (load) (tools/benchmark/kv_pool_bandwidth.py
+--model zoo-qwen3-real --blocks 31). The model's own forward, whose large
+copies stream too now, was no slower: 4k-token prefill 4.64 s against 4.92 s
+without, decode 14.1 against 14.0 tokens/s (medians of two servers each,
+alternated; docs/measurements.md).
+
+A user's own value of the same tunable wins; it is kept and said once in
+the log. Only glibc on x86-64 has this tunable; elsewhere nothing is set.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import MutableMapping
+
+ENV = "GLIBC_TUNABLES"
+TUNABLE = "glibc.cpu.x86_non_temporal_threshold"
+# The smallest piece the mover copies for the models measured (SmolLM2's
+# 96 KiB) is above it; glibc's own floor is 0x4040.
+THRESHOLD_BYTES = 64 << 10
+SETTING = f"{TUNABLE}={THRESHOLD_BYTES:#x}"
+
+
+def applies(machine: str | None = None, libc: str | None = None) -> bool:
+    """glibc on x86-64: the only place the tunable exists."""
+    machine = platform.machine() if machine is None else machine
+    libc = platform.libc_ver()[0] if libc is None else libc
+    return machine in ("x86_64", "AMD64") and libc == "glibc"
+
+
+def stream_engine_copies(
+    environ: MutableMapping[str, str], machine: str | None = None, libc: str | None = None
+) -> str | None:
+    """Add the threshold to ``environ``'s GLIBC_TUNABLES, for the processes
+    started after this. Returns a line for the log when the user's own
+    value of the tunable is kept instead; None otherwise."""
+    if not applies(machine, libc):
+        return None
+    current = environ.get(ENV, "")
+    items = [item for item in current.split(":") if item]
+    theirs = [item for item in items if item.split("=", 1)[0] == TUNABLE]
+    if not theirs:
+        environ[ENV] = ":".join([*items, SETTING])
+        return None
+    if theirs[-1] == SETTING:
+        return None  # ours, inherited (the hook runs again in the engine core)
+    return (
+        f"KV offloading: {ENV} sets {theirs[-1]}, kept; vllm-uma would set "
+        f"{SETTING} so that the engine core's KV copies stream past the cache "
+        f"(docs/kv_offloading.md)."
+    )
