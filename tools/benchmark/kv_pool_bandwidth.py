@@ -17,7 +17,7 @@ machine is shared); memcpy is taken before and after the mover and the
 faster kept.
 
 The copies run as in a server's engine core with KV offloading: glibc
-streams copies of 64 KiB and more past the cache
+streams copies above 192 KiB past the cache
 (vllm_uma/kv_offload/streaming_copies.py; the tool starts itself again
 under that GLIBC_TUNABLES). ``--copies cached`` keeps glibc's own threshold.
 """
@@ -122,7 +122,7 @@ def parse_args() -> argparse.Namespace:
         choices=("streamed", "cached"),
         default="streamed",
         help="streamed: as the engine core copies with KV offloading (glibc's non-temporal "
-        "threshold at 64 KiB); cached: glibc's own threshold",
+        "threshold at 192 KiB); cached: glibc's own threshold",
     )
     return ap.parse_args()
 

@@ -8,18 +8,26 @@ variable as it starts. The API server's own glibc read its tunables at its
 own start, so nothing changes there.
 
 Why. The mover copies a block as one piece per layer per run of blocks
-(mover.py): 96 KiB for SmolLM2, 512 KiB for Qwen3-0.6B's 28 layers x 8 KV
-heads x 128 in bfloat16. glibc's ``memcpy`` writes through the cache below
-its non-temporal threshold (every destination line is read before it is
+(mover.py): 512 KiB for Qwen3-0.6B's 28 layers x 8 KV heads x 128 in
+bfloat16 (and for Llama 3, Mistral, Qwen2.5-7B's 4 KV heads, 256 KiB; 96
+KiB for SmolLM2). glibc's ``memcpy`` writes through the cache up to its
+non-temporal threshold (every destination line is read before it is
 written) and streams above it; glibc derives the threshold from the cache
 sizes, 182 MiB on this machine. So every piece took the slow way: a 4k-token
-prefix of Qwen3-0.6B (455 MB) moved 13 GB/s on two threads where one copy of
-the same bytes moved 24 GB/s. With the threshold at 64 KiB the mover moved
-20.7 GB/s (store) and 22.8 GB/s (load) (tools/benchmark/kv_pool_bandwidth.py
---model zoo-qwen3-real --blocks 31). The model's own forward, whose large
-copies stream too now, was no slower: 4k-token prefill 4.64 s against 4.92 s
-without, decode 14.1 against 14.0 tokens/s (medians of two servers each,
-alternated; docs/measurements.md).
+prefix of Qwen3-0.6B (455 MB) moved 12.7 GB/s on two threads where one copy
+of the same bytes moved 22.5 GB/s. Above a threshold of 192 KiB the mover
+moved 18.6 GB/s (store) and 20.6 GB/s (load)
+(tools/benchmark/kv_pool_bandwidth.py --model zoo-qwen3-real --blocks 31),
+and a pool restore of that prefix went from 1.22x an L1 hit to 1.04-1.15x.
+
+Why 192 KiB and not lower: every copy in the process above the threshold
+streams, the forward's too, and a streamed copy's destination is read back
+from RAM. With 64 KiB (SmolLM2's pieces stream as well) a 4k-token prefill
+of Qwen3-0.6B's configuration was 6-8% slower in both rounds of
+tools/benchmark/forward_copies.py; with 192 KiB, 1.5-4% slower and decode
+1-2% slower, inside the 3-7% those figures move between rounds of the
+same setting. SmolLM2's restores are a fifth of the size and keep glibc's
+own threshold.
 
 A user's own value of the same tunable wins; it is kept and said once in
 the log. Only glibc on x86-64 has this tunable; elsewhere nothing is set.
@@ -32,9 +40,9 @@ from collections.abc import MutableMapping
 
 ENV = "GLIBC_TUNABLES"
 TUNABLE = "glibc.cpu.x86_non_temporal_threshold"
-# The smallest piece the mover copies for the models measured (SmolLM2's
-# 96 KiB) is above it; glibc's own floor is 0x4040.
-THRESHOLD_BYTES = 64 << 10
+# glibc streams a copy strictly larger than this: 256 KiB pieces (4 KV
+# heads x 128 in bfloat16, or 8 in fp8) and up do; glibc's floor is 0x4040.
+THRESHOLD_BYTES = 192 << 10
 SETTING = f"{TUNABLE}={THRESHOLD_BYTES:#x}"
 
 
