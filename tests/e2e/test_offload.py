@@ -180,6 +180,8 @@ def test_the_engine_core_streams_its_copies_only_with_offloading(runs):
     (kv_offload/streaming_copies.py), and only when KV is offloaded."""
     assert SETTING in runs["pool"]["engine_tunables"].split(":")
     assert SETTING not in runs["off"]["engine_tunables"].split(":")
+    assert "copies KV blocks with streaming stores" in runs["pool"]["log"]
+    assert "streaming stores" not in runs["off"]["log"]
 
 
 def test_a_pool_too_small_loses_no_request(runs):

@@ -23,15 +23,16 @@ X86 = {"machine": "x86_64", "libc": "glibc"}
 LOADER = Path("/lib64/ld-linux-x86-64.so.2")
 
 
-def test_set_when_absent():
+def test_set_when_absent_and_said():
     env: dict[str, str] = {}
-    assert stream_engine_copies(env, **X86) is None
+    note = stream_engine_copies(env, **X86)
     assert env == {ENV: SETTING}
+    assert note is not None and "streaming stores above 192 KiB" in note and SETTING in note
 
 
 def test_added_to_the_users_other_tunables():
     env = {ENV: "glibc.malloc.arena_max=2"}
-    assert stream_engine_copies(env, **X86) is None
+    assert stream_engine_copies(env, **X86) is not None
     assert env[ENV] == f"glibc.malloc.arena_max=2:{SETTING}"
 
 

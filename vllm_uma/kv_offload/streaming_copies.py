@@ -57,8 +57,9 @@ def stream_engine_copies(
     environ: MutableMapping[str, str], machine: str | None = None, libc: str | None = None
 ) -> str | None:
     """Add the threshold to ``environ``'s GLIBC_TUNABLES, for the processes
-    started after this. Returns a line for the log when the user's own
-    value of the tunable is kept instead; None otherwise."""
+    started after this. Returns a line for the log saying what was set, or
+    that the user's own value of the tunable is kept; None when nothing
+    applies or the value is ours already."""
     if not applies(machine, libc):
         return None
     current = environ.get(ENV, "")
@@ -66,7 +67,10 @@ def stream_engine_copies(
     theirs = [item for item in items if item.split("=", 1)[0] == TUNABLE]
     if not theirs:
         environ[ENV] = ":".join([*items, SETTING])
-        return None
+        return (
+            f"KV offloading: the engine core copies KV blocks with streaming stores "
+            f"above {THRESHOLD_BYTES >> 10} KiB ({ENV} gets {SETTING}; docs/kv_offloading.md)."
+        )
     if theirs[-1] == SETTING:
         return None  # ours, inherited (the hook runs again in the engine core)
     return (
