@@ -247,18 +247,22 @@ def test_only_a_step_with_nothing_scheduled_waits_for_loads():
     assert engine.step(a).idle_step is False
     assert engine.step(busy=True).idle_step is False
     assert engine.step().idle_step is True
-    waits = []
+    calls = []
     connector = UmaOffloadingConnector.__new__(UmaOffloadingConnector)
-    connector.connector_worker = SimpleNamespace(get_finished=lambda ids: (set(), set()))
+    connector.connector_worker = SimpleNamespace(
+        get_finished=lambda ids: calls.append("get_finished") or (set(), set())
+    )
     connector._spec = SimpleNamespace(
-        mover=lambda: SimpleNamespace(wait_for_a_load=lambda: waits.append(1))
+        mover=lambda: SimpleNamespace(wait_for_a_load=lambda: calls.append("wait"))
     )
     for idle in (False, True):
         connector._connector_metadata = UmaConnectorMetadata(
             load_jobs={}, store_jobs={}, idle_step=idle
         )
         connector.get_finished(set())
-    assert waits == [1]
+    # The wait comes first, so a load that ends during it is reported in
+    # this step, not the next.
+    assert calls == ["get_finished", "wait", "get_finished"]
 
 
 def test_every_counter_reaches_prometheus():

@@ -43,6 +43,12 @@ def test_the_users_own_threshold_is_kept_and_said():
     assert note is not None and f"{TUNABLE}=0x100000, kept" in note and SETTING in note
 
 
+def test_an_item_without_a_value_is_not_the_users_value():
+    env = {ENV: TUNABLE}
+    assert stream_engine_copies(env, **X86) is not None
+    assert env[ENV] == f"{TUNABLE}:{SETTING}"
+
+
 def test_inherited_from_the_api_server_it_is_left_as_is_silently():
     env = {ENV: f"glibc.malloc.arena_max=2:{SETTING}"}
     assert stream_engine_copies(env, **X86) is None

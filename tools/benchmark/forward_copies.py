@@ -27,7 +27,7 @@ from pathlib import Path
 from tools.benchmark.lib import client, model_choice, servers
 from tools.benchmark.lib.prompts import text
 from tools.harness.server import metric
-from vllm_uma.kv_offload.streaming_copies import ENV, SETTING
+from vllm_uma.kv_offload.streaming_copies import ENV, SETTING, TUNABLE
 
 PREFILL = "vllm:request_prefill_time_seconds_sum"
 PROMPT_TOKENS = 4000
@@ -37,7 +37,7 @@ SEED = 7000
 
 def environment(streamed: bool) -> dict[str, str]:
     env = dict(os.environ)
-    others = [item for item in env.get(ENV, "").split(":") if item and item != SETTING]
+    others = [item for item in env.get(ENV, "").split(":") if item and not item.startswith(TUNABLE)]
     value = ":".join([*others, SETTING] if streamed else others)
     if value:
         env[ENV] = value

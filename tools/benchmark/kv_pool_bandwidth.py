@@ -45,7 +45,7 @@ from tools.benchmark.lib.geometry import (
 from vllm_uma import models
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover, default_copy_threads
-from vllm_uma.kv_offload.streaming_copies import ENV, SETTING, stream_engine_copies
+from vllm_uma.kv_offload.streaming_copies import ENV, TUNABLE, stream_engine_copies
 
 TARGET = 0.8  # of memcpy, for both directions
 
@@ -88,7 +88,7 @@ def run_with_copies(copies: str) -> None:
     """Start this tool again under the GLIBC_TUNABLES ``copies`` asks for,
     unless it runs under them already (glibc reads them only at start)."""
     env = dict(os.environ)
-    others = [item for item in env.get(ENV, "").split(":") if item and item != SETTING]
+    others = [item for item in env.get(ENV, "").split(":") if item and not item.startswith(TUNABLE)]
     env[ENV] = ":".join(others)
     if copies == "streamed":
         stream_engine_copies(env)

@@ -17,8 +17,10 @@ sizes, 182 MiB on this machine. So every piece took the slow way: a 4k-token
 prefix of Qwen3-0.6B (455 MB) moved 12.7 GB/s on two threads where one copy
 of the same bytes moved 22.5 GB/s. Above a threshold of 192 KiB the mover
 moved 18.6 GB/s (store) and 20.6 GB/s (load)
-(tools/benchmark/kv_pool_bandwidth.py --model zoo-qwen3-real --blocks 31),
-and a pool restore of that prefix went from 1.22x an L1 hit to 1.04-1.15x.
+(tools/benchmark/kv_pool_bandwidth.py --model zoo-qwen3-real --blocks 31).
+With the step that waits for its load (mover.py), a pool restore of that
+prefix went from 1.22x an L1 hit to 1.04x; each change alone gained little
+(docs/benchmark.md, "Streaming copies and a step that waits for its load").
 
 Why 192 KiB and not lower: every copy in the process above the threshold
 streams, the forward's too, and a streamed copy's destination is read back
@@ -29,8 +31,11 @@ tools/benchmark/forward_copies.py; with 192 KiB, 1.5-4% slower and decode
 same setting. SmolLM2's restores are a fifth of the size and keep glibc's
 own threshold.
 
-A user's own value of the same tunable wins; it is kept and said once in
-the log. Only glibc on x86-64 has this tunable; elsewhere nothing is set.
+A user's own value of the same tunable wins; it is kept, and the log says
+so (in the API server, and again in the engine core, which runs the hook
+again). Only glibc on x86-64 has this tunable; elsewhere nothing is set,
+and nothing is set when vLLM runs the engine in the API server's own
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), whose glibc has started.
 """
 
 from __future__ import annotations
@@ -64,7 +69,8 @@ def stream_engine_copies(
         return None
     current = environ.get(ENV, "")
     items = [item for item in current.split(":") if item]
-    theirs = [item for item in items if item.split("=", 1)[0] == TUNABLE]
+    # An item without a value is ignored by glibc, and so here.
+    theirs = [item for item in items if item.partition("=")[0] == TUNABLE and "=" in item]
     if not theirs:
         environ[ENV] = ":".join([*items, SETTING])
         return (

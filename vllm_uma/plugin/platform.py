@@ -41,6 +41,7 @@ import os
 from typing import TYPE_CHECKING
 
 import psutil
+from vllm import envs
 from vllm.platforms.cpu import CpuPlatform
 
 from vllm_uma import startup_stop
@@ -189,8 +190,9 @@ class UmaPlatform(CpuPlatform):
                 logger.warning_once(warning)
             if note := offload_config.flush_on_stop(vllm_config, plan):
                 logger.info_once(note)
-            # For the engine core, spawned after this hook (streaming_copies.py).
-            if note := stream_engine_copies(os.environ):
+            # For the engine core, spawned after this hook (streaming_copies.py);
+            # an engine in this very process would not see it.
+            if envs.VLLM_ENABLE_V1_MULTIPROCESSING and (note := stream_engine_copies(os.environ)):
                 logger.info_once(note)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":

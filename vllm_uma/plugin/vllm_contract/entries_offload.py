@@ -108,7 +108,14 @@ ENTRIES = (
         "built by our __init__ for the worker role",
         params=("spec", "vllm_config", "kv_cache_config"),
     ),
-    Method(CONNECTOR, "get_finished", C, "overridden: adds released holds", ("finished_req_ids",)),
+    Method(
+        CONNECTOR,
+        "get_finished",
+        C,
+        "overridden: adds released holds; in a step with no tokens scheduled it first waits "
+        "for a pending load (vLLM calls it once per step, after start_load_kv)",
+        ("finished_req_ids",),
+    ),
     Method(
         CONNECTOR,
         "build_prom_metrics",
@@ -120,7 +127,7 @@ ENTRIES = (
         CONNECTOR,
         "_get_connector_metadata",
         C,
-        "get_finished reads the step's metadata for released holds",
+        "get_finished reads the step's metadata for released holds and idle steps",
         params=(),
     ),
     # -- connector.py: UmaConnectorScheduler's overrides and vLLM's bookkeeping
