@@ -17,7 +17,6 @@ other real-size benchmarks. Medians over the rounds.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -25,25 +24,14 @@ import time
 from pathlib import Path
 
 from tools.benchmark.lib import client, model_choice, servers
+from tools.benchmark.lib.copies_env import copies_environment
 from tools.benchmark.lib.prompts import text
 from tools.harness.server import metric
-from vllm_uma.kv_offload.streaming_copies import ENV, SETTING, TUNABLE
 
 PREFILL = "vllm:request_prefill_time_seconds_sum"
 PROMPT_TOKENS = 4000
 DECODE_TOKENS = 64
 SEED = 7000
-
-
-def environment(streamed: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    others = [item for item in env.get(ENV, "").split(":") if item and not item.startswith(TUNABLE)]
-    value = ":".join([*others, SETTING] if streamed else others)
-    if value:
-        env[ENV] = value
-    else:
-        env.pop(ENV, None)
-    return env
 
 
 def measure(url: str, model: str, seed: int) -> tuple[float, float]:
@@ -82,7 +70,7 @@ def main() -> int:
                 server = servers.start(
                     [*choice.serve_args, "--enforce-eager", "--max-model-len", "8192"],
                     Path(logs) / f"{name}-{rnd}.log",
-                    env=environment(name == "streamed"),
+                    env=copies_environment(name == "streamed"),
                 )
                 try:
                     seed += 10

@@ -35,6 +35,7 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, G
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from tools.benchmark.lib import model_choice
+from tools.benchmark.lib.copies_env import copies_environment
 from tools.benchmark.lib.floors import best_of, memcpy_gbps
 from tools.benchmark.lib.geometry import (
     BLOCK_TOKENS,
@@ -45,7 +46,7 @@ from tools.benchmark.lib.geometry import (
 from vllm_uma import models
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover, default_copy_threads
-from vllm_uma.kv_offload.streaming_copies import ENV, TUNABLE, stream_engine_copies
+from vllm_uma.kv_offload.streaming_copies import ENV
 
 TARGET = 0.8  # of memcpy, for both directions
 
@@ -87,13 +88,7 @@ def main() -> int:
 def run_with_copies(copies: str) -> None:
     """Start this tool again under the GLIBC_TUNABLES ``copies`` asks for,
     unless it runs under them already (glibc reads them only at start)."""
-    env = dict(os.environ)
-    others = [item for item in env.get(ENV, "").split(":") if item and not item.startswith(TUNABLE)]
-    env[ENV] = ":".join(others)
-    if copies == "streamed":
-        stream_engine_copies(env)
-    if not env[ENV]:
-        del env[ENV]
+    env = copies_environment(copies == "streamed")
     if env.get(ENV) != os.environ.get(ENV):
         module = __spec__.name if __spec__ else "tools.benchmark.kv_pool_bandwidth"
         os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
