@@ -281,7 +281,7 @@ ENTRIES = (
         "vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec",
         "_worker",
         S,
-        "get_worker caches our mover there, as vLLM's does",
+        "get_worker caches our mover there, as vLLM's does; mover() reads it back (connector.py)",
     ),
     InstanceAttribute(TIERING_SPEC, "_manager", S, "get_manager caches our tiering manager there"),
     Method(TIERING_SPEC, "get_worker", S, "overridden: our mover", ("kv_caches",)),
