@@ -110,3 +110,35 @@ def test_free_port_passes_and_is_left_free():
 def test_host_that_is_not_ours():
     with pytest.raises(PreflightError, match="is not an address of this machine"):
         check_port("192.0.2.1", 8000)  # TEST-NET-1: never local
+
+
+# -- vllm_uma.commands.serve.preflight: the raw command line, before vLLM
+
+
+def serve_preflight(argv):
+    from vllm_uma.commands.serve import preflight
+
+    preflight(argv, {})
+
+
+def test_preflight_refuses_a_missing_model_named_first(tmp_path):
+    with pytest.raises(PreflightError, match="does not exist"):
+        serve_preflight([str(tmp_path / "nope"), "--port", "0"])
+
+
+def test_preflight_leaves_a_recipe_to_be_prepared():
+    serve_preflight(["gemma-3-270m", "--port", "0"])  # nothing built, nothing refused
+
+
+def test_preflight_refuses_a_busy_port():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(PreflightError, match=f"127.0.0.1:{port} is already in use"):
+            serve_preflight(["--host", "127.0.0.1", "--port", str(port)])
+        serve_preflight(["--host", "127.0.0.1", "--port", str(port), "--uds", "/tmp/x.sock"])
+
+
+def test_preflight_checks_nothing_for_help(tmp_path):
+    serve_preflight([str(tmp_path / "nope"), "--help"])

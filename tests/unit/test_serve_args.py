@@ -4,6 +4,8 @@ Uses vLLM's real `serve` parser, so a flag vLLM renames breaks these tests.
 The default model is not built here: a stand-in returns its directory.
 """
 
+import json
+
 import pytest
 
 from vllm_uma.commands.serve import parse_serve_args
@@ -128,3 +130,73 @@ def test_config_refusals_reach_the_user_as_one_line():
     except pydantic.ValidationError as exc:
         assert one_line(exc) == "--flag=1 is invalid: do this instead."
     assert one_line(RuntimeError("a\n  b")) == "RuntimeError: a b"
+
+
+# -- the preflight's reading of the raw line (serve_line.py) against vLLM's parser
+
+
+@pytest.fixture(scope="module")
+def vllm_parse():
+    from vllm_uma.commands.serve import build_parser
+
+    root = build_parser()
+    return lambda argv: root.parse_args(["serve", *argv])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["/m"],
+        ["/m", "--port", "9000", "--host", "127.0.0.1"],
+        ["--port=9000", "--model", "/m"],
+        ["--model=/m", "--port", "9000", "--port", "9001"],
+        ["/m", "--kv_transfer_config", '{"kv_connector_extra_config": {}}'],
+        ["/m", "--enforce-eager", "--additional-config.x", "--port"],
+        ["--port", "9000", "/m"],
+        ["--enforce-eager", "/m", "--port=9001"],
+        ["/m", "--kv-offloading-backend", "native", "--kv_offloading_size=2"],
+    ],
+)
+def test_what_the_preflight_decides_vllm_decides_the_same(vllm_parse, argv):
+    from vllm_uma.commands.serve_line import read_serve_line
+
+    line, args = read_serve_line(argv), vllm_parse(argv)
+    if line.model is not None:
+        assert line.model == (args.model_tag or args.model)
+    if line.port is not None:
+        assert (line.host, line.port) == (args.host, args.port)
+    if line.decided_offloading:
+        assert line.kv_offloading_backend in (None, args.kv_offloading_backend)
+        if line.kv_offloading_size is not None:
+            assert float(line.kv_offloading_size) == args.kv_offloading_size
+        assert (line.kv_transfer_config is None) == (args.kv_transfer_config is None)
+
+
+@pytest.mark.parametrize(
+    "flag, text",
+    [
+        ("--kv-transfer-config", '{"kv_connector": '),
+        ("--kv-transfer-config", "[1]"),
+        ("--kv-events-config", '"x"'),
+        ("--additional-config", "{nope}"),
+        ("--kv-transfer-config", '{"cpu_bytes_to_use": 1.5G}'),
+    ],
+)
+def test_vllm_refuses_the_json_the_preflight_refuses(vllm_parse, flag, text):
+    from vllm_uma.commands.preflight import PreflightError
+    from vllm_uma.commands.preflight_config import check_json_values
+    from vllm_uma.commands.serve_line import read_serve_line
+
+    with pytest.raises(PreflightError):
+        check_json_values(read_serve_line(["/m", flag, text]))
+    with pytest.raises((SystemExit, ValueError)):  # argparse exits 2; vLLM raises some itself
+        vllm_parse(["/m", flag, text])
+
+
+def test_numbers_in_json_as_vllm_expands_them():
+    from vllm.engine.arg_utils import _expand_json_human_readable_numbers
+
+    from vllm_uma.commands.preflight_config import loads
+
+    text = '{"a": 80m, "b": [1K, 2.5g], "c": "3G", "d": 7}'
+    assert loads(text) == json.loads(_expand_json_human_readable_numbers(text))

@@ -14,8 +14,11 @@ What this adds on top of ``vllm serve``:
   mode here it prefills faster and decodes 1.4x faster, for about a minute
   more at start-up (docs/serving.md, tools/benchmark/eager_vs_compiled.py);
 - one clear line, not a traceback, for a missing model, a directory that is
-  not a model, or a busy port (``preflight.py``); any other start-up error is
-  shortened to its message (set VLLM_LOGGING_LEVEL=DEBUG for the traceback).
+  not a model, a busy port (``preflight.py``), a JSON flag that does not
+  parse or offloading settings the plugin refuses (``preflight_config.py``),
+  in about a second: read from the raw command line (``serve_line.py``)
+  before vLLM or torch is imported (10-40 s here); any other start-up error
+  is shortened to its message (set VLLM_LOGGING_LEVEL=DEBUG for the traceback).
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 
 from vllm_uma import exit_without_collection, lifeline, models
 from vllm_uma.commands.argv import given
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
+from vllm_uma.commands.preflight_config import check_json_values, check_offloading
+from vllm_uma.commands.serve_line import read_serve_line
 from vllm_uma.plugin.config import NAMESPACE
 from vllm_uma.plugin.vllm_version import UnsupportedVllmError, require_supported_vllm
 
@@ -157,12 +163,32 @@ def is_usage_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, TypeError))
 
 
+def preflight(argv: list[str], environ: Mapping[str, str]) -> None:
+    """Every refusal the raw command line decides, before vLLM or torch is
+    imported; what it leaves undecided (serve_line.py) is checked again once
+    vLLM's parser has read the line, and by the platform."""
+    line = read_serve_line(argv)
+    if line.help:
+        return
+    if line.model is not None and not models.is_recipe(line.model):
+        check_model(line.model, models.RECIPES)
+    if line.port is not None:
+        check_port(line.host, line.port)
+    check_json_values(line)
+    check_offloading(line, environ)
+
+
 def main(argv: list[str]) -> int:
     # A server started by one of our supervisors stops when it exits; the
     # engine core vLLM starts follows this process (vllm_uma/lifeline.py).
     lifeline.stop_with_supervisor()
     os.environ[lifeline.API_SERVER_ENV] = str(os.getpid())
     try:
+        preflight(argv, os.environ)
+    except PreflightError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    try:
+        # Imports vLLM, and torch with it: after the preflight.
         require_supported_vllm()
     except UnsupportedVllmError as exc:
         return _fail(str(exc), EXIT_FAILURE)
@@ -171,8 +197,10 @@ def main(argv: list[str]) -> int:
     except models.PrepareError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     try:
+        # Again, for what the preflight left to vLLM's parser (MODEL after
+        # other flags, a --config file's values).
         check_model(args.model, models.RECIPES)
-        if not args.uds:
+        if not args.uds and not args.headless:
             check_port(args.host, args.port)
     except PreflightError as exc:
         return _fail(str(exc), EXIT_USAGE)

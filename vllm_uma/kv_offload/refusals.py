@@ -1,7 +1,9 @@
 """What KV offloading refuses, each in one line with the value and the fix.
 
 Runs in the API server, in the platform's ``check_and_update_config``
-(through config.py's ``translate``), before any weights load: a setting the
+(through config.py's ``translate``), before any weights load; what needs no
+vLLM config (the flags, the extra keys) runs earlier too, in ``vllm-uma
+serve``'s preflight, before vLLM is imported (commands/preflight_config.py): a setting the
 host pool or the disk tier cannot serve fails start-up here, never a request
 later. The flags themselves (backend, size, connector, the keys of
 ``kv_connector_extra_config``), the models and the parallelism offloading
@@ -50,9 +52,21 @@ class OffloadingConfigError(ValueError):
 
 def refuse_unsupported(vllm_config) -> None:
     cache = vllm_config.cache_config
-    size = cache.kv_offloading_size
     ktc = vllm_config.kv_transfer_config
-    if cache.kv_offloading_backend == "lmcache":
+    refuse_flags(
+        cache.kv_offloading_backend,
+        cache.kv_offloading_size,
+        None if ktc is None else ktc.kv_connector,
+    )
+    refuse_unknown_keys({} if ktc is None else ktc.kv_connector_extra_config)
+    refuse_model(vllm_config.model_config)
+    refuse_parallelism(vllm_config)
+
+
+def refuse_flags(backend: str | None, size: float | None, connector: str | None) -> None:
+    """The offloading flags themselves (None: not given). Needs no vLLM
+    config, so ``vllm-uma serve``'s preflight runs it too."""
+    if backend == "lmcache":
         raise OffloadingConfigError(
             "--kv-offloading-backend lmcache is not supported by vllm-uma: use "
             "--kv-offloading-backend native (the default) or remove the flag."
@@ -62,18 +76,15 @@ def refuse_unsupported(vllm_config) -> None:
             f"--kv-offloading-size={size} is invalid: it must be a positive "
             f"number of GiB. Set a size, or remove the flag to turn offloading off."
         )
-    if size is not None and ktc is not None and ktc.kv_connector not in (None, CONNECTOR):
+    if size is not None and connector not in (None, CONNECTOR):
         raise OffloadingConfigError(
             f"--kv-offloading-size cannot be combined with the KV connector "
-            f"{ktc.kv_connector!r} named in --kv-transfer-config: remove one of them."
+            f"{connector!r} named in --kv-transfer-config: remove one of them."
         )
-    refuse_unknown_keys(ktc)
-    refuse_model(vllm_config.model_config)
-    refuse_parallelism(vllm_config)
 
 
-def refuse_unknown_keys(ktc) -> None:
-    extra = {} if ktc is None else ktc.kv_connector_extra_config
+def refuse_unknown_keys(extra: dict) -> None:
+    """``extra`` is ``kv_connector_extra_config``."""
     unknown = sorted(set(extra) - KNOWN_EXTRA_KEYS)
     if unknown:
         raise OffloadingConfigError(

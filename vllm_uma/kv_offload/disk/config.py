@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from vllm_uma.kv_offload.disk.layout import NOINDEX
-from vllm_uma.kv_offload.disk.store_scan import tree_bytes
 from vllm_uma.kv_offload.disk.trust import check_store_root
 
 GiB = 1 << 30
@@ -82,6 +81,28 @@ def parse_disk_tier(
         ),
         warnings,
     )
+
+
+def check_disk_tier(secondary_tiers: Any) -> None:
+    """What ``parse_disk_tier`` refuses that can be told without creating,
+    writing or measuring anything: the tier's keys and values, and an
+    existing root_dir's trust (trust.py). For ``vllm-uma serve``'s
+    preflight, before vLLM is imported; the rest (a root_dir that cannot be
+    created or written, the default cap against free space) is left to
+    ``parse_disk_tier``, which repeats all of it."""
+    if secondary_tiers is None or secondary_tiers == []:
+        return
+    raw = _the_fs_tier(secondary_tiers)
+    root_dir = _root_dir(raw.get("root_dir"))
+    _kv_events(raw.get("enable_kv_events"), True, [])
+    try:
+        untrusted = check_store_root(root_dir) if root_dir.is_dir() else None
+    except OSError:
+        untrusted = None  # prepare_root says what is wrong
+    if untrusted is not None:
+        raise DiskTierConfigError(untrusted)
+    if raw.get("max_size_gib") is not None:
+        given_cap(raw["max_size_gib"])
 
 
 def _the_fs_tier(secondary_tiers: Any) -> dict[str, Any]:
@@ -239,6 +260,10 @@ def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
         # The tier's own files count as room: they are within the cap and
         # evicted to make space, so a restarted server that filled its cap
         # must not be refused for it.
+        # Imported here: store_scan logs through vLLM's logger, and the
+        # preflight imports this module before vLLM (check_disk_tier).
+        from vllm_uma.kv_offload.disk.store_scan import tree_bytes
+
         free += tree_bytes(root_dir / NOINDEX)
         if free < cap:
             raise DiskTierConfigError(
@@ -248,6 +273,11 @@ def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
                 f"fits (0 means no cap), or free some space."
             )
         return cap, "10% of the volume (max_size_gib not set)"
+    return given_cap(value)
+
+
+def given_cap(value: Any) -> tuple[int | None, str]:
+    """The cap of a max_size_gib the user gave, checked, and why."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise DiskTierConfigError(
             f"fs tier max_size_gib={value!r} is invalid: it must be a number of "
