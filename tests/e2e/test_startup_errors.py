@@ -1,8 +1,10 @@
 """Start-up failures through the real command: one clear line, no traceback.
 
 One case per route a refusal takes to the user: the command's preflight
-(a busy port; the model-path refusals take the same route and are unit
-tests, tests/unit/test_preflight.py), the platform hook inside vLLM's
+(a busy port; the model-path, JSON and offloading refusals it makes take the
+same route and are unit tests, tests/unit/test_preflight.py and
+test_preflight_config.py; test_preflight_imports.py shows they come before
+vLLM is imported), the platform hook inside vLLM's
 config validation (an offloading refusal; the disk tier's trust refusals
 take the same route, tests/unit/test_disk_trust.py), and a failure after
 validation (a memory budget too small for the model)."""
@@ -76,7 +78,8 @@ def disk_tier_flags(root) -> list[str]:
 
 
 def test_an_offloading_refusal_is_one_line(vllm_uma_exe, default_model_dir):
-    # The platform refuses in the API server, before vLLM starts its engine.
+    # The platform refuses in the API server, before vLLM starts its engine
+    # (a root_dir that cannot be created is left to it by the preflight).
     # Each refusal's own message is a unit test (test_offload_config.py:
     # --kv-offloading-backend, pipeline parallelism; test_disk_config.py:
     # tier types, root_dir; test_disk_trust.py: the store's trust rules);
