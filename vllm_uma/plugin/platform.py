@@ -26,6 +26,9 @@ What changes from the CPU platform, and why:
   refused: vLLM's kernels would abort on the first prompt (cpu_kernels.py).
 - In ``vllm-uma serve``, SIGTERM and SIGINT before vLLM serves stop the
   server at once (startup_stop.py; vLLM's own handler is lost then).
+- A restart loads its compiled model from vLLM's compile cache instead of
+  compiling again: the backend is vllm-uma's inductor backend, whose saved
+  artifact vLLM can load (compiled_model.py).
 - The scheduler is vLLM's with a thread that gives free KV memory back
   (memory_release/scheduler.py), unless that is turned off.
 - Every setting the plugin acts on (``--additional-config '{"vllm_uma":
@@ -73,6 +76,25 @@ WORKER_QUALNAME = "vllm_uma.plugin.worker.UmaWorker"
 def total_ram_bytes() -> int:
     """The machine's RAM as the kernel reports it in /proc/meminfo."""
     return int(psutil.virtual_memory().total)
+
+
+def load_compiled_model_on_restart(compilation_config) -> None:
+    """Name vllm-uma's inductor backend where vLLM CPU named torch's: its
+    saved compile artifact then loads at the next start (compiled_model.py).
+    """
+    from vllm.config import CompilationMode
+
+    trace_once = compilation_config.mode == CompilationMode.DYNAMO_TRACE_ONCE
+    if not trace_once or compilation_config.backend != "inductor":
+        return
+    from vllm_uma.plugin import compiled_model
+
+    compilation_config.backend = compiled_model.backend_qualname()
+    logger.info_once(
+        "Compiling with %s (torch's inductor, for this CPU's vector ISA): the compiled "
+        "model is saved in vLLM's compile cache and loaded at the next start.",
+        compilation_config.backend,
+    )
 
 
 def keep_single_worker_in_process(parallel_config, requested_executor: str | None) -> None:
@@ -200,5 +222,6 @@ class UmaPlatform(CpuPlatform):
         requested_executor = parallel_config.distributed_executor_backend
         super().check_and_update_config(vllm_config)
         keep_single_worker_in_process(parallel_config, requested_executor)
+        load_compiled_model_on_restart(vllm_config.compilation_config)
         diffusion = getattr(vllm_config, "diffusion_config", None) is not None
         use_releasing_scheduler(vllm_config.scheduler_config, settings.uma, diffusion)

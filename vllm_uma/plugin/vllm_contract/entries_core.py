@@ -25,6 +25,7 @@ NAMESPACE = ("vllm_uma.kv_offload.disk.namespace_inputs",)
 OFFLOAD_CONFIG = ("vllm_uma.kv_offload.config",)
 OFFLOAD_REFUSALS = ("vllm_uma.kv_offload.refusals",)
 LIFELINE = ("vllm_uma.lifeline",)
+COMPILED = ("vllm_uma.plugin.compiled_model",)
 ENGINE_CORE_FILE = "vllm.v1.engine.core"
 
 # ModelConfig fields of vLLM 0.32.0 that can change the weights or the code
@@ -248,6 +249,30 @@ ENTRIES = (
             ("vllm.v1.kv_offload.base", "self_describing_kv_events"),
             ("vllm.v1.kv_offload.tiering.spec", "secondary_tiers"),
         )
+    ),
+    # -- plugin/compiled_model.py: the backend whose AOT artifact vLLM can load
+    Text(
+        "vllm.platforms.cpu:CpuPlatform",
+        "check_and_update_config",
+        COMPILED,
+        "vLLM CPU's compiled mode is one Dynamo trace with torch's inductor named by string; "
+        "the platform swaps that string for our backend's name",
+        text="compilation_config.mode = CompilationMode.DYNAMO_TRACE_ONCE",
+    ),
+    Text(
+        "vllm.config.compilation",
+        "",
+        COMPILED,
+        "init_backend resolves a backend by qualified name in DYNAMO_TRACE_ONCE mode "
+        "(our name carries the CPU's vector ISA into the compile-cache key)",
+        text="return resolve_obj_by_qualname(self.backend)",
+    ),
+    Text(
+        "vllm.compilation.decorators",
+        "",
+        COMPILED,
+        "the AOT loader calls this on the loaded artifact: InductorArtifact provides it",
+        text="loaded_fn._artifacts.compiled_fn.finalize_loading(model.vllm_config)",
     ),
     # -- kv_offload/disk/namespace_inputs.py: ModelConfig fields read with a default
     *(
