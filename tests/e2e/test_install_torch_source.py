@@ -84,7 +84,9 @@ def installed(venv: Path) -> set[str]:
 def failed_install(tmp_path_factory):
     """install.sh into a venv it creates, as on a user's machine: the only run of it here."""
     venv = tmp_path_factory.mktemp("install") / "venv"
-    done, seconds = run(["bash", INSTALL, venv], user_env())
+    # pip's logs, kept when it fails, go to the test's own temp directory.
+    temp = tmp_path_factory.mktemp("tmp")
+    done, seconds = run(["bash", INSTALL, venv], user_env(TMPDIR=str(temp)))
     return venv, done, seconds
 
 
@@ -126,9 +128,8 @@ def test_an_empty_wheel_folder_is_named_in_the_one_line(failed_install, tmp_path
     venv, _, _ = failed_install
     empty = tmp_path / "wheels"
     empty.mkdir()
-    done, _ = run(
-        ["bash", INSTALL, "--torch-only", venv], user_env(VLLM_UMA_TORCH_WHEELS=str(empty))
-    )
+    env = user_env(VLLM_UMA_TORCH_WHEELS=str(empty), TMPDIR=str(tmp_path))
+    done, _ = run(["bash", INSTALL, "--torch-only", venv], env)
     assert done.returncode == 1, done.stdout + done.stderr
     line = one_line(done.stderr)
     assert f"VLLM_UMA_TORCH_WHEELS={empty} holds no wheel of it for {HERE}" in line, line
@@ -143,7 +144,7 @@ def test_no_wheel_for_this_python_names_the_ones_the_index_has(failed_install, t
     (index / "torch").mkdir(parents=True)
     name = f"torch-2.13.0%2Bcpu-{other}-{other}-manylinux_2_28_x86_64.whl"
     (index / "torch" / "index.html").write_text(f'<a href="../{name}">{name}</a>\n')
-    env = user_env(VLLM_UMA_TORCH_INDEX_URL=index.as_uri())
+    env = user_env(VLLM_UMA_TORCH_INDEX_URL=index.as_uri(), TMPDIR=str(tmp_path))
     done, _ = run([venv / "bin" / "python", TORCH_STEP, "--requirement", PIN], env)
     assert done.returncode == 1, done.stdout + done.stderr
     line = one_line(done.stderr)
@@ -157,7 +158,7 @@ def test_no_wheel_for_this_python_names_the_ones_the_index_has(failed_install, t
 def test_the_wheel_pip_finds_with_its_own_configuration_is_chosen(failed_install, tmp_path):
     venv, _, _ = failed_install
     wheel = stand_in_wheel(tmp_path / "links")
-    env = user_env(PIP_FIND_LINKS=str(wheel.parent))
+    env = user_env(PIP_FIND_LINKS=str(wheel.parent), TMPDIR=str(tmp_path))
     done, _ = run([venv / "bin" / "python", TORCH_STEP, "--plan", "--requirement", PIN], env)
     assert done.returncode == 0, done.stderr
     assert f"from {wheel.parent.as_uri()}/torch-2.13.0%2Bcpu-py3-none-any.whl" in done.stdout
@@ -167,7 +168,7 @@ def test_the_wheel_pip_finds_with_its_own_configuration_is_chosen(failed_install
 def test_a_wheel_folder_installs_torch_and_a_rerun_asks_no_one(failed_install, tmp_path):
     venv, _, _ = failed_install
     wheel = stand_in_wheel(tmp_path / "wheels")
-    env = user_env(VLLM_UMA_TORCH_WHEELS=str(wheel.parent))
+    env = user_env(VLLM_UMA_TORCH_WHEELS=str(wheel.parent), TMPDIR=str(tmp_path))
     try:
         done, _ = run([venv / "bin" / "python", TORCH_STEP, "--requirement", PIN], env)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -182,7 +183,7 @@ def test_a_wheel_folder_installs_torch_and_a_rerun_asks_no_one(failed_install, t
         subprocess.run([venv / "bin" / "python", "-m", "pip", "uninstall", "-yq", "torch"])
 
 
-def test_this_machines_pip_configuration_finds_its_local_wheel(failed_install):
+def test_this_machines_pip_configuration_finds_its_local_wheel(failed_install, tmp_path):
     """With pip's configuration as is (here: /opt/wheels), the plan is the local wheel."""
     venv, _, _ = failed_install
     config = subprocess.run(
@@ -190,7 +191,7 @@ def test_this_machines_pip_configuration_finds_its_local_wheel(failed_install):
     ).stdout
     if "find-links" not in config and "extra-index-url" not in config:
         pytest.skip("this machine's pip configuration names no local torch wheel")
-    env = {**os.environ, "PYTHON": sys._base_executable}
+    env = {**os.environ, "PYTHON": sys._base_executable, "TMPDIR": str(tmp_path)}
     env = {k: v for k, v in env.items() if not k.startswith("VLLM_UMA_TORCH")}
     done, _ = run([venv / "bin" / "python", TORCH_STEP, "--plan"], env)
     assert done.returncode == 0, done.stderr
