@@ -28,7 +28,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from vllm_uma import exit_without_collection, lifeline, models
+from vllm_uma import exit_without_collection, lifeline, models, runtime_preload
 from vllm_uma.commands.argv import given
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
@@ -185,7 +185,10 @@ def main(argv: list[str]) -> int:
     os.environ[lifeline.API_SERVER_ENV] = str(os.getpid())
     try:
         preflight(argv, os.environ)
-    except PreflightError as exc:
+        # For the engine core vLLM spawns from this process (it inherits
+        # the environment): tcmalloc and Intel's OpenMP, as measured.
+        runtime_note = runtime_preload.prepare_engine_environment()
+    except (PreflightError, runtime_preload.PreloadError) as exc:
         return _fail(str(exc), EXIT_USAGE)
     try:
         # Imports vLLM, and torch with it: after the preflight.
@@ -212,6 +215,9 @@ def main(argv: list[str]) -> int:
 
     command = ServeSubcommand()
     configure_logging_from_args(args)
+    from vllm_uma.log import get_logger
+
+    get_logger(__name__).info(runtime_note)
     try:
         kv_events_endpoint.settle(args, argv)
     except PreflightError as exc:
