@@ -37,8 +37,8 @@ ENV = "VLLM_UMA_PRELOAD"
 KINDS = ("tcmalloc", "iomp")
 # What `vllm-uma serve` preloads when VLLM_UMA_PRELOAD is unset: nothing.
 # tools/benchmark/runtime_preload.py found neither library, nor both,
-# faster here than the round-to-round noise (docs/serving.md: within
-# 0.97-1.06x for prefill and 0.92-1.06x for decode, 2 rounds), so the
+# consistently faster here (docs/serving.md: 0.97-1.14x the plain prefill
+# time, 0.87-1.06x its decode speed, over 2 rounds), so the
 # default keeps glibc's malloc and torch's own OpenMP; a user opts in.
 DEFAULT: tuple[str, ...] = ()
 WHERE = (

@@ -114,3 +114,10 @@ def test_offloading_left_to_vllm_when_not_sure(argv):
 def test_a_dotted_flag_takes_the_next_word_whatever_it_is():
     line = read_serve_line(["/m", "--additional-config.x", "--port", "9000"])
     assert line.port == DEFAULT_PORT  # "--port" was the dotted flag's value
+
+
+def test_an_inline_value_is_kept_as_typed():
+    # Only the flag's name is renamed: --host=my_host.lan is the user's text.
+    line = read_serve_line(["--host=my_host.lan", "--kv_transfer_config={\"kv_connector\": 1}"])
+    assert line.host == "my_host.lan"
+    assert line.kv_transfer_config == '{"kv_connector": 1}'

@@ -15,9 +15,8 @@ Variants run interleaved, --rounds times (plain, tcmalloc, iomp, both, plain,
 ...), and each is reported as a ratio to the plain server of its own round:
 the machine is shared, and ratios within a round are what hold.
 
-`vllm-uma serve` preloads what `vllm_uma/runtime_preload.py` finds unless
-told not to; every variant here sets VLLM_UMA_PRELOAD to its own list, so the
-plain one really runs without.
+`vllm-uma serve` preloads what VLLM_UMA_PRELOAD names (nothing by default:
+vllm_uma/runtime_preload.py); every variant here sets it to its own list.
 """
 
 from __future__ import annotations

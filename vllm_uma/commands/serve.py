@@ -44,7 +44,8 @@ SERVE_DESCRIPTION = f"""vLLM's OpenAI-compatible server on the unified-memory pl
 Accepts every `vllm serve` flag. Without MODEL it serves
 {models.DEFAULT_MODEL_NAME}, prepared locally (`vllm-uma prepare-model`); MODEL
 may name another model prepare-model builds: {", ".join(_OTHER_RECIPES)}.
-Compiled (torch.compile) as in vLLM; --enforce-eager starts a minute sooner.
+Compiled (torch.compile) as in vLLM, and loaded from vLLM's compile cache at a
+restart; --enforce-eager starts sooner and decodes slower.
 
 Search by using: `--help=<ConfigGroup>` to explore options by section (e.g.,
 --help=ModelConfig, --help=Frontend); `--help=all` shows every flag.
@@ -186,7 +187,7 @@ def main(argv: list[str]) -> int:
     try:
         preflight(argv, os.environ)
         # For the engine core vLLM spawns from this process (it inherits
-        # the environment): tcmalloc and Intel's OpenMP, as measured.
+        # the environment): tcmalloc and Intel's OpenMP if the user asks.
         runtime_note = runtime_preload.prepare_engine_environment()
     except (PreflightError, runtime_preload.PreloadError) as exc:
         return _fail(str(exc), EXIT_USAGE)

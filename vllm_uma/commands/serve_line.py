@@ -65,9 +65,11 @@ class ServeLine:
 
 def normalized(flag: str) -> str:
     """``--kv_transfer_config.a_b`` -> ``--kv-transfer-config.a_b``, as vLLM
-    renames a flag: underscores before the first dot."""
-    name, dot, rest = flag[2:].partition(".")
-    return "--" + name.replace("_", "-") + dot + rest
+    renames a flag: underscores before the first dot of the name. A value
+    given inline (``--host=my_host``) is the user's text and kept as is."""
+    word, eq, value = flag[2:].partition("=")
+    name, dot, rest = word.partition(".")
+    return "--" + name.replace("_", "-") + dot + rest + eq + value
 
 
 @dataclass
