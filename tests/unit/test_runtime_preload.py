@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_uma import runtime_preload as rp
+from vllm_uma.commands import runtime_preload as rp
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ Variants run interleaved, --rounds times (plain, tcmalloc, iomp, both, plain,
 the machine is shared, and ratios within a round are what hold.
 
 `vllm-uma serve` preloads what VLLM_UMA_PRELOAD names (nothing by default:
-vllm_uma/runtime_preload.py); every variant here sets it to its own list.
+vllm_uma/commands/runtime_preload.py); every variant here sets it to its own list.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tools.benchmark.lib import model_choice, servers
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.prompts import text
-from vllm_uma import runtime_preload
+from vllm_uma.commands import runtime_preload
 
 DECODE_TOKENS = 128
 

@@ -28,7 +28,8 @@ import os
 import sys
 from collections.abc import Mapping
 
-from vllm_uma import exit_without_collection, lifeline, models, runtime_preload
+from vllm_uma import exit_without_collection, lifeline, models
+from vllm_uma.commands import runtime_preload
 from vllm_uma.commands.argv import given
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
