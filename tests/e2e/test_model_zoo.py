@@ -274,6 +274,12 @@ def served(srv: Server, i: int) -> dict:
 def fp8_run(vllm_uma_exe, default_model_dir, runs, tmp_path_factory):
     """The default model in bfloat16 with an fp8 KV cache, on the same store
     after the families (``runs``: one store, one server at a time)."""
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
+        # vLLM 0.32 itself refuses it there: "FP8 KV cache on CPU requires
+        # x86 with AVX-512 or AMX" (NotImplementedError at engine start).
+        pytest.skip("vLLM has no fp8 KV cache on a CPU without AVX-512")
     config = json.loads((default_model_dir / "config.json").read_text())
     per_block = kv_bytes_per_token(config, dtype_bytes=1) * BLOCK_TOKENS
     kv_args = ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8"]
