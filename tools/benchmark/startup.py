@@ -11,7 +11,7 @@ are read off its log as the lines arrive (stamped by this tool every 20 ms,
 not by the log's one-second clock):
 
     imports     launch -> the engine core starts (API server imports, config)
-    weights     -> "Model loading took" (engine core imports, weights, wiring)
+    weights     -> "Loading weights took" (engine core imports, weights)
     compile     -> the model is compiled and saved, or loaded from the cache
     warm-up     -> "Warming up done." (vLLM's first forward at full batch)
     kv cache    -> "init engine ... took" (KV cache allocated)
@@ -48,7 +48,8 @@ POLL_S = 0.02
 # Phase -> the log line that ends it (a regular expression), in order.
 PHASES = (
     ("imports", r"Initializing a V1 LLM engine"),
-    ("weights", r"Model loading took"),
+    # vLLM CPU's loader logs "Loading weights took"; the GPU runner "Model loading took".
+    ("weights", r"Loading weights took|Model loading took"),
     ("compile", r"saved AOT compiled function|Directly load AOT compilation"),
     ("warm-up", r"Warming up done\."),
     ("kv cache", r"init engine \(profile, create kv cache, warmup model\) took"),
