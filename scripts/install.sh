@@ -19,7 +19,7 @@
 # An index is named for torch alone: as an extra index of the whole install
 # it could serve any other package under its name (dependency confusion).
 # When it fails, one line on stderr says what was tried and the fix. Nothing
-# is asked when the venv already has exactly that torch.
+# is asked when the venv already has the torch requirements.lock pins.
 set -euo pipefail
 
 torch_only=0

