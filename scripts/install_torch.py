@@ -46,9 +46,10 @@ except ImportError:  # a fresh venv: pip's own copy
     from pip._vendor.packaging.utils import canonicalize_name
     from pip._vendor.packaging.version import Version
 
-from torch_pip_log import found_none, skipped_tags
+from torch_pip_log import Failure, diagnose, found_none, skipped_tags
 from torch_source import (
     INDEX_VAR,
+    PROBE_OPTIONS,
     PYTORCH_CPU_INDEX,
     WHEELS_VAR,
     Kind,
@@ -177,12 +178,36 @@ def choose_source(requirement: Requirement) -> Source:
     return Source(Kind.PYTORCH_INDEX, PYTORCH_CPU_INDEX, config_tags=tags)
 
 
+def probe(requirement: Requirement, source: Source, supported: SpecifierSet) -> None:
+    """Stop in seconds when the index cannot be reached.
+
+    Only this one read of the index's torch page runs with PROBE_OPTIONS
+    (no retries): the wheel's download after it keeps pip's own retries, a
+    200 MB download being what a transient error is likely to hit. Anything
+    but an unreachable index is left to the install, whose log tells the
+    rest apart (``pip index`` is experimental: if a pip lacks it, the install
+    runs as if it were reachable).
+    """
+    log = Path(tempfile.mkstemp(prefix="vllm-uma-torch-", suffix=".log")[1])
+    rc, _, saved = pip(
+        "index", "versions", "torch", "--index-url", source.location, *PROBE_OPTIONS, log=log
+    )
+    Path(saved).unlink(missing_ok=True)
+    text = log.read_text() if log.exists() else ""
+    version = next(iter(requirement.specifier)).version
+    if rc != 0 and diagnose(text, source.location, version).failure is Failure.UNREACHABLE:
+        raise InstallError(failure_line(requirement, source, text, str(log), supported))
+    log.unlink(missing_ok=True)
+
+
 def install(requirement: Requirement, source: Source, supported: SpecifierSet) -> None:
     if source.kind is Kind.WHEELS and not Path(source.location).is_dir():
         raise InstallError(
             f"{requirement}: {source.describe()} is not a folder. Set it to a folder holding "
             f"a wheel of it for {here()}, or unset it to install from {PYTORCH_CPU_INDEX}."
         )
+    if source.kind in (Kind.MIRROR, Kind.PYTORCH_INDEX):
+        probe(requirement, source, supported)
     log = Path(tempfile.mkstemp(prefix="vllm-uma-torch-", suffix=".log")[1])
     rc, output, saved = pip(
         "install", "--no-deps", "--progress-bar", "on", *source.pip_options(), str(requirement),

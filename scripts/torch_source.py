@@ -26,9 +26,10 @@ from torch_pip_log import Failure, diagnose, pythons_of
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 WHEELS_VAR = "VLLM_UMA_TORCH_WHEELS"
 INDEX_VAR = "VLLM_UMA_TORCH_INDEX_URL"
-# An index that cannot be reached fails in seconds, not pip's default
-# 5 retries of up to PIP_DEFAULT_TIMEOUT each.
-INDEX_OPTIONS = ["--retries", "0", "--timeout", "15"]
+# For the probe of an index before the install (install_torch.probe) only:
+# an index that cannot be reached fails in seconds, not after pip's 5
+# retries of up to PIP_DEFAULT_TIMEOUT each. The download keeps them.
+PROBE_OPTIONS = ["--retries", "0", "--timeout", "15"]
 
 
 class Kind(enum.Enum):
@@ -60,7 +61,7 @@ class Source:
             return ["--no-index", "--find-links", self.location]
         if self.kind is Kind.PIP_CONFIG:
             return []
-        return ["--index-url", self.location, *INDEX_OPTIONS]
+        return ["--index-url", self.location]
 
 
 def here() -> str:

