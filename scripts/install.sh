@@ -3,6 +3,9 @@
 #   scripts/install.sh VENV_DIR               everything (what every make target sets up)
 #   scripts/install.sh --torch-only VENV_DIR  the venv and its torch only
 # Idempotent: safe to run again after pyproject.toml or requirements.lock changes.
+# An existing VENV_DIR is used when its Python is the chosen one (PYTHON, or
+# with PYTHON unset any supported one); else it is recreated if install.sh
+# made it, and otherwise the install stops, saying what it found and the fix.
 #
 # Every pip install here is constrained by requirements.lock (make lock), so
 # every install gets the versions that were tested; torch's exact pin is
@@ -29,12 +32,58 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 lock=$root/requirements.lock
 # shellcheck source=scripts/choose_python.sh
 source "$root/scripts/choose_python.sh"
-python=$(choose_python) || exit 1
-echo "install: using $python (Python $(python_version "$python"))"
+# Written into a venv install.sh creates: a venv holding it is one install.sh
+# made and may recreate (make clean deletes it too). Any other venv may hold
+# what install.sh cannot rebuild, and is never deleted.
+made_by_us=.vllm-uma-created
 
-if [ ! -x "$venv/bin/python" ]; then
-  echo "install: creating $venv with $python"
-  "$python" -m venv "$venv"
+# What VENV's bin/python is, for a message: its Python, or why it does not run.
+venv_found() {
+  local have=$1 bin=$2/bin/python
+  if [ -n "$have" ]; then echo "Python $have"
+  elif [ -L "$bin" ]; then echo "an interpreter that no longer runs ($bin -> $(readlink "$bin"))"
+  elif [ -e "$bin" ]; then echo "an interpreter that does not run ($bin)"
+  else echo "no $bin (not a virtual environment)"
+  fi
+}
+
+# A venv of another Python than the chosen one, or whose interpreter is gone
+# (its Python removed or moved), would get packages built for the wrong
+# Python or fail at its first pip run: recreate it if ours, else stop.
+replace_or_refuse() {
+  local venv=$1 python=$2 have=$3 want=$4 found keep=""
+  found=$(venv_found "$have" "$venv")
+  if [ -n "$have" ] && [ -z "$(why_unsupported "$have")" ]; then
+    keep=", or unset PYTHON to keep using it"
+  fi
+  if [ -f "$venv/$made_by_us" ]; then
+    echo "install: $venv holds $found, not Python $want; install.sh made it ($(cat "$venv/$made_by_us")), so it is recreated with $python"
+    rm -rf "$venv"
+    return
+  fi
+  echo "install: $venv holds $found, not Python $want ($python), and install.sh did not make it, so it is left as it is. Remove it (rm -rf $venv) to have it recreated with Python $want$keep." >&2
+  exit 1
+}
+
+# PYTHON unset and a venv of a supported Python already there: that venv's
+# Python is the choice, so that a venv built with PYTHON=... is kept by the
+# next plain make rather than rebuilt with choose_python's default.
+have=$(python_version "$venv/bin/python")
+if [ -z "${PYTHON:-}" ] && [ -n "$have" ] && [ -z "$(why_unsupported "$have")" ]; then
+  echo "install: using $venv's Python $have (set PYTHON to recreate it with another)"
+else
+  python=$(choose_python) || exit 1
+  want=$(python_version "$python")
+  echo "install: using $python (Python $want)"
+  # An empty folder (e.g. made for it) is filled, not questioned.
+  if [ -e "$venv" ] && [ "$have" != "$want" ] && [ -n "$(ls -A "$venv" 2>/dev/null || echo x)" ]; then
+    replace_or_refuse "$venv" "$python" "$have" "$want"
+  fi
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "install: creating $venv with $python"
+    "$python" -m venv "$venv"
+    echo "Python $want ($python)" >"$venv/$made_by_us"
+  fi
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
