@@ -229,6 +229,8 @@ def main(argv: list[str]) -> int:
             command.validate(args)
             command.cmd(args)
     except KeyboardInterrupt:
+        # Ctrl-C is a stop on purpose too (uvicorn raises SIGINT again).
+        exit_without_collection.arm(130)
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place errors reach the user
         if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG":
@@ -242,7 +244,7 @@ def main(argv: list[str]) -> int:
             f"in the log above say why. Restart the server.",
             EXIT_FAILURE,
         )
-    exit_without_collection.arm()  # served and stopped: exit 1.5 s sooner
+    exit_without_collection.arm(0)  # served and stopped: exit 1.5 s sooner
     return 0
 
 
