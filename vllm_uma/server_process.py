@@ -34,6 +34,11 @@ READY_TIMEOUT_S = 300
 # What a stop waits before SIGKILL: vllm-uma gives the engine 20 s to write
 # pending KV blocks to the disk tier (kv_offload/config.py), plus a margin.
 STOP_TIMEOUT_S = 30
+# What one request may take before the caller gives up: a hang detector, not
+# a speed check. On a CPU without AVX-512 (bf16 through torch's fallback
+# linear, about 40 tokens/s on one core) four 1,200-token prompts at once
+# took longer than the 120 s this used to be, and the offloading tests failed.
+REQUEST_TIMEOUT_S = 600
 # A server whose port was taken between free_port() and its own bind starts
 # again on another port, this many times at most (see Server.wait_ready).
 PORT_TAKEN_RETRIES = 3
@@ -174,7 +179,7 @@ class Server:
             and PORT_TAKEN in self.log()
         )
 
-    def post(self, path: str, payload: dict, timeout: float = 120) -> dict:
+    def post(self, path: str, payload: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
         response = requests.post(f"{self.url}{path}", json=payload, timeout=timeout)
         response.raise_for_status()
         return response.json()
