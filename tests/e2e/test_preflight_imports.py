@@ -74,3 +74,18 @@ def test_a_disk_root_others_may_write(vllm_uma_exe, tmp_path):
 def test_a_kv_transfer_config_vllm_cannot_read(vllm_uma_exe, text):
     line = refuse(vllm_uma_exe, "--port", "0", "--kv-transfer-config", text)
     assert line.startswith(f"vllm-uma serve: error: --kv-transfer-config {text!r} is ")
+
+
+def test_help_is_given_whatever_the_engines_runtime_setting_says(vllm_uma_exe):
+    # --help starts no engine core: a VLLM_UMA_PRELOAD that a start would
+    # refuse (commands/runtime_preload.py) waits for that start.
+    result = subprocess.run(
+        [vllm_uma_exe, "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "VLLM_UMA_PRELOAD": "jemalloc"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage: vllm-uma serve" in result.stdout

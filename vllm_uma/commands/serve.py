@@ -165,19 +165,21 @@ def is_usage_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, TypeError))
 
 
-def preflight(argv: list[str], environ: Mapping[str, str]) -> None:
+def preflight(argv: list[str], environ: Mapping[str, str]) -> bool:
     """Every refusal the raw command line decides, before vLLM or torch is
     imported; what it leaves undecided (serve_line.py) is checked again once
-    vLLM's parser has read the line, and by the platform."""
+    vLLM's parser has read the line, and by the platform. Returns whether
+    the line asks for --help (nothing checked then)."""
     line = read_serve_line(argv)
     if line.help:
-        return
+        return True
     if line.model is not None and not models.is_recipe(line.model):
         check_model(line.model, models.RECIPES)
     if line.port is not None:
         check_port(line.host, line.port)
     check_json_values(line)
     check_offloading(line, environ)
+    return False
 
 
 def main(argv: list[str]) -> int:
@@ -185,30 +187,10 @@ def main(argv: list[str]) -> int:
     # engine core vLLM starts follows this process (vllm_uma/lifeline.py).
     lifeline.stop_with_supervisor()
     os.environ[lifeline.API_SERVER_ENV] = str(os.getpid())
-    try:
-        preflight(argv, os.environ)
-        # For the engine core vLLM spawns from this process (it inherits
-        # the environment): tcmalloc and Intel's OpenMP if the user asks.
-        runtime_note = runtime_preload.prepare_engine_environment()
-    except (PreflightError, runtime_preload.PreloadError) as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    try:
-        # Imports vLLM, and torch with it: after the preflight.
-        require_supported_vllm()
-    except UnsupportedVllmError as exc:
-        return _fail(str(exc), EXIT_FAILURE)
-    try:
-        args = parse_serve_args(argv)
-    except models.PrepareError as exc:
-        return _fail(str(exc), EXIT_FAILURE)
-    try:
-        # Again, for what the preflight left to vLLM's parser (MODEL after
-        # other flags, a --config file's values).
-        check_model(args.model, models.RECIPES)
-        if not args.uds and not args.headless:
-            check_port(args.host, args.port)
-    except PreflightError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+    prepared = prepare(argv)
+    if isinstance(prepared, int):
+        return prepared
+    args, runtime_note = prepared
 
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.logger import configure_logging_from_args
@@ -219,7 +201,8 @@ def main(argv: list[str]) -> int:
     configure_logging_from_args(args)
     from vllm_uma.log import get_logger
 
-    get_logger(__name__).info(runtime_note)
+    if runtime_note:
+        get_logger(__name__).info(runtime_note)
     try:
         kv_events_endpoint.settle(args, argv)
     except PreflightError as exc:
@@ -246,6 +229,39 @@ def main(argv: list[str]) -> int:
         )
     exit_without_collection.arm(0)  # served and stopped: exit 1.5 s sooner
     return 0
+
+
+def prepare(argv: list[str]) -> tuple[argparse.Namespace, str] | int:
+    """Everything before vLLM's serve command: the preflight, the engine's
+    runtime libraries, vLLM's version and its parser. The parsed arguments
+    and the runtime's log line (empty for --help), or the exit status of a
+    refusal, already reported."""
+    try:
+        helped = preflight(argv, os.environ)
+        # For the engine core vLLM spawns from this process (it inherits
+        # the environment): tcmalloc and Intel's OpenMP if the user asks.
+        # --help starts no engine core, so a bad VLLM_UMA_PRELOAD waits.
+        runtime_note = "" if helped else runtime_preload.prepare_engine_environment()
+    except (PreflightError, runtime_preload.PreloadError) as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    try:
+        # Imports vLLM, and torch with it: after the preflight.
+        require_supported_vllm()
+    except UnsupportedVllmError as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    try:
+        args = parse_serve_args(argv)
+    except models.PrepareError as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    try:
+        # Again, for what the preflight left to vLLM's parser (MODEL after
+        # other flags, a --config file's values).
+        check_model(args.model, models.RECIPES)
+        if not args.uds and not args.headless:
+            check_port(args.host, args.port)
+    except PreflightError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    return args, runtime_note
 
 
 def one_line(exc: Exception) -> str:
