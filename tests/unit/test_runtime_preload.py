@@ -62,7 +62,14 @@ def test_the_users_own_preload_is_kept_first_and_its_kinds_not_doubled(found):
     env = {"LD_PRELOAD": "/opt/libjemalloc.so.2", rp.ENV: "tcmalloc,iomp"}
     note = rp.apply(env, found)
     assert env["LD_PRELOAD"] == f"/opt/libjemalloc.so.2 {found['iomp']}"
-    assert "already names a tcmalloc of the user's: kept" in note
+    assert "already names the user's tcmalloc (/opt/libjemalloc.so.2): kept" in note
+
+
+def test_a_directory_named_like_a_kind_is_not_a_library_of_it(found):
+    # /opt/libgomp-tools/ is a directory: the file preloaded is a malloc.
+    env = {"LD_PRELOAD": "/opt/libgomp-tools/libmimalloc.so", rp.ENV: "iomp"}
+    rp.apply(env, found)
+    assert env["LD_PRELOAD"] == f"/opt/libgomp-tools/libmimalloc.so {found['iomp']}"
 
 
 def test_an_unknown_name_is_refused_with_the_rule():

@@ -108,8 +108,9 @@ def apply(environ: MutableMapping[str, str], found: Mapping[str, Path]) -> str:
     theirs = environ.get("LD_PRELOAD", "")
     added, kept, missing = [], [], []
     for kind in kinds:
-        if any(mark in theirs for mark in _SAME_KIND[kind]):
-            kept.append(kind)
+        same = [e for e in theirs.replace(":", " ").split() if _is_kind(e, kind)]
+        if same:
+            kept.append(f"{kind} ({', '.join(same)})")
         elif kind in found:
             added.append(str(found[kind]))
         else:
@@ -125,7 +126,7 @@ def apply(environ: MutableMapping[str, str], found: Mapping[str, Path]) -> str:
     if added:
         parts.append(f"preloading {', '.join(added)} into the engine core")
     if kept:
-        parts.append(f"LD_PRELOAD already names a {' and '.join(kept)} of the user's: kept")
+        parts.append(f"LD_PRELOAD already names the user's {' and '.join(kept)}: kept")
     if missing:
         parts.append(f"not found, not preloaded: {', '.join(missing)} ({WHERE})")
     if not kinds and explicit:
@@ -137,6 +138,13 @@ def apply(environ: MutableMapping[str, str], found: Mapping[str, Path]) -> str:
             f"vLLM's warning about LD_PRELOAD below is about them"
         )
     return "CPU runtime: " + "; ".join(parts) + "."
+
+
+def _is_kind(entry: str, kind: str) -> bool:
+    """Whether an LD_PRELOAD entry (a path or a file name) is a library of
+    ``kind``: judged by its file name, not its directory's."""
+    name = Path(entry).name
+    return any(mark in name for mark in _SAME_KIND[kind])
 
 
 def prepare_engine_environment(environ: MutableMapping[str, str] | None = None) -> str:
