@@ -40,6 +40,7 @@ def refusal(argv, environ=ACTIVE) -> str:
         ('{"kv_connector": ', "is not valid JSON (Expecting value: line 1 column 18"),
         ("[1, 2]", "is a JSON list, not an object"),
         ('"OffloadingConnector"', "is a JSON str, not an object"),
+        ("null", "is null, not an object"),  # vLLM's parser refuses it too
     ],
 )
 def test_a_json_flag_that_vllm_cannot_read(text, message):
@@ -53,7 +54,7 @@ def test_what_vllm_reads_passes():
         read_serve_line(
             [
                 "--kv-transfer-config", '{"kv_connector_extra_config": {"cpu_bytes_to_use": 80m}}',
-                "--kv-events-config", "null",
+                "--kv-events-config", '{"enable_kv_cache_events": true}',
                 "--additional-config", "[1]",  # a dict or not: vLLM's config says
             ]
         )

@@ -91,9 +91,11 @@ def check_json_values(line: ServeLine) -> None:
                 f"e.g. {flag} '{{\"key\": \"value\"}}', or one key at a time: "
                 f"{flag}.key value."
             ) from None
-        if flag in OBJECT_FLAGS and not isinstance(value, dict) and value is not None:
+        if flag in OBJECT_FLAGS and not isinstance(value, dict):
+            # null too: vLLM's parser refuses it ("Input should be an object").
+            kind = "null" if value is None else f"a JSON {type(value).__name__}"
             raise PreflightError(
-                f"{flag} {text!r} is a JSON {type(value).__name__}, not an object: write "
+                f"{flag} {text!r} is {kind}, not an object: write "
                 f"it as {flag} '{{\"key\": \"value\"}}'."
             )
 
