@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.traffic import EAGER
+from tests.e2e.traffic import BLOCKS_OF_128, EAGER
 from vllm_uma.kv_offload.disk import block_file
 from vllm_uma.server_process import Server
 
@@ -17,6 +17,7 @@ from vllm_uma.server_process import Server
 # two prompts of 10 blocks (9 full and the tail).
 SMALL_L1 = [
     *EAGER,
+    *BLOCKS_OF_128,
     "--dtype",
     "float32",
     "--kv-cache-memory-bytes",
@@ -24,7 +25,7 @@ SMALL_L1 = [
     "--max-model-len",
     "2048",
 ]
-BLOCK_TOKENS = 128  # vLLM CPU's KV block
+BLOCK_TOKENS = 128  # the KV block these servers run with (BLOCKS_OF_128)
 KV_PER_TOKEN = 46_080  # SmolLM2-135M in float32: 2 x 30 layers x 3 heads x 64 x 4 B
 BLOCK_FILE_BYTES = block_file.file_bytes(BLOCK_TOKENS * KV_PER_TOKEN)  # a row of KV + header
 POOL_GIB = 0.3  # 54 float32 blocks: A's four prompts (36 blocks) fit

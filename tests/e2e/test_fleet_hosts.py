@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.e2e.traffic import EAGER, MODEL, prompt
+from tests.e2e.traffic import BLOCKS_OF_128, EAGER, MODEL, prompt
 from tools.harness.server import metric
 from tools.harness.valkey_engine import Engine
 from tools.hosts import LinkShape, Network
@@ -42,7 +42,7 @@ ROUTER_PORT = 8000  # a fresh namespace: every port is free
 CACHED = "vllm:prompt_tokens_cached_by_source_total"
 WRITTEN = "vllm:kv_offload_network_written_blocks_total"
 NETWORK_SOURCE = "external_unspecified"
-BLOCK_TOKENS = 128
+BLOCK_TOKENS = 128  # the servers run with BLOCKS_OF_128
 
 
 def wait_for(check, what: str, timeout: float = READY_S, proc=None, log: Path | None = None):
@@ -63,7 +63,7 @@ def hosts(vllm_uma_exe, default_model_dir, tmp_path_factory):
         address = {i: net.host(i).address for i in (1, 2, 3)}
         lru = ("--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru")
         engine = net.on(3).submit(Engine, work, *lru, host=address[3]).result()
-        shared = [*EAGER, "--dtype", "float32", "--max-model-len", "2048"]
+        shared = [*EAGER, *BLOCKS_OF_128, "--dtype", "float32", "--max-model-len", "2048"]
         shared += ["--gpu-memory-utilization", "0.3", "--kv-network", engine.url]
         router = f"http://{address[1]}:{ROUTER_PORT}"
         out = {"net": net, "router": router, "engine": engine, "work": work, "fleets": []}

@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.disk_store import BLOCK_TOKENS, block_files, namespace_of
-from tests.e2e.traffic import EAGER, MODEL, metrics, prompt
+from tests.e2e.traffic import BLOCKS_OF_128, EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
 from tools.harness.server import metric, model_process, proc_status
 from tools.harness.valkey_engine import Engine
@@ -96,6 +96,7 @@ def family_args(
     return [
         str(path),
         *EAGER,
+        *BLOCKS_OF_128,
         *kv_args,
         *("--max-model-len", "2048", "--served-model-name", name),
         *("--kv-cache-memory-bytes", str(per_block * L1_BLOCKS + 1)),

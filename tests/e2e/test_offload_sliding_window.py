@@ -25,7 +25,7 @@ import json
 
 import pytest
 
-from tests.e2e.traffic import EAGER, EVICT_AND_REVISIT, complete, metrics
+from tests.e2e.traffic import BLOCKS_OF_128, EAGER, EVICT_AND_REVISIT, complete, metrics
 from tools.harness.server import Server, metric
 from vllm_uma.plugin.memory import parse_breakdown
 
@@ -44,6 +44,7 @@ def server_args(root) -> list[str]:
     tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 2}
     return [
         *EAGER,
+        *BLOCKS_OF_128,
         "--served-model-name",
         MODEL,
         # 152 blocks of 393,216 B: about two of these prompts across all six

@@ -264,7 +264,9 @@ def test_breakdown_is_consistent(server):
     assert b["num_blocks"] * b["per_block_bytes"] == b["kv_cache"]
     # SmolLM2-135M in bf16: 23,040 bytes of KV per token.
     tokens_per_block = b["per_block_bytes"] // 23_040
-    assert (tokens_per_block, b["block_size"], b["kv_groups"]) == (128, 128, 1)
+    # vllm-uma's own block size (plugin/block_size.py), not vLLM CPU's 128.
+    assert (tokens_per_block, b["block_size"], b["kv_groups"]) == (32, 32, 1)
+    assert "KV cache blocks of 32 tokens (vLLM CPU's default is 128)" in server.log()
     assert b["max_tokens_cached"] == b["num_blocks"] * tokens_per_block
 
 
@@ -303,6 +305,7 @@ def test_rss_grows_with_tokens_cached(server):
     grown = worker.memory_info().rss - before
     # Lazy KV: RSS follows the tokens cached (23,040 B each for this model),
     # but for the warm reserve's blocks, which were resident before.
-    reserve = int(re.search(r"KV warm reserve: the next (\d+) free KV blocks", server.log())[1])
-    assert tokens > reserve * 128 + 4_000, "the prompts must outgrow the reserve"
-    assert grown >= 0.8 * (tokens - reserve * 128) * 23_040, (grown, tokens, reserve)
+    blocks = int(re.search(r"KV warm reserve: the next (\d+) free KV blocks", server.log())[1])
+    reserve = blocks * breakdown_of(server)["block_size"]
+    assert tokens > reserve + 4_000, "the prompts must outgrow the reserve"
+    assert grown >= 0.8 * (tokens - reserve) * 23_040, (grown, tokens, reserve)

@@ -9,6 +9,12 @@ MODEL = "SmolLM2-135M-Instruct"
 # outputs they are judged on come from oracles that hold in either mode, and
 # tests/e2e/test_serve.py serves the compiled default too.
 EAGER = ["--enforce-eager"]
+# The geometry the offloading tests count in: nine full blocks per prompt,
+# L1, pool and disk sizes in 128-token blocks. vllm-uma serves 32-token
+# blocks by default (vllm_uma/plugin/block_size.py), so these tests pin
+# vLLM CPU's own 128; tests/e2e/test_block_size.py and the servers that
+# count no blocks run the default.
+BLOCKS_OF_128 = ["--block-size", "128"]
 WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
 # (prompt, what computes its prefix): 0 and 1 twice in a row (the second is
 # an L1 hit), then four others push them out of a small L1, then they come

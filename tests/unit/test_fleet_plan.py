@@ -86,12 +86,28 @@ def test_the_router_subscribes_to_every_server_with_the_cpu_block_size():
         "http://127.0.0.1:9001=tcp://127.0.0.1:9002",
         "http://127.0.0.1:9003=tcp://127.0.0.1:9004",
     ]
-    assert flag(argv, "--kv-event-block-size") == "128"
+    # The servers' block: vllm-uma's default (plugin/block_size.py).
+    assert flag(argv, "--kv-event-block-size") == "32" and plan.block_tokens == 32
     assert flag(argv, "--kv-event-model") == "/models/m"
     assert (
         "--kv-event-source"
         not in plan_fleet(ask(policy="round_robin"), [0, 1], ports()).router_argv
     )
+
+
+@pytest.mark.parametrize("flags", [("--block-size", "128"), ("--block-size=128",)])
+def test_the_router_hashes_the_block_size_the_servers_are_given(flags):
+    plan = plan_fleet(ask(serve_flags=flags), [0, 1], ports())
+    assert flag(list(plan.router_argv), "--kv-event-block-size") == "128"
+    assert plan.block_tokens == 128
+    assert "".join(flags) in "".join(plan.members[0].argv)  # the servers get it too
+
+
+@pytest.mark.parametrize("value", ["48", "0", "big"])
+def test_a_block_size_vllm_cpu_cannot_serve_is_refused_with_the_rule(value):
+    with pytest.raises(FleetPlanError) as err:
+        plan_fleet(ask(serve_flags=("--block-size", value)), [0, 1], ports())
+    assert str(err.value).startswith(f"--block-size {value!r}: vLLM CPU's attention takes")
 
 
 def test_the_users_utilization_and_additional_config_are_shared_not_lost():

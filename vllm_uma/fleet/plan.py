@@ -39,10 +39,10 @@ from pathlib import Path
 
 from vllm_uma.commands.argv import FlagValueMissing, given, take
 from vllm_uma.commands.kv_events_endpoint import MAX_SOCKET_PATH
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 DEFAULT_POOL_GIB = 1.0
-BLOCK_TOKENS = 128  # vLLM CPU's KV block, the router must hash the same
 # vllm-router 0.1.17 subscribes to a static source's events under the
 # empty topic and drops, frame by frame, any other (src/kv_index/subscriber.rs).
 EVENTS_TOPIC = ""
@@ -106,6 +106,8 @@ class FleetPlan:
     router_url: str  # this fleet's router, or the one it joins
     kv_store: Path | None
     join: bool = False  # the router is another host's: add the servers to it
+    # The servers' KV block: the router and the relays must hash the same.
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
 
     @property
     def peer_lines(self) -> list[str]:
@@ -185,9 +187,31 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
                 "--peer and --join: a fleet that joins another host's router has no router "
                 "of its own to give peers to; pass the --peer lines to the joined host's fleet."
             )
-        return FleetPlan(tuple(members), (), ask.join.rstrip("/"), ask.kv_store, join=True)
+        return FleetPlan(
+            tuple(members), (), ask.join.rstrip("/"), ask.kv_store, True, block_tokens(ask)
+        )
     router = _router_argv(ask, members)
-    return FleetPlan(tuple(members), tuple(router), f"http://{ask.host}:{ask.port}", ask.kv_store)
+    url = f"http://{ask.host}:{ask.port}"
+    return FleetPlan(tuple(members), tuple(router), url, ask.kv_store, False, block_tokens(ask))
+
+
+def block_tokens(ask: FleetRequest) -> int:
+    """The servers' KV block in tokens: their --block-size, else vllm-uma's
+    default (plugin/block_size.py)."""
+    value = take(list(ask.serve_flags), "--block-size")
+    if value is None:
+        return DEFAULT_BLOCK_TOKENS
+    try:
+        tokens = int(value)
+    except ValueError:
+        tokens = 0
+    if tokens <= 0 or tokens % 32:
+        raise FleetPlanError(
+            f"--block-size {value!r}: vLLM CPU's attention takes a positive multiple of 32 "
+            f"tokens. Pass one (e.g. --block-size {DEFAULT_BLOCK_TOKENS}), or leave it out "
+            f"for {DEFAULT_BLOCK_TOKENS}."
+        )
+    return tokens
 
 
 def _shared_flags(ask: FleetRequest) -> tuple[list[str], float, dict]:
@@ -316,7 +340,7 @@ def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:
         for p in ask.peers:  # a peer without its events is routed by load alone
             if p.events is not None:
                 argv += ["--kv-event-source", f"{p.url}={p.events}"]
-        argv += ["--kv-event-block-size", str(BLOCK_TOKENS), "--kv-event-model", ask.model]
+        argv += ["--kv-event-block-size", str(block_tokens(ask)), "--kv-event-model", ask.model]
     return argv
 
 

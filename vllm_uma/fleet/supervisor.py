@@ -40,7 +40,7 @@ from pathlib import Path
 import requests
 import zmq
 
-from vllm_uma.fleet.plan import BLOCK_TOKENS, FleetPlan, MemberPlan
+from vllm_uma.fleet.plan import FleetPlan, MemberPlan
 from vllm_uma.fleet.relay import EventRelay
 from vllm_uma.lifeline import shim_command, supervised_env
 from vllm_uma.log import get_logger
@@ -118,7 +118,7 @@ class Fleet:
                     self._zmq,
                     member.events_in,
                     member.events_out_port,
-                    BLOCK_TOKENS,
+                    self.plan.block_tokens,
                     f"server {member.index}",
                     member.address,
                 )

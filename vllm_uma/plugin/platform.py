@@ -52,7 +52,7 @@ from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.kv_offload.pool_size import POOL_ONLY_NOTE
 from vllm_uma.kv_offload.streaming_copies import stream_engine_copies
 from vllm_uma.log import get_logger
-from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin import block_size, vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 from vllm_uma.plugin.cpu_kernels import check_onednn_cap
 from vllm_uma.plugin.memory import fmt_gib
@@ -221,6 +221,14 @@ class UmaPlatform(CpuPlatform):
             parallel_config.worker_cls = WORKER_QUALNAME
         requested_executor = parallel_config.distributed_executor_backend
         super().check_and_update_config(vllm_config)
+        if block_size.apply_default(vllm_config.cache_config):
+            logger.info_once(
+                "KV cache blocks of %d tokens (vLLM CPU's default is %d): a prefix hit "
+                "recomputes at most %d tokens. --block-size N (a multiple of 32) sets another.",
+                block_size.DEFAULT_BLOCK_TOKENS,
+                block_size.VLLM_CPU_DEFAULT_BLOCK_TOKENS,
+                block_size.DEFAULT_BLOCK_TOKENS - 1,
+            )
         keep_single_worker_in_process(parallel_config, requested_executor)
         load_compiled_model_on_restart(vllm_config.compilation_config)
         diffusion = getattr(vllm_config, "diffusion_config", None) is not None

@@ -26,6 +26,7 @@ OFFLOAD_CONFIG = ("vllm_uma.kv_offload.config",)
 OFFLOAD_REFUSALS = ("vllm_uma.kv_offload.refusals",)
 LIFELINE = ("vllm_uma.lifeline",)
 COMPILED = ("vllm_uma.plugin.compiled_model",)
+BLOCK_SIZE = ("vllm_uma.plugin.block_size",)
 ENGINE_CORE_FILE = "vllm.v1.engine.core"
 
 # ModelConfig fields of vLLM 0.32.0 that can change the weights or the code
@@ -273,6 +274,23 @@ ENTRIES = (
         COMPILED,
         "the AOT loader calls this on the loaded artifact: InductorArtifact provides it",
         text="loaded_fn._artifacts.compiled_fn.finalize_loading(model.vllm_config)",
+    ),
+    # -- plugin/block_size.py: where vLLM CPU picks its general default block
+    Text(
+        "vllm.platforms.cpu:CpuPlatform",
+        "check_and_update_config",
+        BLOCK_SIZE,
+        "without --block-size, vLLM CPU sets 128 in its config hook (after its MLA and "
+        "DeepSeek-V4 cases): block_size.apply_default replaces that 128 right after",
+        text="elif not cache_config.user_specified_block_size:\n"
+        "            cache_config.block_size = 128",
+    ),
+    Text(
+        "vllm.v1.attention.backends.cpu_attn",
+        "",
+        BLOCK_SIZE,
+        "vLLM CPU's attention takes any multiple of 32 tokens (the default's 32 included)",
+        text="return [MultipleOf(32)]",
     ),
     # -- kv_offload/disk/namespace_inputs.py: ModelConfig fields read with a default
     *(
