@@ -23,7 +23,7 @@ def test_the_defaults_are_the_four_servers_at_1k_and_4k_in_an_8k_context():
         == [
             "llama.cpp",
             "vllm-uma",
-            "vllm-uma-bs32",
+            "vllm-uma-bs128",
             "stock-vllm",
         ]
     )

@@ -4,9 +4,9 @@ Four kinds, each started fresh by the benchmark (peers.py), one at a time:
 
     llama.cpp       llama-server -m M.gguf -c CONTEXT -np 1 -t CORES (its default
                     host prompt cache, --cache-ram 8 GiB)
-    vllm-uma        vllm-uma serve, compiled (its default)
-    vllm-uma-bs32   the same with --block-size 32 (the smallest vLLM CPU's
-                    attention takes here)
+    vllm-uma        vllm-uma serve, compiled, 32-token KV blocks (its defaults)
+    vllm-uma-bs128  the same with --block-size 128 (vLLM CPU's own default:
+                    a hit recomputes up to 127 tokens, plugin/block_size.py)
     vllm-uma-disk   vllm-uma with a host pool and a disk tier (not in the
                     default set: what a restart can restore)
     stock-vllm      vLLM's own OpenAI server, no plugin (servers.StockServer);
@@ -45,8 +45,8 @@ from tools.peers.exec_tied import tied_command
 from vllm_uma.server_process import READY_TIMEOUT_S, Server
 
 LLAMA_CPP = "llama.cpp"
-KINDS = ("llama.cpp", "vllm-uma", "vllm-uma-bs32", "vllm-uma-disk", "stock-vllm")
-DEFAULT_KINDS = ("llama.cpp", "vllm-uma", "vllm-uma-bs32", "stock-vllm")
+KINDS = ("llama.cpp", "vllm-uma", "vllm-uma-bs128", "vllm-uma-disk", "stock-vllm")
+DEFAULT_KINDS = ("llama.cpp", "vllm-uma", "vllm-uma-bs128", "stock-vllm")
 POLL_S = 0.05
 # Compiled vLLM starts in 55-70 s here (FACTS), stock vLLM compiles too.
 START_TIMEOUT_S = max(READY_TIMEOUT_S, 900)
@@ -105,7 +105,7 @@ def factory(kind: str, setup: Setup, log_path: Path, work: Path) -> Callable[[],
         )
     extra = {
         "vllm-uma": [],
-        "vllm-uma-bs32": ["--block-size", "32"],
+        "vllm-uma-bs128": ["--block-size", "128"],
         "vllm-uma-disk": servers.disk_tier_args(work / "kv", cap_gib=4, auto_pool=True),
     }[kind]
     args = [*setup.serve_args, *vllm_flags(setup), *extra]
