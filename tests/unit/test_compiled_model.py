@@ -16,9 +16,7 @@ from vllm_uma.plugin.platform import load_compiled_model_on_restart
 def test_the_backend_name_carries_this_cpus_isa():
     isa = compiled_model.vector_isa()
     assert isa and isa.replace("_", "").isalnum()
-    assert compiled_model.backend_qualname() == (
-        f"vllm_uma.plugin.compiled_model.inductor_{isa}"
-    )
+    assert compiled_model.backend_qualname() == (f"vllm_uma.plugin.compiled_model.inductor_{isa}")
 
 
 def test_a_backend_of_another_isa_is_refused_with_both_names():

@@ -75,7 +75,7 @@ def test_help_checks_nothing(argv):
 
 def test_json_flags_underscores_and_equals():
     line = read_serve_line(
-        ["--kv_transfer_config", "{}", "--kv-events-config={\"a\": 1}", "--additional-config", "x"]
+        ["--kv_transfer_config", "{}", '--kv-events-config={"a": 1}', "--additional-config", "x"]
     )
     assert line.json_values == (
         ("--kv-transfer-config", "{}"),
@@ -118,6 +118,6 @@ def test_a_dotted_flag_takes_the_next_word_whatever_it_is():
 
 def test_an_inline_value_is_kept_as_typed():
     # Only the flag's name is renamed: --host=my_host.lan is the user's text.
-    line = read_serve_line(["--host=my_host.lan", "--kv_transfer_config={\"kv_connector\": 1}"])
+    line = read_serve_line(["--host=my_host.lan", '--kv_transfer_config={"kv_connector": 1}'])
     assert line.host == "my_host.lan"
     assert line.kv_transfer_config == '{"kv_connector": 1}'

@@ -89,8 +89,10 @@ def main() -> int:
     chosen = variants()
     missing = {"tcmalloc", "iomp"} - set(chosen)
     if missing:
-        print(f"not found here, not measured: {', '.join(sorted(missing))} "
-              f"({runtime_preload.WHERE})", file=sys.stderr)
+        print(
+            f"not found here, not measured: {', '.join(sorted(missing))} ({runtime_preload.WHERE})",
+            file=sys.stderr,
+        )
     rows = []
     with tempfile.TemporaryDirectory(prefix="runtime-preload-") as tmp:
         cache = {**servers.OFFLINE, "VLLM_CACHE_ROOT": str(Path(tmp) / "cache")}
@@ -119,8 +121,10 @@ def report(choice, args, env, rows) -> None:
         f"commit {env['git_commit']}, {env['cpu_model']}, load before "
         f"{env['loadavg_before'][0]:.1f}"
     )
-    print(f"{'round':>5} {'variant':14} {'prefill':>8} {'hit':>7} {'decode':>12}  "
-          f"{'prefill':>8} {'hit':>6} {'decode':>7}  (ratios to plain, same round)")
+    print(
+        f"{'round':>5} {'variant':14} {'prefill':>8} {'hit':>7} {'decode':>12}  "
+        f"{'prefill':>8} {'hit':>6} {'decode':>7}  (ratios to plain, same round)"
+    )
     for row in rows:
         plain = next(p for p in rows if p["round"] == row["round"] and p["variant"] == "plain")
         print(

@@ -172,11 +172,16 @@ def report(choice, rows, env) -> None:
         f"load before {env['loadavg_before'][0]:.1f}; seconds"
     )
     names = [name for name, _ in PHASES] + [HEALTH]
-    print(f"{'server':11} {'start':6} {'total':>7} " + " ".join(f"{n:>8}" for n in names)
-          + "  compiled model")
+    print(
+        f"{'server':11} {'start':6} {'total':>7} "
+        + " ".join(f"{n:>8}" for n in names)
+        + "  compiled model"
+    )
     for row in rows:
         cells = " ".join(f"{row['phases'][n]:8.1f}" for n in names)
-        print(f"{row['server']:11} {row['mode']:6} {row['health_s']:7.1f} {cells}  {row['compile']}")
+        print(
+            f"{row['server']:11} {row['mode']:6} {row['health_s']:7.1f} {cells}  {row['compile']}"
+        )
     for kind in dict.fromkeys(row["server"] for row in rows):
         by_mode = {row["mode"]: row for row in rows if row["server"] == kind}
         ratio = by_mode["warm"]["health_s"] / by_mode["cold"]["health_s"]
@@ -188,10 +193,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_choice.add_argument(ap)
     ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--no-stock", dest="stock", action="store_false",
-                    help="vllm-uma's three starts only")
-    ap.add_argument("--tiers", action="store_true",
-                    help="vllm-uma with a host pool and a disk tier")
+    ap.add_argument(
+        "--no-stock", dest="stock", action="store_false", help="vllm-uma's three starts only"
+    )
+    ap.add_argument(
+        "--tiers", action="store_true", help="vllm-uma with a host pool and a disk tier"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args()
     env = environment(args)

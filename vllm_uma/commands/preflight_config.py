@@ -88,7 +88,7 @@ def check_json_values(line: ServeLine) -> None:
         except ValueError as exc:
             raise PreflightError(
                 f"{flag} {text!r} is not valid JSON ({exc}). Write it as a JSON object, "
-                f"e.g. {flag} '{{\"key\": \"value\"}}', or one key at a time: "
+                f'e.g. {flag} \'{{"key": "value"}}\', or one key at a time: '
                 f"{flag}.key value."
             ) from None
         if flag in OBJECT_FLAGS and not isinstance(value, dict):
@@ -96,7 +96,7 @@ def check_json_values(line: ServeLine) -> None:
             kind = "null" if value is None else f"a JSON {type(value).__name__}"
             raise PreflightError(
                 f"{flag} {text!r} is {kind}, not an object: write "
-                f"it as {flag} '{{\"key\": \"value\"}}'."
+                f'it as {flag} \'{{"key": "value"}}\'.'
             )
 
 
