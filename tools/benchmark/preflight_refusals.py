@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     slow = 0
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         for name, args in cases(Path(tmp), stack):
-            seconds, status, message = best_of(opts.repeats, lambda: run_once(opts.exe, args))
+            seconds, status, message = best_of(
+                opts.repeats, lambda args=args: run_once(opts.exe, args)
+            )
             verdict = "ok" if seconds <= TARGET_S and status == 2 else "MISSED"
             slow += verdict != "ok"
             print(f"{name:34s} {seconds:6.2f} s  exit {status}  {verdict}")

@@ -143,7 +143,9 @@ def run(choice, args, tmp: Path) -> list[dict[str, object]]:
             log_path = tmp / f"{kind.replace(' ', '-')}-{mode}.log"
             progress(f"{kind}, {mode} start of {choice.served_name} ...")
 
-            def factory(kind=kind, mode_flags=mode_flags, extra=extra, log_path=log_path):
+            def factory(
+                kind=kind, mode_flags=mode_flags, extra=extra, log_path=log_path, cache=cache
+            ):
                 if kind == "vllm-uma":
                     return Server(servers.EXE, [*flags, *mode_flags, *extra], log_path, env=cache)
                 return servers.StockServer(
