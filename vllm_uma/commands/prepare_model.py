@@ -16,7 +16,8 @@ from vllm_uma import models
 
 
 def build_parser() -> argparse.ArgumentParser:
-    recipes = "\n".join(f"  {name:<24}{r.summary}" for name, r in models.RECIPES.items())
+    width = max(len(name) for name in models.RECIPES) + 2
+    recipes = "\n".join(f"  {name:<{width}}{r.summary}" for name, r in models.RECIPES.items())
     parser = argparse.ArgumentParser(
         prog="vllm-uma prepare-model",
         formatter_class=argparse.RawDescriptionHelpFormatter,

