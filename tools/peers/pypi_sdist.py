@@ -14,7 +14,6 @@ The index is ``$PIP_INDEX_URL`` when set (a mirror of PyPI), else PyPI's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from tools.peers.errors import PeerError
+from vllm_uma.models.publish import sha256_file
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
@@ -103,17 +103,9 @@ def pick(files: list[IndexFile], filename: str, pinned_sha256: str, page: str) -
     return match
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_sha256(path: Path, expected: str) -> None:
     """Refuse ``path`` unless its sha256 is ``expected``."""
-    found = sha256_of(path)
+    found = sha256_file(path)
     if found != expected:
         raise PeerError(
             f"{path.name}: sha256 {found}, the index says {expected}: the download is "
@@ -124,7 +116,7 @@ def check_sha256(path: Path, expected: str) -> None:
 def fetch(project: str, filename: str, pinned_sha256: str, dest: Path) -> Path:
     """``filename`` of ``project`` at ``dest``, checked; a file already
     there with the pinned hash is kept without asking the index."""
-    if dest.is_file() and sha256_of(dest) == pinned_sha256:
+    if dest.is_file() and sha256_file(dest) == pinned_sha256:
         return dest
     page = project_page(index_url(), project)
     body, content_type = _get(page, ACCEPT)
