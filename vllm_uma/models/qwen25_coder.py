@@ -53,14 +53,19 @@ LICENSE_TEXT = Path(__file__).parent / "licenses" / "Apache-2.0.txt"
 # Bump when the build or its check changes, so older builds are rebuilt.
 RECIPE_VERSION = 1
 
-# Chosen for its margin: TODO measured.
-# As gemma3.py, the server runs eager: float32 judges the conversion exactly
-# in either mode, and compiling would add minutes to every build.
+# Chosen for its margin: the narrowest of transformers' float32 top-two
+# gaps along the 24 greedy tokens is 1.02 logits (at " if"). Without "Reply
+# with only the code." the answer comments its code and narrows to 0.36;
+# "... the square of a number." is 0.32, "... is_even(n) ..." 0.14, a
+# fib(n) question 0.02 at its first token (docs/models.md).
 CHECK = chat_check.ChatCheck(
     name=NAME,
-    question="Write a Python function that returns the square of a number.",
+    question=(
+        "Write a Python function named factorial that computes n! recursively. "
+        "Reply with only the code."
+    ),
     tokens=24,
-    start="```python\ndef",
+    start="```python\ndef factorial(n):\n    if n == 0:",
     serve_args=("--dtype", "float32", "--enforce-eager"),
 )
 
@@ -108,10 +113,10 @@ Joined in part order they are one file of {SPLIT.size:,} bytes,
 sha256 {SPLIT.sha256}
 (first part read from {parts[0]}).
 
-Changes: the GGUF's 4-bit and 6-bit weights were dequantized by transformers
-{version("transformers")} and saved as bfloat16 safetensors, with the
-tokenizer and chat template the GGUF carries. The weights keep the
-quantization's error: this is not Qwen's own bfloat16 release.
+Changes: the GGUF's 4-bit and 6-bit weights were dequantized (transformers
+{version("transformers")}) and saved as bfloat16 safetensors, with the tokenizer
+and the chat template the GGUF carries. The weights keep the quantization's
+error: this is not Qwen's own bfloat16 release.
 """
     )
 
