@@ -24,7 +24,6 @@ the JSON, a PNG beside it, and the server logs in <out>-logs/. Exit status
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shlex
 import shutil
@@ -41,7 +40,7 @@ from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.floors import disk_tier_read_gbps, memcpy_gbps
 from tools.benchmark.lib.geometry import kv_row_bytes
 from tools.benchmark.lib.log import progress
-from tools.benchmark.lib.report import GiB, write_json
+from tools.benchmark.lib.report import GiB, missing_chart_library, write_json
 from vllm_uma import models
 from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
 from vllm_uma.kv_offload.pool_size import staging_tokens
@@ -241,12 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.disk_dir.mkdir(parents=True, exist_ok=True)
-    if importlib.util.find_spec("matplotlib") is None:
-        print(
-            "kv_offload_benchmark: matplotlib is missing (it draws the PNG chart): "
-            "run `make bench`, or `.venv/bin/pip install -e '.[bench]'`",
-            file=sys.stderr,
-        )
+    if problem := missing_chart_library("kv_offload_benchmark", "make bench"):
+        print(problem, file=sys.stderr)
         return 2
     if problem := check_disk_space(args):
         print(f"kv_offload_benchmark: {problem}", file=sys.stderr)

@@ -26,7 +26,6 @@ ratios within one run, and see its load in the JSON.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import sys
@@ -39,7 +38,7 @@ from tools.benchmark import peers_report as report
 from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.log import progress
-from tools.benchmark.lib.report import write_json
+from tools.benchmark.lib.report import missing_chart_library, write_json
 from tools.benchmark.peers_servers import DEFAULT_KINDS, KINDS, LLAMA_CPP, Setup, cores, factory
 from tools.benchmark.peers_workload import Plan, session, token_id_range
 from tools.peers import llama_cpp
@@ -172,12 +171,8 @@ def run(args: argparse.Namespace, setup: Setup, log_dir: Path, work: Path) -> li
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if importlib.util.find_spec("matplotlib") is None:
-        print(
-            "bench-peers: matplotlib is missing (it draws the PNG): run `make install`, "
-            "or `.venv/bin/pip install -e '.[bench]'`",
-            file=sys.stderr,
-        )
+    if problem := missing_chart_library("bench-peers", "make install"):
+        print(problem, file=sys.stderr)
         return 2
     env = environment(args)
     log_dir = args.out.with_name(args.out.stem + "-logs")

@@ -23,6 +23,19 @@ def write_json(path: Path, result: dict | list) -> None:
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
+def missing_chart_library(prog: str, target: str) -> str | None:
+    """The one-line error when matplotlib, which draws a benchmark's PNG, is
+    not installed (checked before the run, not after it); None when it is."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        return None
+    return (
+        f"{prog}: matplotlib is missing (it draws the PNG chart): run `{target}`, "
+        f"or `.venv/bin/pip install -e '.[bench]'`"
+    )
+
+
 def gib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / GiB:.2f}"
 
