@@ -175,6 +175,7 @@ def _take(flags: list[str], name: str) -> str | None:
 
 
 def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPlan:
+    tokens = block_tokens(ask)
     flags, utilization, additional = _shared_flags(ask)
     shares = cores_for(ask.servers, allowed_cpus)
     members = [
@@ -187,12 +188,10 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
                 "--peer and --join: a fleet that joins another host's router has no router "
                 "of its own to give peers to; pass the --peer lines to the joined host's fleet."
             )
-        return FleetPlan(
-            tuple(members), (), ask.join.rstrip("/"), ask.kv_store, True, block_tokens(ask)
-        )
-    router = _router_argv(ask, members)
+        return FleetPlan(tuple(members), (), ask.join.rstrip("/"), ask.kv_store, True, tokens)
+    router = _router_argv(ask, members, tokens)
     url = f"http://{ask.host}:{ask.port}"
-    return FleetPlan(tuple(members), tuple(router), url, ask.kv_store, False, block_tokens(ask))
+    return FleetPlan(tuple(members), tuple(router), url, ask.kv_store, False, tokens)
 
 
 def block_tokens(ask: FleetRequest) -> int:
@@ -322,7 +321,7 @@ def _member_plan(
     return MemberPlan(index, port, cores, events_in, events_out, tuple(argv), env, ask.advertise)
 
 
-def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:
+def _router_argv(ask: FleetRequest, members: list[MemberPlan], block_tokens: int) -> list[str]:
     argv = [
         "--host", ask.host,
         "--port", str(ask.port),
@@ -340,7 +339,7 @@ def _router_argv(ask: FleetRequest, members: list[MemberPlan]) -> list[str]:
         for p in ask.peers:  # a peer without its events is routed by load alone
             if p.events is not None:
                 argv += ["--kv-event-source", f"{p.url}={p.events}"]
-        argv += ["--kv-event-block-size", str(block_tokens(ask)), "--kv-event-model", ask.model]
+        argv += ["--kv-event-block-size", str(block_tokens), "--kv-event-model", ask.model]
     return argv
 
 
