@@ -286,6 +286,13 @@ ENTRIES = (
         "            cache_config.block_size = 128",
     ),
     Text(
+        "vllm.config.cache",
+        "",
+        BLOCK_SIZE,
+        "CacheConfig records whether --block-size was given: apply_default reads it",
+        text="user_specified_block_size: bool = field(default=False, init=False)",
+    ),
+    Text(
         "vllm.v1.attention.backends.cpu_attn",
         "",
         BLOCK_SIZE,
