@@ -201,8 +201,7 @@ def main(argv: list[str]) -> int:
     configure_logging_from_args(args)
     from vllm_uma.log import get_logger
 
-    if runtime_note:
-        get_logger(__name__).info(runtime_note)
+    get_logger(__name__).info(runtime_note)  # --help exited in vLLM's parser
     try:
         kv_events_endpoint.settle(args, argv)
     except PreflightError as exc:
