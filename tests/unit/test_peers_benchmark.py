@@ -11,7 +11,7 @@ import pytest
 
 from tools.benchmark import peers, peers_report
 from tools.benchmark.peers_client import Reply, decode_rate, read_reply
-from tools.benchmark.peers_servers import DEFAULT_KINDS, Setup, llama_args
+from tools.benchmark.peers_servers import DEFAULT_KINDS, Setup, llama_args, vllm_flags
 from tools.benchmark.peers_workload import Plan, prompt_ids, token_id_range
 
 
@@ -47,6 +47,14 @@ def test_a_bad_command_line_is_refused_with_the_rule(argv, says, capsys):
     with pytest.raises(SystemExit):
         peers.parse_args(argv)
     assert says in capsys.readouterr().err
+
+
+def test_every_vllm_server_serves_in_the_run_s_precision(tmp_path):
+    setup = Setup(tmp_path, "m", [], tmp_path / "m.gguf", tmp_path, 8192, 2, "float32")
+    flags = vllm_flags(setup)
+    assert flags[flags.index("--dtype") + 1] == "float32"
+    assert peers.parse_args([]).dtype == "bfloat16"
+    assert peers.parse_args(["--dtype", "float32"]).dtype == "float32"
 
 
 def test_llama_cpp_runs_one_slot_on_the_gguf_with_the_run_s_context_and_cores(tmp_path):

@@ -215,8 +215,8 @@ def model(tmp_path):
 def converter(monkeypatch):
     runs = []
 
-    def convert(model_dir, out, llama_dir, log):
-        runs.append(model_dir)
+    def convert(model_dir, out, llama_dir, log, outtype):
+        runs.append((model_dir, outtype))
         out.write_bytes(b"GGUF")
 
     monkeypatch.setattr(gguf_convert, "_convert", convert)
@@ -238,10 +238,20 @@ def test_the_gguf_lies_beside_the_model_and_is_reused_until_the_model_changes(tm
     assert len(converter) == 2  # rebuilt in place: converted again
 
 
+def test_each_precision_has_its_own_gguf_and_converter_type(tmp_path, converter):
+    directory = model(tmp_path)
+    for outtype in ("bf16", "f32"):
+        gguf = gguf_convert.ensure_gguf(directory, tmp_path, "b1", tmp_path, print, outtype)
+        assert gguf == tmp_path / "models" / f"m.{outtype}.gguf"
+    assert converter == [(directory, "bf16"), (directory, "f32")]
+    command = gguf_convert.converter_command(directory, tmp_path / "o", tmp_path, "f32")
+    assert command[command.index("--outtype") + 1] == "f32"
+
+
 def test_a_failed_conversion_leaves_no_gguf(tmp_path, monkeypatch):
     directory = model(tmp_path)
 
-    def fail(model_dir, out, llama_dir, log):
+    def fail(model_dir, out, llama_dir, log, outtype):
         out.write_bytes(b"GG")
         raise PeerError("converting failed")
 

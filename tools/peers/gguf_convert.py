@@ -1,4 +1,4 @@
-"""A Hugging Face model directory as a bf16 GGUF for llama.cpp, cached beside the model.
+"""A Hugging Face model directory as a bf16 or f32 GGUF for llama.cpp, cached beside the model.
 
 The converter is the one the pinned sdist ships (``llama.cpp/convert_hf_to_gguf.py``),
 run in this Python with ``PYTHONPATH=llama.cpp/gguf-py``, so that it reads
@@ -9,8 +9,8 @@ transformers, sentencepiece, pyyaml, tqdm) are the venv's.
 
 On disk, beside the model directory ``<parent>/<name>/``::
 
-    <parent>/<name>.bf16.gguf        the GGUF
-    <parent>/<name>.bf16.gguf.json   its record, written last
+    <parent>/<name>.<type>.gguf        the GGUF (type: bf16 or f32)
+    <parent>/<name>.<type>.gguf.json   its record, written last
 
 The record is the key: the model directory (resolved), the newest mtime
 of the files in it, the converter's build and the output type. A GGUF is
@@ -31,19 +31,20 @@ from pathlib import Path
 
 from tools.peers.errors import PeerError
 
-OUTTYPE = "bf16"
+# The converter's --outtype for each precision the benchmark serves in.
+OUTTYPES = {"bfloat16": "bf16", "float32": "f32"}
 
 
-def gguf_path(model_dir: Path) -> Path:
+def gguf_path(model_dir: Path, outtype: str = "bf16") -> Path:
     model_dir = model_dir.resolve()
-    return model_dir.parent / f"{model_dir.name}.{OUTTYPE}.gguf"
+    return model_dir.parent / f"{model_dir.name}.{outtype}.gguf"
 
 
 def record_path(gguf: Path) -> Path:
     return gguf.with_name(gguf.name + ".json")
 
 
-def expected_record(model_dir: Path, converter_build: str) -> dict:
+def expected_record(model_dir: Path, converter_build: str, outtype: str = "bf16") -> dict:
     """The key of ``model_dir``'s GGUF: where the model is, when it last
     changed (the newest mtime of its top-level files, nanoseconds), and
     what converted it."""
@@ -53,7 +54,7 @@ def expected_record(model_dir: Path, converter_build: str) -> dict:
         "model_dir": str(model_dir),
         "model_mtime_ns": max(mtimes, default=0),
         "converter": converter_build,
-        "outtype": OUTTYPE,
+        "outtype": outtype,
     }
 
 
@@ -65,12 +66,18 @@ def is_converted(gguf: Path, record: dict) -> bool:
 
 
 def ensure_gguf(
-    model_dir: Path, llama_cpp_dir: Path, converter_build: str, log_dir: Path, say=print
+    model_dir: Path,
+    llama_cpp_dir: Path,
+    converter_build: str,
+    log_dir: Path,
+    say=print,
+    outtype: str = "bf16",
 ) -> Path:
-    """``model_dir`` as a bf16 GGUF: reused if its record matches, else
-    converted with ``llama_cpp_dir``'s converter (its output in ``log_dir``)."""
-    gguf = gguf_path(model_dir)
-    record = expected_record(model_dir, converter_build)
+    """``model_dir`` as a GGUF of ``outtype`` (bf16, f32): reused if its
+    record matches, else converted with ``llama_cpp_dir``'s converter (its
+    output in ``log_dir``)."""
+    gguf = gguf_path(model_dir, outtype)
+    record = expected_record(model_dir, converter_build, outtype)
     if is_converted(gguf, record):
         return gguf
     if not os.access(gguf.parent, os.W_OK):
@@ -78,15 +85,15 @@ def ensure_gguf(
             f"cannot write the GGUF of {model_dir} beside it: {gguf.parent} is not writable; "
             f"make it writable, or pass --gguf FILE (a GGUF of the same weights)"
         )
-    say(f"converting {model_dir} to a {OUTTYPE} GGUF with llama.cpp {converter_build}'s converter")
+    say(f"converting {model_dir} to a {outtype} GGUF with llama.cpp {converter_build}'s converter")
     record_path(gguf).unlink(missing_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"convert-{model_dir.resolve().name}.log"
+    log = log_dir / f"convert-{model_dir.resolve().name}.{outtype}.log"
     fd, tmp_name = tempfile.mkstemp(prefix=f".{gguf.name}.", suffix=".partial", dir=gguf.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        _convert(model_dir, tmp, llama_cpp_dir, log)
+        _convert(model_dir, tmp, llama_cpp_dir, log, outtype)
         tmp.replace(gguf)
     finally:
         tmp.unlink(missing_ok=True)
@@ -94,19 +101,21 @@ def ensure_gguf(
     return gguf
 
 
-def converter_command(model_dir: Path, out: Path, llama_cpp_dir: Path) -> list[str]:
+def converter_command(
+    model_dir: Path, out: Path, llama_cpp_dir: Path, outtype: str = "bf16"
+) -> list[str]:
     return [
         sys.executable,
         str(llama_cpp_dir / "convert_hf_to_gguf.py"),
         str(model_dir),
         "--outtype",
-        OUTTYPE,
+        outtype,
         "--outfile",
         str(out),
     ]
 
 
-def _convert(model_dir: Path, out: Path, llama_cpp_dir: Path, log: Path) -> None:
+def _convert(model_dir: Path, out: Path, llama_cpp_dir: Path, log: Path, outtype: str) -> None:
     script = llama_cpp_dir / "convert_hf_to_gguf.py"
     if not script.is_file():
         raise PeerError(
@@ -116,7 +125,7 @@ def _convert(model_dir: Path, out: Path, llama_cpp_dir: Path, log: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(llama_cpp_dir / "gguf-py")}
     with log.open("w") as f:
         done = subprocess.run(
-            converter_command(model_dir, out, llama_cpp_dir),
+            converter_command(model_dir, out, llama_cpp_dir, outtype),
             stdout=f,
             stderr=subprocess.STDOUT,
             env=env,
