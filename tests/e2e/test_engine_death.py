@@ -14,6 +14,7 @@ import requests
 
 from tests.e2e.traffic import EAGER, MODEL
 from tools.harness.server import Server, model_process
+from vllm_uma.plugin import precision
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +34,11 @@ def test_a_dead_engine_prints_its_stack_and_the_server_exits_1(
     finally:
         server.stop()
     log = server.log()
+    # This server runs --dtype auto: float32 where the CPU has no bf16
+    # arithmetic, the checkpoint's bf16 elsewhere (vllm_uma/plugin/precision.py).
+    auto = "float32" if not precision.has_bf16_arithmetic() else "bfloat16"
+    assert f"dtype=torch.{auto}," in log
+    assert ("Serving in float32: this CPU has no bfloat16 arithmetic" in log) is (auto == "float32")
     assert "Fatal Python error: Illegal instruction" in log  # faulthandler's stack
     last = [line for line in log.splitlines() if line.startswith("vllm-uma serve: error: ")]
     assert last and "the engine core died while serving" in last[-1]

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.e2e.traffic import BLOCKS_OF_128, EAGER, complete, metrics
+from tests.e2e.traffic import BF16, BLOCKS_OF_128, EAGER, complete, metrics
 from tools.harness.server import Server, metric, model_process
 from vllm_uma.memory_release.pages import PAGE
 from vllm_uma.memory_release.resident import kv_resident
@@ -76,7 +76,7 @@ def wait_for_pool_stores(server, blocks: int, timeout_s: float = 60) -> None:
 def run(vllm_uma_exe, default_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("release") / "server.log"
     uma = {"vllm_uma": {"release_idle_seconds": IDLE_SECONDS}}
-    args = [*EAGER, *BLOCKS_OF_128, "--kv-offloading-size", "1"]
+    args = [*EAGER, *BLOCKS_OF_128, *BF16, "--kv-offloading-size", "1"]
     args += ["--additional-config", json.dumps(uma)]
     srv = Server(vllm_uma_exe, args, log).wait_ready()
     try:

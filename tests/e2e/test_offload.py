@@ -27,14 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.traffic import BLOCKS_OF_128, EAGER, EVICT_AND_REVISIT, complete, metrics
+from tests.e2e.traffic import BF16, BLOCKS_OF_128, EAGER, EVICT_AND_REVISIT, complete, metrics
 from tools.harness.server import Server, metric, model_process
 from vllm_uma.kv_offload.streaming_copies import ENV, SETTING, applies
 from vllm_uma.plugin.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow
 
-SMALL_L1 = [*EAGER, *BLOCKS_OF_128, "--kv-cache-memory-bytes", "100000000"]
+SMALL_L1 = [*EAGER, *BLOCKS_OF_128, *BF16, "--kv-cache-memory-bytes", "100000000"]
 SMALL_L1 += ["--max-model-len", "2048"]
 ORDER = EVICT_AND_REVISIT
 BYTES_MOVED = "vllm:kv_offload_total_bytes_total"

@@ -25,7 +25,7 @@ import json
 
 import pytest
 
-from tests.e2e.traffic import BLOCKS_OF_128, EAGER, EVICT_AND_REVISIT, complete, metrics
+from tests.e2e.traffic import BF16, BLOCKS_OF_128, EAGER, EVICT_AND_REVISIT, complete, metrics
 from tools.harness.server import Server, metric
 from vllm_uma.plugin.memory import parse_breakdown
 
@@ -45,6 +45,7 @@ def server_args(root) -> list[str]:
     return [
         *EAGER,
         *BLOCKS_OF_128,
+        *BF16,
         "--served-model-name",
         MODEL,
         # 152 blocks of 393,216 B: about two of these prompts across all six

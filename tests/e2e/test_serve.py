@@ -32,7 +32,7 @@ import re
 import pytest
 import torch
 
-from tests.e2e.traffic import EAGER
+from tests.e2e.traffic import BF16, EAGER
 from tools.harness.reference import TransformersReference
 from tools.harness.server import Server, model_process, proc_status
 from vllm_uma import models
@@ -68,13 +68,13 @@ else:
 ONEDNN_BF16 = torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2")
 
 
-COMPILED = ["--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
+COMPILED = [*BF16, "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
 # name -> (flags, environment). Test servers run eager to start sooner; one
 # serves `vllm-uma serve`'s own default, torch.compile.
 SERVERS = {
-    "bf16": ([*EAGER, "--gpu-memory-utilization", "0.5"], None),
+    "bf16": ([*EAGER, *BF16, "--gpu-memory-utilization", "0.5"], None),
     "bf16-capped": (
-        [*EAGER, "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"],
+        [*EAGER, *BF16, "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"],
         CAPPED_LINEAR,
     ),
     # Its own, empty compile cache: this start compiles and saves the model,

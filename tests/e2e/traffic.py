@@ -15,6 +15,9 @@ EAGER = ["--enforce-eager"]
 # vLLM CPU's own 128; tests/e2e/test_block_size.py and the servers that
 # count no blocks run the default.
 BLOCKS_OF_128 = ["--block-size", "128"]
+# The tests judged against a bf16 oracle serve bf16 on every CPU: --dtype
+# auto is float32 on a CPU without bf16 arithmetic (vllm_uma/plugin/precision.py).
+BF16 = ["--dtype", "bfloat16"]
 WORDS = ["apple", "river", "stone", "cloud", "green", "light", "table", "music"]
 # (prompt, what computes its prefix): 0 and 1 twice in a row (the second is
 # an L1 hit), then four others push them out of a small L1, then they come

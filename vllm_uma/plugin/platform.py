@@ -22,6 +22,9 @@ What changes from the CPU platform, and why:
   vLLM CPU would reserve a core for the frontend (``keep_single_worker_in_process``).
 - Only vLLM 0.32.0 is accepted: importing this module with another version
   raises one line naming both (vllm_version.py).
+- ``--dtype auto`` serves in float32 on a CPU without bf16 arithmetic (AVX2,
+  AVX-512 without BF16), where vLLM's bf16 matmuls are several times
+  slower (precision.py).
 - ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_BF16 on an AMX CPU with bf16 is
   refused: vLLM's kernels would abort on the first prompt (cpu_kernels.py).
 - In ``vllm-uma serve``, SIGTERM and SIGINT before vLLM serves stop the
@@ -44,6 +47,7 @@ import os
 from typing import TYPE_CHECKING
 
 import psutil
+import torch
 from vllm import envs
 from vllm.platforms.cpu import CpuPlatform
 
@@ -52,7 +56,7 @@ from vllm_uma.kv_offload import config as offload_config
 from vllm_uma.kv_offload.pool_size import POOL_ONLY_NOTE
 from vllm_uma.kv_offload.streaming_copies import stream_engine_copies
 from vllm_uma.log import get_logger
-from vllm_uma.plugin import block_size, vllm_contract
+from vllm_uma.plugin import block_size, precision, vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 from vllm_uma.plugin.cpu_kernels import check_onednn_cap
 from vllm_uma.plugin.memory import fmt_gib
@@ -168,6 +172,12 @@ class UmaPlatform(CpuPlatform):
     def is_pin_memory_available(cls) -> bool:
         return False
 
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        # What --dtype auto resolves to: float32 alone on a CPU without
+        # bf16 arithmetic (precision.py).
+        return precision.supported_dtypes(super().supported_dtypes, precision.has_bf16_arithmetic())
+
     @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
         # vLLM's own "Platform plugin uma is activated" line is emitted while
@@ -182,6 +192,9 @@ class UmaPlatform(CpuPlatform):
         # back when vLLM runs the hook again (settings.py).
         if vllm_config.model_config is not None:
             check_onednn_cap(vllm_config.model_config.dtype)
+            dtype = vllm_config.model_config.dtype
+            if note := precision.auto_note(dtype, precision.has_bf16_arithmetic()):
+                logger.info_once(note)
         # From here until vLLM serves, a stop in vllm-uma serve is honoured
         # at once (vLLM's own start-up handler is lost in its zmq polls).
         startup_stop.arm()

@@ -27,6 +27,7 @@ OFFLOAD_REFUSALS = ("vllm_uma.kv_offload.refusals",)
 LIFELINE = ("vllm_uma.lifeline",)
 COMPILED = ("vllm_uma.plugin.compiled_model",)
 BLOCK_SIZE = ("vllm_uma.plugin.block_size",)
+PRECISION = ("vllm_uma.plugin.platform",)
 ENGINE_CORE_FILE = "vllm.v1.engine.core"
 
 # ModelConfig fields of vLLM 0.32.0 that can change the weights or the code
@@ -274,6 +275,23 @@ ENTRIES = (
         COMPILED,
         "the AOT loader calls this on the loaded artifact: InductorArtifact provides it",
         text="loaded_fn._artifacts.compiled_fn.finalize_loading(model.vllm_config)",
+    ),
+    # -- plugin/precision.py: how vLLM resolves --dtype auto
+    Text(
+        "vllm.config.model",
+        "",
+        PRECISION,
+        "--dtype auto takes the checkpoint's dtype if the platform lists it, else the "
+        "platform's first: UmaPlatform.supported_dtypes lists float32 alone without bf16 "
+        "arithmetic",
+        text="        for dtype in current_platform.supported_dtypes\n",
+    ),
+    Text(
+        "vllm.config.model",
+        "",
+        PRECISION,
+        "an explicit --dtype is not checked against the platform's list (bf16 stays servable)",
+        text="            torch_dtype = _STR_DTYPE_TO_TORCH_DTYPE[dtype]",
     ),
     # -- plugin/block_size.py: where vLLM CPU picks its general default block
     Text(
