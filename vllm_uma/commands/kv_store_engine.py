@@ -5,8 +5,9 @@
     vllm-uma kv-store URL clear --yes [--namespace ID]   delete our keys (of one namespace)
 
 Each takes ``--password-env NAME`` or ``--password-file PATH``,
-``--tls-ca-file PATH`` and ``--timeout-s S``: the tier's own keys, read the
-same way (a password never on the command line nor in the URL).
+``--tls-ca-file PATH`` (``--tls-cert-file``, ``--tls-key-file``) and
+``--timeout-s S``: the tier's own keys, read the same way (a password never
+on the command line nor in the URL), over the tier's own TLS connection.
 
 Why the disk tier's command, not a sibling: a user thinks "my KV store",
 whichever tier holds it, and names it as the tier's settings do: the fs
@@ -34,7 +35,8 @@ PROG = "vllm-uma kv-store"
 USAGE_ERROR, ENGINE_ERROR = 2, 3
 FLAGS_FOR_KEYS = (
     "On this command's line the tier's keys are flags: --password-env NAME, "
-    "--password-file PATH, --tls-ca-file PATH, --timeout-s S"
+    "--password-file PATH, --tls-ca-file PATH, --tls-cert-file PATH, --tls-key-file PATH, "
+    "--timeout-s S"
 )
 
 
@@ -51,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     secret.add_argument("--password-env", metavar="NAME", help="the variable with the password")
     secret.add_argument("--password-file", metavar="PATH", help="the file with the password")
     link.add_argument("--tls-ca-file", metavar="PATH", help="the CA (valkeys:// only)")
+    link.add_argument("--tls-cert-file", metavar="PATH", help="a client certificate (valkeys://)")
+    link.add_argument("--tls-key-file", metavar="PATH", help="its key (valkeys://)")
     link.add_argument("--timeout-s", type=float, metavar="S", help="per command (default 2)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("ls", parents=[link], help="namespaces with model, blocks, size, share")
@@ -66,7 +70,8 @@ def _settings(args: argparse.Namespace):
     from vllm_uma.kv_offload.network.settings import parse_network_tier
 
     raw = {"type": "valkey", "url": args.url}
-    for key in ("password_env", "password_file", "tls_ca_file", "timeout_s"):
+    keys = ("password_env", "password_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
+    for key in (*keys, "timeout_s"):
         if getattr(args, key) is not None:
             raw[key] = getattr(args, key)
     return parse_network_tier(raw)
@@ -87,8 +92,11 @@ def _client(config):
         credential_provider=password_source(config),
         client_name="vllm-uma-kv-store",
     )
-    if config.tls:
-        kwargs.update(ssl=True, ssl_ca_certs=config.tls_ca_file, ssl_check_hostname=True)
+    if config.tls:  # the tier's own TLS connection: the same checks, the same messages
+        from vllm_uma.kv_offload.network.engine_nodes import TlsConnection
+
+        pool = valkey.ConnectionPool(connection_class=TlsConnection, tls_config=config, **kwargs)
+        return valkey.Valkey(connection_pool=pool)
     return valkey.Valkey(**kwargs)
 
 
@@ -199,7 +207,14 @@ def _explain(exc: BaseException, config) -> str:
     """The engine's refusal or silence, with the fix."""
     from valkey.exceptions import AuthenticationError, ResponseError, TimeoutError
 
+    from vllm_uma.kv_offload.network.tls import explain, wrong_transport
+
     url, name = config.url, f"{type(exc).__name__}: {exc}"
+    transport = wrong_transport(config, config.host, config.port, url, exc) or explain(
+        exc, config, url
+    )
+    if transport is not None:
+        return transport
     if isinstance(exc, AuthenticationError):
         source = (
             f"the variable {config.password_env}"

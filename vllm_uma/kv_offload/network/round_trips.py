@@ -30,8 +30,9 @@ from vllm_uma.kv_offload.network.engine_link import (
     REDIRECTIONS,
     EngineLink,
     NoAnswer,
+    NodeRefused,
 )
-from vllm_uma.kv_offload.network.engine_nodes import Node
+from vllm_uma.kv_offload.network.engine_nodes import Node, RefusedNode
 
 # A node whose replies come after the round trip's deadline still gets
 # this share of a timeout: it is not put down for another node's delay.
@@ -72,13 +73,19 @@ def mget(link: EngineLink, names: Sequence[bytes], what: str) -> list:
     return out
 
 
-def _round_trip(link: EngineLink, plan: dict[Node | None, list[tuple]], what: str) -> dict:
+def _round_trip(
+    link: EngineLink, plan: dict[Node | RefusedNode | None, list[tuple]], what: str
+) -> dict:
     """Every node's commands as one pipeline, all sent before any reply is
     read; per node, one reply per command."""
     replies: dict = {}
     sent = []
     try:
         for node, commands in plan.items():
+            if isinstance(node, RefusedNode):  # never connected to: no password goes there
+                why = f"{node.address} is not a trusted node (cluster_allowed_hosts)"
+                replies[node] = [NodeRefused(why)] * len(commands)
+                continue
             if node is None or link.skipped(node):
                 why = "no node holds the slot" if node is None else f"{node.address} is down"
                 replies[node] = [NoAnswer(why)] * len(commands)

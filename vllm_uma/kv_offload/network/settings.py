@@ -21,16 +21,26 @@ Credentials never travel in the settings: a password in the URL is refused
 (URLs end up in logs, shell histories and ``ps``); the settings name an
 environment variable or a file, checked here to exist, and read again at
 every connection (credentials.py), so a rotated secret needs no restart.
+
+TLS (``valkeys://``, ``rediss://``): the CA and the client certificate are
+files, loaded here once so that a wrong one is refused before the engine
+core starts (tls.py loads them again at every connection). A cluster's
+nodes get the password only over TLS or at the addresses
+``cluster_allowed_hosts`` names (node_trust.py says why).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
+
+from vllm_uma.kv_offload.network.tls import client_context
 
 TIER_TYPE = "valkey"
 PLAIN_SCHEMES = ("valkey", "redis")
@@ -51,11 +61,16 @@ KNOWN_TIER_KEYS = frozenset(
         "password_env",
         "password_file",
         "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
         "timeout_s",
         "connect_timeout_s",
         "cluster",
+        "cluster_allowed_hosts",
     }
 )
+# A host name as a cluster's map may give it (RFC 1123 labels).
+HOST_NAME = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
 
 
 class NetworkTierConfigError(ValueError):
@@ -78,9 +93,22 @@ class NetworkTierConfig:
     # The url names one node of a Valkey/Redis Cluster; the tier finds the
     # others (network/cluster_map.py).
     cluster: bool = False
+    # The client's certificate and key, for an engine that asks for one
+    # (tls-auth-clients yes, the engine's default). The key None: in the cert file.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    # Where a cluster's map may send the tier (and its password): addresses,
+    # networks (CIDR) or host names. None: the url's host, or any node over
+    # TLS (node_trust.py).
+    cluster_allowed_hosts: tuple[str, ...] | None = None
     # vLLM's KV cache events are on (--kv-events-config): the tier publishes
     # its stores and its removals of bad values (set by kv_offload/config.py).
     kv_events: bool = False
+
+    def __post_init__(self):
+        # The settings plan carries this object as JSON, which has no tuples.
+        if isinstance(self.cluster_allowed_hosts, list):
+            object.__setattr__(self, "cluster_allowed_hosts", tuple(self.cluster_allowed_hosts))
 
     @property
     def cache_id(self) -> str:
@@ -114,7 +142,8 @@ def parse_network_tier(raw: dict[str, Any]) -> NetworkTierConfig:
         )
     tls = parts.scheme in TLS_SCHEMES
     password_env, password_file = _password_source(raw, parts.username)
-    return NetworkTierConfig(
+    cluster = _cluster(raw.get("cluster", False))
+    config = NetworkTierConfig(
         scheme=parts.scheme,
         host=parts.hostname or "",
         port=_port(parts),
@@ -126,8 +155,14 @@ def parse_network_tier(raw: dict[str, Any]) -> NetworkTierConfig:
         password_file=password_file,
         timeout_s=_seconds(raw, "timeout_s", DEFAULT_TIMEOUT_S),
         connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
-        cluster=_cluster(raw.get("cluster", False)),
+        cluster=cluster,
+        tls_cert_file=_tls_file(raw, "tls_cert_file", tls),
+        tls_key_file=_tls_file(raw, "tls_key_file", tls),
+        cluster_allowed_hosts=_allowed_hosts(raw.get("cluster_allowed_hosts"), cluster),
     )
+    if tls:
+        _check_tls_files(config)
+    return config
 
 
 def _masked(url: str, parts: SplitResult) -> str:
@@ -246,6 +281,77 @@ def _ca_file(value: Any, tls: bool) -> str | None:
             f"that signed the engine's certificate, or remove the key (system CAs)."
         )
     return value
+
+
+def _tls_file(raw: dict[str, Any], name: str, tls: bool) -> str | None:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if not tls:
+        raise NetworkTierConfigError(
+            f"the valkey tier sets {name} but its url is not TLS: use valkeys:// "
+            f"(or rediss://), or remove {name}."
+        )
+    if not isinstance(value, str) or not os.path.isfile(value):
+        raise NetworkTierConfigError(
+            f"valkey tier {name}={value!r} is not a file: give the PEM file of the client's "
+            f"{'certificate' if name == 'tls_cert_file' else 'private key'}, or remove the key."
+        )
+    return value
+
+
+def _check_tls_files(config: NetworkTierConfig) -> None:
+    """Each file loaded as a connection will load it (tls.py): a file that
+    is unreadable, not PEM, or a key that is not the certificate's is
+    refused now, not at the first connection in the engine core."""
+    if config.tls_key_file is not None and config.tls_cert_file is None:
+        raise NetworkTierConfigError(
+            f"the valkey tier sets tls_key_file={config.tls_key_file!r} without "
+            f"tls_cert_file: add the client's certificate, or remove tls_key_file."
+        )
+    try:
+        client_context(config)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise NetworkTierConfigError(
+            f"the valkey tier's TLS files do not load ({type(exc).__name__}: {exc}): "
+            f"tls_ca_file={config.tls_ca_file!r} must be readable PEM certificates of the "
+            f"CA that signed the engine's; tls_cert_file={config.tls_cert_file!r} and "
+            f"tls_key_file={config.tls_key_file!r} the client's PEM certificate and its "
+            f"unencrypted key. Fix or remove them."
+        ) from None
+
+
+def _allowed_hosts(value: Any, cluster: bool) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not cluster:
+        raise NetworkTierConfigError(
+            'the valkey tier sets cluster_allowed_hosts but not "cluster": true: the list '
+            "says which nodes of a cluster's map may be connected to. Remove it, or add "
+            '"cluster": true.'
+        )
+    example = '["10.0.0.5", "10.0.1.0/24", "valkey-2.internal"]'
+    if not isinstance(value, list) or not value:
+        raise NetworkTierConfigError(
+            f"valkey tier cluster_allowed_hosts={value!r} is invalid: it must be a non-empty "
+            f"list of addresses, networks or host names, e.g. {example}. Fix it, or remove "
+            f"the key (default: the url's host, or any node over TLS)."
+        )
+    for entry in value:
+        if not isinstance(entry, str) or not (_is_network(entry) or HOST_NAME.match(entry)):
+            raise NetworkTierConfigError(
+                f"valkey tier cluster_allowed_hosts entry {entry!r} is invalid: it must be an "
+                f"IP address, a network (CIDR) or a host name, e.g. {example}."
+            )
+    return tuple(value)
+
+
+def _is_network(entry: str) -> bool:
+    try:
+        ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return False
+    return True
 
 
 def _cluster(value: Any) -> bool:

@@ -52,6 +52,7 @@ from vllm_uma.kv_offload.network.key_names import descriptor_name
 from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
 from vllm_uma.kv_offload.network.probes import EngineProbes
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.tls import wrong_transport
 from vllm_uma.kv_offload.network.transfer_threads import TransferThreads
 from vllm_uma.kv_offload.network.transfers import Miss, Transfer, TransferDone, run_transfer
 from vllm_uma.kv_offload.network.value_format import value_name
@@ -106,7 +107,7 @@ class NetworkTier(SecondaryTierManager):
         self._stats = m.TierStats()
         self._link = EngineLink(config, self._check_again, retry_interval_s)
         try:
-            self._check_at_start()
+            self._check_at_start(config)
         except BaseException:
             self._link.close()
             raise
@@ -132,12 +133,18 @@ class NetworkTier(SecondaryTierManager):
 
     # -- the engine's set-up --------------------------------------------------
 
-    def _check_at_start(self) -> None:
-        """Blocking is fine here: vLLM builds the tier before serving."""
+    def _check_at_start(self, config: NetworkTierConfig) -> None:
+        """Blocking is fine here: vLLM builds the tier before serving. An
+        engine that does not answer is served without; one reached over the
+        wrong transport, or whose certificate fails, refuses the start: it
+        will not answer any better later (tls.py)."""
         url = self._link.url
         try:
             report = check_at_start(self._link)
         except LINK_ERRORS as exc:
+            problem = wrong_transport(config, config.host, config.port, url, exc)
+            if problem is not None:
+                raise EngineRefused(problem) from None
             self._link.start_down(exc)
             return
         if report.refuse:
@@ -333,6 +340,7 @@ class NetworkTier(SecondaryTierManager):
 
     def get_stats(self):
         self._stats.gauge(m.ENGINE_UP, int(self._link.up))
+        self._stats.gauge(m.REFUSED_NODES, self._link.refused_nodes)
         return self._stats.take()
 
     def has_pending_work(self) -> bool:
@@ -360,7 +368,14 @@ class NetworkTier(SecondaryTierManager):
 # Misses that are the engine's state, logged once per episode by the link.
 _QUIET = frozenset(
     miss.value
-    for miss in (Miss.ABSENT, Miss.ENGINE_DOWN, Miss.ENGINE_SLOW, Miss.ENGINE_FULL, Miss.MOVED)
+    for miss in (
+        Miss.ABSENT,
+        Miss.ENGINE_DOWN,
+        Miss.ENGINE_SLOW,
+        Miss.ENGINE_FULL,
+        Miss.MOVED,
+        Miss.NODE_REFUSED,  # warned once per node by the cluster's map
+    )
 )
 # Failures that are not about the value found.
 _NOT_THE_VALUE = frozenset({Miss.REFUSED.value, Miss.ERROR.value})

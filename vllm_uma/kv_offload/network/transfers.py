@@ -25,7 +25,12 @@ from valkey.exceptions import OutOfMemoryError
 
 from vllm_uma.kv_offload.disk.block_file import BadBlock
 from vllm_uma.kv_offload.network import round_trips
-from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, REDIRECTIONS, EngineLink
+from vllm_uma.kv_offload.network.engine_link import (
+    LINK_ERRORS,
+    REDIRECTIONS,
+    EngineLink,
+    NodeRefused,
+)
 from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value
 
 BATCH_BLOCKS = 8
@@ -39,6 +44,7 @@ class Miss(Enum):
     ENGINE_SLOW = "engine_slow"  # answers, but a load's batches took past its timeout
     ENGINE_FULL = "engine_full"  # a store refused with an OOM error
     MOVED = "moved"  # a cluster's slot moved (MOVED, ASK): its map is read again
+    NODE_REFUSED = "node_refused"  # the slot's primary is not trusted (node_trust.py)
     REFUSED = "refused"  # another error reply (an ACL's NOPERM, ...)
     ERROR = "error"  # a bug of ours; the block is a miss all the same
 
@@ -128,6 +134,8 @@ def _unpacked(done: TransferDone, key, name, namespace, row, value) -> bool:
 
 def miss_of(error: Exception) -> Miss:
     """The miss a key's error reply makes (NoAnswer: its node did not answer)."""
+    if isinstance(error, NodeRefused):
+        return Miss.NODE_REFUSED
     if isinstance(error, LINK_ERRORS):
         return Miss.ENGINE_DOWN
     text = str(error)
