@@ -115,9 +115,9 @@ class EngineLink:
         node = next(iter(self.route([name])))
         return node if isinstance(node, Node) else None
 
-    def why(self, exc: BaseException) -> str:
+    def why(self, exc: BaseException, node: Node) -> str:
         """A failure as a log line says it: a TLS failure with its fix (tls.py)."""
-        return explain(exc, self._config, self.url) or f"{type(exc).__name__}: {exc}"
+        return explain(exc, self._config, node.url) or f"{type(exc).__name__}: {exc}"
 
     # -- episodes, from any thread ---------------------------------------------
 
@@ -141,7 +141,7 @@ class EngineLink:
             "recomputed, until it answers again; trying every %.0f s.",
             "engine" if self.cluster is None else "cluster node",
             node.url,
-            self.why(exc),
+            self.why(exc, node),
             what,
             whose,
             self._retry_interval_s,
