@@ -12,7 +12,7 @@ import pytest
 from tools.benchmark import peers, peers_report
 from tools.benchmark.peers_client import Reply, decode_rate, read_reply
 from tools.benchmark.peers_servers import DEFAULT_KINDS, Setup, llama_args, vllm_flags
-from tools.benchmark.peers_workload import Plan, prompt_ids, token_id_range
+from tools.benchmark.peers_workload import ChatShape, Plan, prompt_ids, token_id_range
 
 
 def test_the_defaults_are_the_four_servers_at_1k_and_4k_in_an_8k_context():
@@ -243,6 +243,7 @@ def test_the_run_goes_on_past_a_server_that_does_not_start(tmp_path, monkeypatch
         lengths=[4000],
         others=1,
         concurrency=[1],
+        chats=None,
         decode_tokens=8,
     )
     setup = Setup(tmp_path, "m", [], tmp_path, tmp_path, 8192, 2)
@@ -310,6 +311,41 @@ def test_a_session_asks_in_the_documented_order_and_restarts_for_the_last_figure
     }  # fmt: skip
     assert set(out["memory"]) == {"ready", "after_4000", "end"}
     assert out["decode_tok_s"] == {1: pytest.approx(254.0), 4: pytest.approx(4 * 127 / 0.5)}
+
+
+def test_chats_are_asked_turn_by_turn_across_conversations(fake_servers):
+    peers_workload, _, asked = fake_servers
+    shape = ChatShape(chats=3, turns=3, first=100, per_turn=20)
+    plan = Plan.make(0, [64], 1, [1], (1000, 49_152), shape)
+    # Each turn is the one before it and more; no two conversations share a prefix.
+    for turns in plan.chats:
+        assert [len(t) for t in turns] == [100, 120, 140]
+        assert all(b[: len(a)] == a for a, b in zip(turns, turns[1:], strict=False))
+    assert len({turns[0][0] for turns in plan.chats}) == 3
+    out = peers_workload.session(lambda: None, "m", plan, 8)
+    chat = [(n, i) for s, n, m, e, i in asked if s == "0" and n >= 100]
+    assert chat == [(100 + 20 * t, plan.chats[c][0][0]) for t in range(3) for c in range(3)]
+    assert sorted(out["chat_ttft_s"]) == [1, 2, 3] and len(out["chat_ttft_s"][2]) == 3
+    flat = peers_report.flatten(out)
+    assert flat["chat_p50_t2"] == sorted(out["chat_ttft_s"][2])[1]
+    assert flat["chat_max_t3"] == max(out["chat_ttft_s"][3])
+    keys = [f.key for f in peers_report.figures([64], 1, [1], 3, 3)]
+    assert "chat_p50_t1" in keys and "chat_max_t3" in keys
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [("4,1,1000,200", "turns >= 2"), ("4,4,1000", "four whole numbers"), ("4,4,9000,200", "fit")],
+)
+def test_a_bad_chat_shape_is_refused_with_the_rule(value, says, capsys):
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--chats", value])
+    assert says in capsys.readouterr().err
+
+
+def test_chats_none_leaves_the_workload_out():
+    assert peers.parse_args(["--chats", "none"]).chats is None
+    assert peers.parse_args([]).chats == ChatShape(4, 4, 1000, 200)
 
 
 def test_a_session_that_fails_stops_its_server(fake_servers, monkeypatch):

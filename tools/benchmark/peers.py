@@ -43,12 +43,30 @@ from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.report import missing_chart_library, write_json
 from tools.benchmark.peers_servers import DEFAULT_KINDS, KINDS, LLAMA_CPP, Setup, cores, factory
-from tools.benchmark.peers_workload import Plan, session, token_id_range
+from tools.benchmark.peers_workload import ChatShape, Plan, session, token_id_range
 from tools.peers import llama_cpp
 from tools.peers.errors import PeerError
 from tools.peers.gguf_convert import OUTTYPES, ensure_gguf
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _chat_shape(text: str) -> ChatShape | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        chats, turns, first, per_turn = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give four whole numbers, conversations,turns,first,per-turn "
+            f"(e.g. 4,4,1000,200), or none"
+        ) from None
+    if chats < 1 or turns < 2 or first < 1 or per_turn < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give conversations >= 1, turns >= 2 (a later turn is what it "
+            f"measures), tokens >= 1; or none"
+        )
+    return ChatShape(chats, turns, first, per_turn)
 
 
 def _ints(text: str) -> list[int]:
@@ -83,6 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lengths", type=_ints, default=[1000, 4000], help="prompt tokens")
     ap.add_argument("--others", type=int, default=4, help="prompts between a visit and its revisit")
+    ap.add_argument(
+        "--chats",
+        type=_chat_shape,
+        default=ChatShape(),
+        help="the multi-turn workload: conversations,turns,first turn's tokens,tokens "
+        "added a turn (default 4,4,1000,200; 'none' leaves it out)",
+    )
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=_ints, default=[1, 4])
     ap.add_argument("--context", type=int, default=8192, help="every server's context length")
@@ -116,6 +141,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(
             f"--lengths {max(args.lengths)} does not fit --context {args.context}: every "
             f"prompt and its first token must fit; shorten it or raise --context"
+        )
+    if args.chats is not None and args.chats.longest() >= args.context:
+        ap.error(
+            f"--chats: the last turn's {args.chats.longest()} tokens do not fit --context "
+            f"{args.context}; fewer turns or tokens, or raise --context"
         )
     if args.gguf is not None and not args.gguf.is_file():
         ap.error(f"--gguf {args.gguf}: no such file; give a GGUF, or leave --gguf out to convert")
@@ -161,7 +191,7 @@ def run(args: argparse.Namespace, setup: Setup, log_dir: Path, work: Path) -> li
     id_range = token_id_range(setup.model_dir)
     rounds = []
     for r in range(args.rounds):
-        plan = Plan.make(r, args.lengths, args.others, args.concurrency, id_range)
+        plan = Plan.make(r, args.lengths, args.others, args.concurrency, id_range, args.chats)
         shift = r % len(args.servers)
         by_kind: dict[str, dict] = {}
         for kind in args.servers[shift:] + args.servers[:shift]:
@@ -207,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         rounds = run(args, setup, log_dir, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = report.figures(args.lengths, args.others, args.concurrency)
+    chats = args.chats
+    table = report.figures(
+        args.lengths, args.others, args.concurrency, chats.turns if chats else 0,
+        chats.chats if chats else 0,
+    )  # fmt: skip
     summary = report.summarize(rounds, args.servers)
     warnings = report.warnings(rounds, args.decode_tokens)
     title = (

@@ -28,7 +28,9 @@ class Figure:
     unit: str  # a key of FORMATS
 
 
-def figures(lengths: list[int], others: int, concurrency: list[int]) -> list[Figure]:
+def figures(
+    lengths: list[int], others: int, concurrency: list[int], turns: int = 0, chats: int = 0
+) -> list[Figure]:
     """The table's rows, in order."""
     rows = []
     for n in lengths:
@@ -36,6 +38,11 @@ def figures(lengths: list[int], others: int, concurrency: list[int]) -> list[Fig
             Figure(f"cold_{n}", f"{n:,} tokens: cold TTFT", "s"),
             Figure(f"again_{n}", f"{n:,} tokens: same prompt again at once", "s"),
             Figure(f"revisit_{n}", f"{n:,} tokens: again after {others} other prompts", "s"),
+        ]
+    for t in range(1, turns + 1):
+        rows += [
+            Figure(f"chat_p50_t{t}", f"chat turn {t}: median TTFT of {chats}", "s"),
+            Figure(f"chat_max_t{t}", f"chat turn {t}: slowest of {chats}", "s"),
         ]
     longest = max(lengths)
     rows.append(Figure(f"restart_{longest}", f"{longest:,} tokens: after a restart", "s"))
@@ -53,6 +60,8 @@ def flatten(session: dict) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for n, times in session["ttft_s"].items():
         out.update({f"{case}_{n}": t for case, t in times.items()})
+    for t, times in session.get("chat_ttft_s", {}).items():
+        out[f"chat_p50_t{t}"], out[f"chat_max_t{t}"] = statistics.median(times), max(times)
     out.update({f"restart_{n}": t for n, t in session["restart_ttft_s"].items()})
     out.update({f"decode_c{c}": rate for c, rate in session["decode_tok_s"].items()})
     out["start"] = statistics.median(session["start_s"]) if session["start_s"] else None

@@ -19,6 +19,13 @@ back, still closes the stream at once):
     warm-up     one 16-token prompt, 4 tokens (not measured)
     per length  cold: a new prompt; again: the same at once; four other
                 prompts of that length; revisit: the first again
+    chats       four conversations, interleaved turn by turn (A1 B1 C1 D1
+                A2 B2 ...): each turn's prompt is the previous turn's plus
+                a reply and a user message of made-up ids (the same ids on
+                every server, so no server's own output steers the rest);
+                every turn but the first finds its conversation's earlier
+                turns behind three other conversations' traffic, as a
+                server of several chat users does
     memory      RSS/PSS after the longest length's cold prompt: every
                 server has then computed the same context
     decode      128 tokens (ignore_eos) for 1, then 4 requests at once
@@ -27,6 +34,7 @@ back, still closes the stream at once):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Callable
@@ -40,6 +48,21 @@ from vllm_uma.server_process import Server
 LOW_ID = 1000
 WARMUP_TOKENS = 16
 DECODE_PROMPT_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class ChatShape:
+    """The multi-turn workload: ``chats`` conversations of ``turns`` turns,
+    each starting with ``first`` tokens (a system prompt and a question)
+    and growing by ``per_turn`` tokens a turn (a reply and the next one)."""
+
+    chats: int = 4
+    turns: int = 4
+    first: int = 1000
+    per_turn: int = 200
+
+    def longest(self) -> int:
+        return self.first + (self.turns - 1) * self.per_turn
 
 
 def token_id_range(model_dir: Path) -> tuple[int, int]:
@@ -72,17 +95,27 @@ class Plan:
     targets: dict[int, list[int]]  # by length: the prompt that is revisited
     others: dict[int, list[list[int]]]  # by length: the traffic between
     decode: dict[int, list[list[int]]]  # by concurrency: one prompt a request
+    # by conversation: its turns' prompts, each the one before it and more
+    chats: list[list[list[int]]] = dataclasses.field(default_factory=list)
 
     @staticmethod
-    def make(round_: int, lengths, others: int, concurrency, id_range) -> "Plan":
+    def make(
+        round_: int, lengths, others: int, concurrency, id_range, chat: ChatShape | None = None
+    ) -> "Plan":
         counter = iter(range(round_ * 10_000, (round_ + 1) * 10_000))
         one = lambda length: prompt_ids(next(counter), length, id_range)  # noqa: E731
-        return Plan(
+        plan = Plan(
             warmup=one(WARMUP_TOKENS),
             targets={n: one(n) for n in lengths},
             others={n: [one(n) for _ in range(others)] for n in lengths},
             decode={c: [one(DECODE_PROMPT_TOKENS) for _ in range(c)] for c in concurrency},
         )
+        for _ in range(chat.chats if chat else 0):
+            turns = [one(chat.first)]
+            for _ in range(chat.turns - 1):
+                turns.append(turns[-1] + one(chat.per_turn))
+            plan.chats.append(turns)
+        return plan
 
 
 def session(make: Callable[[], Server], name: str, plan: Plan, decode_tokens: int) -> dict:
@@ -92,6 +125,7 @@ def session(make: Callable[[], Server], name: str, plan: Plan, decode_tokens: in
     out: dict = {
         "start_s": [],
         "ttft_s": {},
+        "chat_ttft_s": {},  # by turn (1, 2, ...): one TTFT per conversation
         "restart_ttft_s": {},
         "decode_tok_s": {},
         "memory": {},
@@ -117,6 +151,11 @@ def session(make: Callable[[], Server], name: str, plan: Plan, decode_tokens: in
             for k, other in enumerate(plan.others[length]):
                 ask(server, f"other-{length}-{k}", other)
             figures["revisit"] = ask(server, f"revisit-{length}", target)
+        for turn in range(len(plan.chats[0]) if plan.chats else 0):
+            out["chat_ttft_s"][turn + 1] = [
+                ask(server, f"chat-{c}-turn-{turn + 1}", turns[turn])
+                for c, turns in enumerate(plan.chats)
+            ]
         for concurrency, prompts in plan.decode.items():
             replies = at_once(server.url, name, prompts, decode_tokens)
             out["requests"] += [
