@@ -327,3 +327,16 @@ def test_fleets_that_join_a_router_name_their_event_sockets_by_their_servers_por
     sockets = [m.events_in for m in (*a.members, *b.members)]
     assert len(set(sockets)) == 4
     assert sockets[0].endswith("fleet-joined-10.0.0.5-9001.sock")
+
+
+def test_the_fleets_shared_tiers_are_refused_where_weights_can_change(tmp_path):
+    from vllm_uma.commands.fleet import check_weight_updates
+
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}
+    problem = check_weight_updates(tmp_path, None, False, dev)
+    assert problem.startswith("VLLM_SERVER_DEV_MODE=1 opens vLLM's development endpoints")
+    assert problem.endswith("or start the fleet with --kv-store none and without --kv-network.")
+    problem = check_weight_updates(None, "valkey://10.0.0.3:6379/0", True, {})
+    assert "the network tier would keep serving" in problem
+    assert check_weight_updates(None, None, True, dev) is None  # host pools only
+    assert check_weight_updates(tmp_path, None, False, {}) is None

@@ -56,9 +56,11 @@ def vllm_config(
     kv_events=False,
     shutdown_timeout=0,
     cache_dtype="auto",
+    weight_transfer=False,
 ):
     return SimpleNamespace(
         shutdown_timeout=shutdown_timeout,
+        weight_transfer_config=SimpleNamespace(backend="ipc") if weight_transfer else None,
         kv_events_config=SimpleNamespace(enable_kv_cache_events=kv_events),
         cache_config=SimpleNamespace(
             kv_offloading_size=size,
@@ -336,3 +338,19 @@ def test_the_stop_timeout_is_left_alone_otherwise(tmp_path, timeout, tiers):
     )
     assert oc.flush_on_stop(cfg, oc.translate(cfg, 24 * GiB)) is None
     assert cfg.shutdown_timeout == timeout
+
+
+def test_a_lower_tier_is_refused_where_weights_can_change(tmp_path, monkeypatch):
+    # vllm serve without our preflight, and LLM(...) in-process, reach this.
+    tiers = [{"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 1}]
+    monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
+    cfg = vllm_config(size=1, ktc=connector(None, secondary_tiers=tiers), weight_transfer=True)
+    with pytest.raises(refusals.OffloadingConfigError, match="^--weight-transfer-config lets"):
+        oc.translate(cfg, 24 * GiB)
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    cfg = vllm_config(size=1, ktc=connector(None, secondary_tiers=tiers))
+    with pytest.raises(refusals.OffloadingConfigError, match="^VLLM_SERVER_DEV_MODE=1 opens"):
+        oc.translate(cfg, 24 * GiB)
+    assert not (tmp_path / "kv").exists()  # refused before anything was created
+    # The host pool alone: its blocks die with the process, nothing to refuse.
+    assert oc.translate(vllm_config(size=1, ktc=connector(None), weight_transfer=True), 24 * GiB)

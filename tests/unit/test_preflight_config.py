@@ -136,3 +136,31 @@ def test_plugin_active_by_default_and_when_listed():
 
 def test_a_config_file_leaves_offloading_to_vllm():
     check_offloading(read_serve_line(["--config", "s.yaml", *offloading([{"type": "s3"}])]), ACTIVE)
+
+
+DISK = [{"type": "fs", "root_dir": "/nonexistent/kv"}]
+NETWORK = [{"type": "valkey", "url": "valkey://127.0.0.1:6379/0"}]
+
+
+@pytest.mark.parametrize("tiers, named", [(DISK, "the disk tier"), (NETWORK, "the network tier")])
+def test_a_lower_tier_is_refused_in_dev_mode(tiers, named):
+    message = refusal(offloading(tiers), {"VLLM_SERVER_DEV_MODE": "1"})
+    assert message.startswith("VLLM_SERVER_DEV_MODE=1 opens vLLM's development endpoints")
+    assert f"{named} would keep serving" in message
+    assert "Unset VLLM_SERVER_DEV_MODE (or set it to 0), or remove 'secondary_tiers'" in message
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--weight-transfer-config", '{"backend": "ipc"}'], ["--weight-transfer-config.x", "y"]],
+)
+def test_a_lower_tier_is_refused_with_a_weight_transfer_config(flags):
+    message = refusal(offloading(DISK + NETWORK, *flags))
+    assert message.startswith("--weight-transfer-config lets a trainer replace the weights")
+    assert "the disk and network tiers would keep serving" in message
+
+
+def test_the_host_pool_alone_takes_weight_updates():
+    line = read_serve_line(offloading(None, "--weight-transfer-config", "{}"))
+    check_offloading(line, {"VLLM_SERVER_DEV_MODE": "1"})  # the pool dies with the process
+    check_offloading(read_serve_line(offloading(DISK)), {"VLLM_SERVER_DEV_MODE": "0"})

@@ -121,3 +121,17 @@ def test_an_inline_value_is_kept_as_typed():
     line = read_serve_line(["--host=my_host.lan", '--kv_transfer_config={"kv_connector": 1}'])
     assert line.host == "my_host.lan"
     assert line.kv_transfer_config == '{"kv_connector": 1}'
+
+
+@pytest.mark.parametrize(
+    "argv, given",
+    [
+        (["/m", "--weight-transfer-config", '{"backend": "ipc"}'], True),
+        (["/m", '--weight_transfer_config={"backend": "ipc"}'], True),
+        (["/m", "--weight-transfer-config.backend", "ipc"], True),
+        (["/m", "--kv-offloading-size", "1"], False),
+        (["--help", "--weight-transfer-config", "{}"], False),  # --help checks nothing
+    ],
+)
+def test_a_weight_transfer_config_in_any_form(argv, given):
+    assert read_serve_line(argv).weight_transfer is given

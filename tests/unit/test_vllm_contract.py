@@ -156,6 +156,7 @@ LIGHT = [
     "vllm_uma.plugin.lazy_kv",
     "vllm_uma.kv_offload.disk.namespace_inputs",
     "vllm_uma.kv_offload.refusals",
+    "vllm_uma.kv_offload.weight_updates",
     "vllm_uma.lifeline",
 ]
 

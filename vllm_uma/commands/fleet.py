@@ -145,6 +145,22 @@ def check_hosts_flags(fleet_args) -> str | None:
     return None
 
 
+def check_weight_updates(kv_store, kv_network, weight_transfer: bool, environ) -> str | None:
+    """What is wrong with the fleet's shared tiers when its servers' weights
+    could change at run time (kv_offload/weight_updates.py), or None: said
+    once here rather than by every server's preflight."""
+    from vllm_uma.kv_offload.refusals import OffloadingConfigError
+    from vllm_uma.kv_offload.weight_updates import refuse_weight_updates, tiers_named
+
+    tiers = tiers_named(kv_store is not None, kv_network is not None)
+    turn_off = "start the fleet with --kv-store none and without --kv-network"
+    try:
+        refuse_weight_updates(tiers, environ, weight_transfer, turn_off)
+    except OffloadingConfigError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str]) -> int:
     # A fleet started by a supervisor (a test, a tool) stops with it; its own
     # servers and router follow the fleet (vllm_uma/lifeline.py).
@@ -174,6 +190,9 @@ def main(argv: list[str]) -> int:
     else:
         kv_store = None if fleet_args.kv_store == "none" else Path(fleet_args.kv_store)
     if problem := check_hosts_flags(fleet_args):
+        return _fail(problem, 2)
+    transfer = getattr(serve_args, "weight_transfer_config", None) is not None
+    if problem := check_weight_updates(kv_store, fleet_args.kv_network, transfer, os.environ):
         return _fail(problem, 2)
     try:
         peers = tuple(Peer.parse(p) for p in fleet_args.peer)

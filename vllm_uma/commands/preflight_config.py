@@ -14,7 +14,9 @@ config; everything is checked again where it is today.
   (refusals.py's ``refuse_flags``), the keys of ``kv_connector_extra_config``,
   ``secondary_tiers`` without the pool, the tier list, the fs tier's
   settings and an existing root_dir's trust (disk/config.py's
-  ``check_disk_tier``) and the valkey tier's settings (network/settings.py).
+  ``check_disk_tier``), the valkey tier's settings (network/settings.py),
+  and either lower tier with weights that can change at run time
+  (``VLLM_SERVER_DEV_MODE``, --weight-transfer-config: weight_updates.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ from vllm_uma.kv_offload.refusals import (
     refuse_unknown_keys,
 )
 from vllm_uma.kv_offload.tier_list import split_tiers
+from vllm_uma.kv_offload.weight_updates import (
+    TURN_OFF_TIERS,
+    refuse_weight_updates,
+    tiers_named,
+)
 
 PLUGIN_NAME = "uma"  # our vllm.platform_plugins entry point (pyproject.toml)
 # Flags whose value vLLM validates as a config dataclass: a JSON object.
@@ -116,18 +123,26 @@ def check_offloading(line: ServeLine, environ: Mapping[str, str]) -> None:
     if not isinstance(extra, dict):
         return  # vLLM's config refuses it
     try:
-        _translate_refusals(line.kv_offloading_backend, size, transfer.get("kv_connector"), extra)
+        _translate_refusals(line, size, transfer.get("kv_connector"), extra, environ)
     except (OffloadingConfigError, DiskTierConfigError, NetworkTierConfigError) as exc:
         raise PreflightError(str(exc)) from None
 
 
-def _translate_refusals(backend: str | None, size: float | None, connector, extra: dict) -> None:
+def _translate_refusals(
+    line: ServeLine, size: float | None, connector, extra: dict, environ: Mapping[str, str]
+) -> None:
     if size is None and connector != CONNECTOR:
         refuse_disk_tier_without_pool(extra)  # offloading is off
         return
-    refuse_flags(backend, size, connector)
+    refuse_flags(line.kv_offloading_backend, size, connector)
     refuse_unknown_keys(extra)
     fs_tier, network_tier = split_tiers(extra.get("secondary_tiers"))
+    refuse_weight_updates(
+        tiers_named(fs_tier is not None, network_tier is not None),
+        environ,
+        line.weight_transfer,
+        TURN_OFF_TIERS,
+    )
     if fs_tier is not None:
         check_disk_tier([fs_tier])
     if network_tier is not None:

@@ -37,6 +37,7 @@ VALUE_FLAGS = frozenset(
         "--api-server-count",
         "--kv-offloading-backend",
         "--kv-offloading-size",
+        "--weight-transfer-config",
         *JSON_FLAGS,
     }
 )
@@ -61,6 +62,10 @@ class ServeLine:
     kv_offloading_backend: str | None
     kv_offloading_size: str | None
     decided_offloading: bool  # the three above are all vLLM will see
+    # --weight-transfer-config given (whole or dotted): the weights may change
+    # at run time (kv_offload/weight_updates.py); False where a --config file
+    # or an abbreviation leaves it to vLLM's parser.
+    weight_transfer: bool = False
 
 
 def normalized(flag: str) -> str:
@@ -171,6 +176,8 @@ def read_serve_line(argv: list[str]) -> ServeLine:
         kv_offloading_backend=backend[1],
         kv_offloading_size=size[1],
         decided_offloading=ktc[0] and backend[0] and size[0],
+        weight_transfer="--weight-transfer-config" in scan.given
+        or "--weight-transfer-config" in scan.dotted,
     )
 
 

@@ -7,7 +7,8 @@ any weights load and before vLLM's own ``_post_init_kv_transfer_config``
 (``kv_connector_module_path``), our spec's name in
 ``kv_connector_extra_config``, the pool size when only the connector is
 named (pool_size.py sizes it), and a clear refusal for what the host pool
-does not support (refusals.py).
+does not support (refusals.py) and for weights that can change at run time
+under a disk or network tier (weight_updates.py).
 
 What vLLM reads stays in ``kv_connector_extra_config``; what only we read
 (the pool is ours to settle, the resolved disk tier, the namespace inputs)
@@ -18,6 +19,7 @@ settings plan (plugin/settings.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier
@@ -36,6 +38,11 @@ from vllm_uma.kv_offload.refusals import (
     refuse_unsupported,
 )
 from vllm_uma.kv_offload.tier_list import split_tiers
+from vllm_uma.kv_offload.weight_updates import (
+    TURN_OFF_TIERS,
+    refuse_weight_updates,
+    tiers_named,
+)
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.memory import GiB
 
@@ -94,6 +101,12 @@ def translate(vllm_config, total_ram: int) -> OffloadPlan | None:
     refuse_unsupported(vllm_config)
     refuse_disk_tier_conflicts(vllm_config, extra)
     fs_tier, network_tier = split_tiers(extra.get("secondary_tiers"))
+    refuse_weight_updates(
+        tiers_named(fs_tier is not None, network_tier is not None),
+        os.environ,
+        vllm_config.weight_transfer_config is not None,
+        TURN_OFF_TIERS,
+    )
     disk, warnings = parse_disk_tier(
         None if fs_tier is None else [fs_tier], kv_events_enabled=kv_events_enabled(vllm_config)
     )

@@ -20,7 +20,9 @@ Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
   (memory_release/l1_pages.py);
 - one parseable ``memory breakdown:`` line once the KV cache exists
   (worker_memory.py measures its figures);
-- AMX tile permission and crash stacks for vLLM's kernels (cpu_kernels.py).
+- AMX tile permission and crash stacks for vLLM's kernels (cpu_kernels.py);
+- no in-place weight change (reload_weights, reset_weights, update_config)
+  under a disk or network tier (kv_offload/weight_updates.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_uma.kv_offload.pool_size import SETTLED_POOLS, resize_auto_pool
+from vllm_uma.kv_offload.weight_updates import refuse_weight_change, tiers_named
 from vllm_uma.log import get_logger
 from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
 from vllm_uma.plugin import vllm_contract
@@ -129,6 +132,26 @@ class UmaWorker(CPUWorker):
                 fmt_gib(self.wiring.wired_bytes),
                 fmt_gib(self.weights_bytes),
             )
+
+    # Weights changed in place would keep the disk and network tiers'
+    # start-up namespace: refused under them (kv_offload/weight_updates.py).
+    def reload_weights(self, *args, **kwargs) -> None:
+        refuse_weight_change("reload_weights", self._lower_tiers())
+        super().reload_weights(*args, **kwargs)
+
+    def reset_weights(self) -> None:
+        refuse_weight_change("reset_weights", self._lower_tiers())
+        super().reset_weights()
+
+    def update_config(self, overrides) -> None:
+        refuse_weight_change("update_config", self._lower_tiers())
+        super().update_config(overrides)
+
+    def _lower_tiers(self) -> str | None:
+        offload = self.settings.offload
+        if offload is None:
+            return None
+        return tiers_named(offload.disk is not None, offload.network is not None)
 
     def determine_available_memory(self) -> int:
         if self._should_warm_up_model():

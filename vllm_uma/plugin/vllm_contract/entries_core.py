@@ -29,6 +29,7 @@ COMPILED = ("vllm_uma.plugin.compiled_model",)
 BLOCK_SIZE = ("vllm_uma.plugin.block_size",)
 PRECISION = ("vllm_uma.plugin.platform",)
 ENGINE_CORE_FILE = "vllm.v1.engine.core"
+WEIGHT_UPDATES = ("vllm_uma.kv_offload.weight_updates",)
 
 # ModelConfig fields of vLLM 0.32.0 that can change the weights or the code
 # computing the KV: the contract checks each is a field, and the disk tier's
@@ -90,6 +91,21 @@ ENTRIES = (
         ("kv_cache_config",),
     ),
     Method(CPU_WORKER, "shutdown", WORKER, "overridden: closes the page map first", ()),
+    *(
+        Method(
+            CPU_WORKER,
+            name,
+            WORKER,
+            "overridden: refused under a disk or network tier (kv_offload/weight_updates.py); "
+            "a rename would let it change the weights under the start-up namespace",
+            params,
+        )
+        for name, params in (
+            ("reload_weights", ("args", "kwargs")),
+            ("reset_weights", ()),
+            ("update_config", ("overrides",)),
+        )
+    ),
     Method(CPU_WORKER, "_should_warm_up_model", WORKER, "our budget warms up as vLLM's", ()),
     Method(
         CPU_WORKER,
@@ -251,6 +267,38 @@ ENTRIES = (
             ("vllm.v1.kv_offload.base", "self_describing_kv_events"),
             ("vllm.v1.kv_offload.tiering.spec", "secondary_tiers"),
         )
+    ),
+    # -- kv_offload/weight_updates.py: what lets weights change at run time (texts)
+    Text(
+        "vllm.envs",
+        "",
+        WEIGHT_UPDATES,
+        "dev_mode_on reads the variable as vLLM does",
+        text='"VLLM_SERVER_DEV_MODE": lambda: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))',
+    ),
+    Text(
+        "vllm.entrypoints.launchers.api_server.routers",
+        "",
+        WEIGHT_UPDATES,
+        "the development endpoints (/collective_rpc, the RL weight updates) exist only in dev mode",
+        text="    if envs.VLLM_SERVER_DEV_MODE:\n"
+        "        from vllm.entrypoints.serve import register_vllm_dev_api_routers",
+    ),
+    Text(
+        "vllm.config.vllm",
+        "",
+        WEIGHT_UPDATES + OFFLOAD_CONFIG,
+        "translate reads VllmConfig.weight_transfer_config: a rename would let "
+        "update_weights run under the tiers",
+        text="weight_transfer_config: WeightTransferConfig | None = None",
+    ),
+    Text(
+        "vllm.v1.worker.gpu_worker",
+        "",
+        WEIGHT_UPDATES,
+        "without a weight-transfer config the worker has no engine, and update_weights fails",
+        text="        if self.vllm_config.weight_transfer_config is not None:\n"
+        "            self.weight_transfer_engine = WeightTransferEngineFactory.create_engine(",
     ),
     # -- plugin/compiled_model.py: the backend whose AOT artifact vLLM can load
     Text(
