@@ -1,7 +1,8 @@
 """A stand-in for `vllm-uma serve` in supervisor unit tests: run as
 ``python fake_serve.py serve ... --port P``, it runs vllm-uma's real port
 check (commands/preflight.py), then answers /health with 200, or, with
-$FAKE_SERVE_HANG=1, never answers (a start that hangs). SIGTERM ends it.
+$FAKE_SERVE_HANG=1, never answers (a start that hangs). SIGTERM ends it,
+and, as the real one, the exit of the process that started it.
 """
 
 import http.server
@@ -9,6 +10,7 @@ import os
 import sys
 import time
 
+from vllm_uma import lifeline
 from vllm_uma.commands.preflight import PreflightError, check_port
 
 
@@ -22,6 +24,7 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 
 def main() -> int:
+    lifeline.stop_with_supervisor()  # as commands/serve.py's main
     port = int(sys.argv[sys.argv.index("--port") + 1])
     try:
         check_port("127.0.0.1", port)

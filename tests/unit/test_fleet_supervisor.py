@@ -9,6 +9,8 @@ or a start that hangs); the relays are the real ones, on loopback.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import threading
 import time
@@ -123,9 +125,11 @@ def test_each_server_has_its_own_restart_budget():
 
 
 class FakeRouter:
-    """vllm-router's worker management, as a fleet that joins it uses it:
-    POST /add_worker?url=... and /remove_worker?url=..., GET /list_workers
-    ({"urls": [...]}, vllm-router 0.1.17's reply); ``refuse``: 503."""
+    """vllm-router's worker management, as a fleet that joins it uses it, with
+    vllm-router 0.1.17's answers (measured): POST /add_worker?url=... (400
+    "Worker <url> already exists" for a URL it lists) and /remove_worker?url=...
+    (200 for a URL it does not list), GET /list_workers ({"urls": [...]});
+    ``refuse`` (may change while it runs): 503 to everything."""
 
     def __init__(self, refuse: bool = False):
         import http.server
@@ -134,22 +138,32 @@ class FakeRouter:
 
         calls = self.calls = []
         workers = self.workers = []
+        self.refuse = refuse
+        router = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 path, _, query = self.path.partition("?")
                 url = urllib.parse.parse_qs(query)["url"][0]
                 calls.append((path, url))
-                if not refuse and path == "/add_worker":
+                status = 503 if router.refuse else 200
+                if router.refuse:
+                    pass
+                elif path == "/add_worker" and url in workers:
+                    status = 400
+                elif path == "/add_worker":
                     workers.append(url)
-                elif not refuse and url in workers:
+                elif url in workers:
                     workers.remove(url)
-                self.send_response(503 if refuse else 200)
+                body = f"Worker {url} already exists".encode() if status == 400 else b""
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                self.wfile.write(body)
 
             def do_GET(self):
                 body = json.dumps({"urls": workers}).encode()
-                self.send_response(200)
+                self.send_response(503 if router.refuse else 200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -221,3 +235,195 @@ def test_a_joined_fleet_adds_its_servers_again_to_a_router_that_forgot_them(tmp_
     finally:
         fleet.stop()
     assert servers_of(fleet.plan) == []
+
+
+def dead_run_record(directory: Path, router_url: str, urls: list[str]) -> Path:
+    """The record a joined fleet killed with SIGKILL leaves: its pid is gone."""
+    import json
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: the pid names no process
+    path = directory / f"joined-127.0.0.1-{router_url.rsplit(':', 1)[1]}-{gone.pid}-dead.json"
+    path.write_text(
+        json.dumps({"router": router_url, "pid": gone.pid, "started": 1.0, "urls": urls})
+    )
+    return path
+
+
+def test_a_joined_fleet_takes_back_what_a_killed_run_left_before_adding_its_own(tmp_path):
+    router = FakeRouter()
+    stale = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    router.workers.extend(stale)  # a run killed with SIGKILL never removed them
+    left = dead_run_record(tmp_path, router.url, stale)
+    members = plan(tmp_path, False, False).members
+    fleet = Fleet(
+        FleetPlan(members, (), router.url, None, join=True), FAKE_SERVE, tmp_path, tmp_path
+    )
+    urls = [m.url for m in members]
+    try:
+        fleet.start()
+        assert router.calls == [("/remove_worker", u) for u in stale] + [
+            ("/add_worker", u) for u in urls
+        ]
+        assert router.workers == urls and not left.exists()
+        (ours,) = tmp_path.glob("joined-*.json")  # this run's, for a next start after a crash
+        assert sorted(json.loads(ours.read_text())["urls"]) == sorted(urls)
+    finally:
+        fleet.stop()
+        router.close()
+    assert router.workers == [] and list(tmp_path.glob("joined-*.json")) == []
+
+
+def test_a_dead_runs_urls_wait_for_a_router_that_did_not_answer(tmp_path):
+    router = FakeRouter(refuse=True)
+    left = dead_run_record(tmp_path, router.url, ["http://127.0.0.1:1"])
+    router.workers.append("http://127.0.0.1:1")
+    members = plan(tmp_path, False).members
+    fleet = Fleet(
+        FleetPlan(members, (), router.url, None, join=True), FAKE_SERVE, tmp_path, tmp_path
+    )
+    try:
+        with pytest.raises(FleetError, match="did not take server 1"):
+            fleet.start()
+        assert left.exists()  # kept: tried again
+        router.refuse = False
+        fleet.rejoin()  # the router answers again: the dead run's URL goes
+        assert not left.exists() and "http://127.0.0.1:1" not in router.workers
+    finally:
+        fleet.stop()
+        router.close()
+
+
+def test_a_stop_the_router_did_not_hear_keeps_the_record(tmp_path):
+    router = FakeRouter()
+    members = plan(tmp_path, False).members
+    fleet = Fleet(
+        FleetPlan(members, (), router.url, None, join=True), FAKE_SERVE, tmp_path, tmp_path
+    )
+    try:
+        fleet.start()
+        router.refuse = True  # gone quiet: our servers stay listed there
+    finally:
+        fleet.stop()
+    (kept,) = tmp_path.glob("joined-*.json")
+    router.refuse = False
+    again = Fleet(FleetPlan(plan(tmp_path, False).members, (), router.url, None, join=True),
+                  FAKE_SERVE, tmp_path, tmp_path)  # fmt: skip
+    try:
+        again.start()  # this process is alive: the record of a live run is never taken
+        assert members[0].url in router.workers and kept.exists()
+    finally:
+        again.stop()
+        router.close()
+
+
+def test_a_url_the_router_lists_already_counts_as_added(tmp_path):
+    router = FakeRouter()
+    members = plan(tmp_path, False).members
+    router.workers.append(members[0].url)  # added by a run whose record was lost
+    fleet = Fleet(FleetPlan(members, (), router.url, None, join=True), FAKE_SERVE, tmp_path)
+    try:
+        fleet.start()  # vllm-router answers 400 "already exists": no failure
+        assert router.workers == [members[0].url]
+    finally:
+        fleet.stop()
+        router.close()
+
+
+class RealRouter:
+    """vllm-router itself (installed with vllm-uma), on a free loopback port,
+    tied to this process as the fleet ties its own."""
+
+    def __init__(self, log: Path):
+        import os
+        import subprocess
+
+        import requests
+
+        from vllm_uma.lifeline import shim_command, supervised_env
+
+        self.url = f"http://127.0.0.1:{free_port()}"
+        argv = [*supervisor.router_command(), "--host", "127.0.0.1", "--port",
+                self.url.rsplit(":", 1)[1], "--policy", "round_robin",
+                "--prometheus-port", str(free_port())]  # fmt: skip
+        self._log = open(log, "w")
+        self.proc = subprocess.Popen(
+            shim_command(argv),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **supervised_env()},
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{self.url}/health", timeout=1).ok:
+                    return
+            except requests.RequestException:
+                time.sleep(0.2)
+        raise AssertionError(f"vllm-router did not start: {log.read_text()[-2000:]}")
+
+    def workers(self) -> list[str]:
+        import requests
+
+        return sorted(requests.get(f"{self.url}/list_workers", timeout=5).json()["urls"])
+
+    def close(self):
+        supervisor._stop_router(self.proc)
+        self._log.close()
+
+
+def test_no_url_of_a_killed_server_or_fleet_stays_in_vllm_routers_rotation(tmp_path):
+    """With vllm-router itself: a server killed with SIGKILL is listed once
+    when the fleet has restarted it; a joined fleet killed with SIGKILL
+    leaves its URLs listed (vllm-router keeps a dead worker), and the next
+    fleet started on this host removes them before adding its own."""
+    import signal
+    import subprocess
+
+    router = RealRouter(tmp_path / "router.log")
+    records = tmp_path / "records"
+    records.mkdir(mode=0o700)
+    killed_ports = [free_port(), free_port()]
+    first = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("fake_fleet.py")), router.url,
+         str(records), str(tmp_path), *map(str, killed_ports)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    fleet = watching = None
+    try:
+        assert first.stdout.readline().strip() == "ready"
+        killed = sorted(f"http://127.0.0.1:{p}" for p in killed_ports)
+        assert router.workers() == killed
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        assert router.workers() == killed  # what the fleet never removed
+
+        members = plan(tmp_path, False, False).members
+        joined = FleetPlan(members, (), router.url, None, join=True)
+        fleet = Fleet(joined, FAKE_SERVE, tmp_path, records)
+        fleet.start()
+        urls = sorted(m.url for m in members)
+        assert router.workers() == urls  # the killed run's are gone
+
+        # One of ours killed with SIGKILL: restarted on its port, listed once.
+        watching = threading.Thread(target=fleet.watch)
+        watching.start()
+        dead = fleet.servers[1].proc
+        os.killpg(dead.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while fleet.servers[1].proc is dead and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert fleet.servers[1].proc is not dead, "the fleet did not restart server 1"
+        assert router.workers() == urls
+    finally:
+        if first.poll() is None:
+            first.kill()
+        if fleet is not None:
+            fleet.request_stop()
+            if watching is not None:
+                watching.join(timeout=10)
+            fleet.stop()
+        router.close()
+    assert list(records.iterdir()) == []  # a clean stop leaves no record

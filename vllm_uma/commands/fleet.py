@@ -173,6 +173,7 @@ def main(argv: list[str]) -> int:
     from vllm_uma.commands.serve import parse_serve_args
     from vllm_uma.fleet.plan import FleetPlanError, FleetRequest, Peer, plan_fleet
     from vllm_uma.fleet.supervisor import Fleet, FleetError
+    from vllm_uma.fleet.worker_record import record_dir
     from vllm_uma.server_process import free_port
 
     try:
@@ -223,7 +224,13 @@ def main(argv: list[str]) -> int:
         return _fail(str(exc), 2)
     log_dir = fleet_args.log_dir or Path(tempfile.mkdtemp(prefix="vllm-uma-fleet-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    fleet = Fleet(plan, [str(Path(sys.executable).parent / "vllm-uma")], log_dir)
+    records = None
+    if plan.join:  # that router outlives this fleet: what we add there is recorded
+        try:
+            records = record_dir(models.default_cache_root())
+        except PreflightError as exc:
+            return _fail(str(exc), 2)
+    fleet = Fleet(plan, [str(Path(sys.executable).parent / "vllm-uma")], log_dir, records)
     signal.signal(signal.SIGTERM, fleet.request_stop)
     signal.signal(signal.SIGINT, fleet.request_stop)
     try:

@@ -86,6 +86,17 @@ def private_dir() -> Path:
         directory = Path(runtime) / "vllm-uma"
     else:
         directory = default_cache_root() / "run"
+    return checked_private_dir(
+        directory,
+        "the KV events socket must be reachable by this user only",
+        "or name an endpoint with --kv-events-config.endpoint",
+    )
+
+
+def checked_private_dir(directory: Path, why: str, other_fix: str) -> Path:
+    """``directory``, created 0700 if missing, refused unless it is a real
+    directory of this user's that no other user may enter. ``why`` and
+    ``other_fix`` complete the refusal's message."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(directory)
     problem = None
@@ -99,9 +110,8 @@ def private_dir() -> Path:
         problem = f"open to other users (mode {stat.S_IMODE(info.st_mode):o})"
     if problem:
         raise PreflightError(
-            f"{directory} is {problem}: the KV events socket must be reachable by this "
-            f"user only. Remove it (vllm-uma creates it again with mode 700), or name an "
-            f"endpoint with --kv-events-config.endpoint."
+            f"{directory} is {problem}: {why}. Remove it (vllm-uma creates it again "
+            f"with mode 700), {other_fix}."
         )
     return directory
 

@@ -15,7 +15,10 @@ Order matters:
 - the router exiting stops the fleet: clients have no address any more;
 - a fleet that joined another host's router (--join) has none of its own:
   every JOIN_CHECK_S it asks that router which workers it lists and adds
-  back those of its servers it forgot (a router restarted since);
+  back those of its servers it forgot (a router restarted since). That
+  router outlives us: our servers' URLs are recorded on disk before the
+  first is added, and a start first removes those of runs that died
+  without stopping (worker_record.py);
 - stop (Ctrl-C, SIGTERM, or one of the above): the router first (no new
   requests), then the servers in parallel, each given the time its disk
   tier needs to drain (server_process.Server.stop: SIGTERM, 30 s, SIGKILL).
@@ -42,6 +45,7 @@ import zmq
 
 from vllm_uma.fleet.plan import FleetPlan, MemberPlan
 from vllm_uma.fleet.relay import EventRelay
+from vllm_uma.fleet.worker_record import WorkerRecord
 from vllm_uma.lifeline import shim_command, supervised_env
 from vllm_uma.log import get_logger
 from vllm_uma.server_process import READY_TIMEOUT_S, Server, StartCancelled
@@ -56,6 +60,8 @@ ROUTER_READY_S = 120.0
 # still lists its servers: vllm-router keeps workers added by /add_worker in
 # memory only, so a restarted router has forgotten them.
 JOIN_CHECK_S = 10.0
+# vllm-router 0.1.17's answer (400) to /add_worker of a URL it lists.
+LISTED = "already exists"
 
 
 class FleetError(RuntimeError):
@@ -74,7 +80,15 @@ def router_command() -> list[str]:
 
 
 class Fleet:
-    def __init__(self, plan: FleetPlan, serve_exe: list[str], log_dir: Path):
+    def __init__(
+        self,
+        plan: FleetPlan,
+        serve_exe: list[str],
+        log_dir: Path,
+        record_dir: Path | None = None,
+    ):
+        """``record_dir``: where a fleet that joins a router records the URLs
+        it adds there (worker_record.record_dir); None: nothing recorded."""
         self.plan = plan
         self._serve_exe = serve_exe
         self._log_dir = log_dir
@@ -88,6 +102,10 @@ class Fleet:
         self._join_lost = False  # the joined router did not answer its last check
         self._zmq = zmq.Context()
         self._relays: list[EventRelay] = []
+        self._record = None
+        if plan.join and record_dir is not None:
+            self._record = WorkerRecord(record_dir, plan.router_url)
+        self._leftovers = False  # a dead run's URLs the router did not all take back
 
     def _start_member(self, member: MemberPlan) -> Server:
         log = self._log_dir / f"server-{member.index}.log"
@@ -111,6 +129,17 @@ class Fleet:
             raise
 
     def start(self) -> None:
+        if self._record is not None:
+            self._take_back_leftovers()
+            try:
+                self._record.write([m.url for m in self.plan.members])
+            except OSError as exc:
+                raise FleetError(
+                    f"cannot record the servers this fleet adds to the router at "
+                    f"{self.plan.router_url} in {self._record.path} ({exc.strerror}): after "
+                    f"a crash the next start could not remove them. Free space there, or set "
+                    f"VLLM_UMA_CACHE_DIR to a writable directory."
+                ) from None
         # Relays first: each connects to its server's socket once that is bound.
         for member in self.plan.members:
             self._relays.append(
@@ -264,6 +293,8 @@ class Fleet:
             self._join_lost = True
             return
         self._join_lost = False
+        if self._leftovers:
+            self._take_back_leftovers()
         for index, server in sorted(self.servers.items()):
             if server.url.rstrip("/") in listed or server.proc.poll() is not None:
                 continue  # listed, or exited: the restart adds it when it is back
@@ -274,6 +305,23 @@ class Fleet:
                     self.plan.router_url, index, server.url,
                 )  # fmt: skip
 
+    def _take_back_leftovers(self) -> None:
+        """Remove from the joined router the URLs of this host's runs that
+        died without stopping (worker_record.py). A record the router did
+        not take whole is kept, and tried again once it lists its workers."""
+        self._leftovers = False
+        for record in self._record.leftovers():
+            removed = [url for url in record.urls if self._router_admin("remove_worker", url)]
+            if len(removed) < len(record.urls):
+                self._leftovers = True
+                continue
+            record.path.unlink(missing_ok=True)
+            logger.warning(
+                "fleet: removed from the router at %s the %d server(s) a run that did not "
+                "stop (pid %d) left there: %s.",
+                self.plan.router_url, len(removed), record.pid, ", ".join(removed),
+            )  # fmt: skip
+
     def _router_admin(self, action: str, url: str) -> bool:
         """vllm-router's own worker management (POST /remove_worker,
         /add_worker), on this fleet's router or the one it joined."""
@@ -282,6 +330,8 @@ class Fleet:
             base = f"http://127.0.0.1:{_flag(self.plan, '--port')}"  # every address
         try:
             reply = requests.post(f"{base}/{action}", params={"url": url}, timeout=10)
+            if action == "add_worker" and reply.status_code == 400 and LISTED in reply.text:
+                return True  # the URL is listed: what was asked
             reply.raise_for_status()
         except requests.RequestException as exc:
             logger.warning("fleet: vllm-router %s %s failed: %s", action, url, exc)
@@ -298,8 +348,15 @@ class Fleet:
             return
         self._stopped = True
         if self.plan.join:  # out of the other host's rotation before we go
-            for server in self.servers.values():
-                self._router_admin("remove_worker", server.url)
+            removed = [self._router_admin("remove_worker", m.url) for m in self.plan.members]
+            if self._record is not None and all(removed):
+                self._record.remove()
+            elif self._record is not None:
+                logger.warning(
+                    "fleet: kept %s: the next fleet started here for that router removes "
+                    "the servers it still lists.",
+                    self._record.path,
+                )
         if self.router is not None:
             _stop_router(self.router)
         if self._router_log is not None:

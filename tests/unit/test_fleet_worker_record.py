@@ -1,0 +1,97 @@
+"""The record of the workers a joined fleet added to a router
+(vllm_uma/fleet/worker_record.py): written atomically and privately, read
+back; a dead run's record is a leftover, a live run's never (a reused pid
+included); other routers' records and damaged files are left alone; the
+directory is this user's only.
+
+What the supervisor does with the records, against a stand-in router and
+vllm-router itself: tests/unit/test_fleet_supervisor.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+
+import psutil
+import pytest
+
+from vllm_uma.commands.preflight import PreflightError
+from vllm_uma.fleet.worker_record import WorkerRecord, read_record, record_dir
+
+ROUTER = "http://10.0.0.1:8000"
+
+
+def gone_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()  # reaped: the pid names no process now
+    return child.pid
+
+
+def left_by(directory, pid, started, urls, router=ROUTER, name=None):
+    path = directory / (name or f"joined-10.0.0.1-8000-{pid}-{os.urandom(2).hex()}.json")
+    path.write_text(json.dumps({"router": router, "pid": pid, "started": started, "urls": urls}))
+    return path
+
+
+def test_a_record_is_written_privately_and_read_back(tmp_path):
+    record = WorkerRecord(tmp_path, ROUTER + "/")
+    record.write(["http://10.0.0.5:9002", "http://10.0.0.5:9001"])
+    assert stat.S_IMODE(record.path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == [record.path.name]  # no temp file left
+    read = read_record(record.path)
+    assert read.router == ROUTER and read.pid == os.getpid()
+    assert read.urls == ("http://10.0.0.5:9001", "http://10.0.0.5:9002")
+    assert read.owner_alive()  # this process
+    assert record.leftovers() == []  # a live run's URLs are never taken back
+    record.remove()
+    record.remove()  # twice: no error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_records_of_dead_runs_are_leftovers_oldest_first(tmp_path):
+    newer = left_by(tmp_path, gone_pid(), 2000.0, ["http://10.0.0.5:2"])
+    older = left_by(tmp_path, gone_pid(), 1000.0, ["http://10.0.0.5:1"])
+    # A pid that a younger process reuses is not the run that wrote the record.
+    reused = left_by(tmp_path, os.getpid(), psutil.Process().create_time() - 60, ["u"])
+    live = left_by(tmp_path, os.getpid(), psutil.Process().create_time(), ["v"])
+    found = WorkerRecord(tmp_path, ROUTER).leftovers()
+    assert [r.path for r in found] == [older, newer, reused]
+    assert live.exists()
+
+
+def test_other_routers_records_and_damaged_files_are_left_alone(tmp_path):
+    dead = gone_pid()
+    left_by(tmp_path, dead, 1.0, ["a"], router="http://10.0.0.2:8000",
+            name=f"joined-10.0.0.2-8000-{dead}-x.json")  # fmt: skip
+    # The same file name for another router's URL (names are sanitized).
+    left_by(tmp_path, dead, 1.0, ["b"], router="http://10.0.0.1:8000/other")
+    (tmp_path / "joined-10.0.0.1-8000-1-cut.json").write_text('{"router": ')
+    left_by(tmp_path, dead, 1.0, "http://10.0.0.5:1")  # urls not a list
+    (tmp_path / "joined-10.0.0.1-8000-2-link.json").symlink_to(
+        left_by(tmp_path, dead, 1.0, ["c"], name="elsewhere.json")
+    )
+    os.mkfifo(tmp_path / "joined-10.0.0.1-8000-3-fifo.json")  # never waited on
+    (tmp_path / "joined-10.0.0.1-8000-4-x.json.4-ab.tmp").write_text("{}")  # a write in flight
+    assert WorkerRecord(tmp_path, ROUTER).leftovers() == []
+
+
+def test_the_directory_is_made_private_and_refused_when_open(tmp_path):
+    directory = record_dir(tmp_path)
+    assert directory == tmp_path / "fleet"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    directory.chmod(0o755)
+    with pytest.raises(PreflightError) as err:
+        record_dir(tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{directory} is open to other users (mode 755)")
+    assert "Remove it (vllm-uma creates it again with mode 700)" in message
+
+
+def test_a_directory_that_is_a_symlink_is_refused(tmp_path):
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "fleet").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PreflightError, match="is a symbolic link"):
+        record_dir(tmp_path)
