@@ -245,9 +245,10 @@ def dead_run_record(directory: Path, router_url: str, urls: list[str]) -> Path:
     gone = subprocess.Popen(["true"])
     gone.wait()  # reaped: the pid names no process
     path = directory / f"joined-127.0.0.1-{router_url.rsplit(':', 1)[1]}-{gone.pid}-dead.json"
-    path.write_text(
-        json.dumps({"router": router_url, "pid": gone.pid, "started": 1.0, "urls": urls})
-    )
+    from vllm_uma.fleet.worker_record import this_host
+
+    record = {"router": router_url, "host": this_host(), "pid": gone.pid, "started": 1.0}
+    path.write_text(json.dumps({**record, "urls": urls}))
     return path
 
 

@@ -1,8 +1,8 @@
 """The record of the workers a joined fleet added to a router
 (vllm_uma/fleet/worker_record.py): written atomically and privately, read
 back; a dead run's record is a leftover, a live run's never (a reused pid
-included); other routers' records and damaged files are left alone; the
-directory is this user's only.
+included); other routers' and other hosts' records and damaged files are
+left alone; the directory is this user's only.
 
 What the supervisor does with the records, against a stand-in router and
 vllm-router itself: tests/unit/test_fleet_supervisor.py.
@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from vllm_uma.commands.preflight import PreflightError
-from vllm_uma.fleet.worker_record import WorkerRecord, read_record, record_dir
+from vllm_uma.fleet.worker_record import WorkerRecord, read_record, record_dir, this_host
 
 ROUTER = "http://10.0.0.1:8000"
 
@@ -30,9 +30,11 @@ def gone_pid() -> int:
     return child.pid
 
 
-def left_by(directory, pid, started, urls, router=ROUTER, name=None):
+def left_by(directory, pid, started, urls, router=ROUTER, name=None, host=None):
     path = directory / (name or f"joined-10.0.0.1-8000-{pid}-{os.urandom(2).hex()}.json")
-    path.write_text(json.dumps({"router": router, "pid": pid, "started": started, "urls": urls}))
+    host = this_host() if host is None else host
+    record = {"router": router, "host": host, "pid": pid, "started": started, "urls": urls}
+    path.write_text(json.dumps(record))
     return path
 
 
@@ -73,6 +75,8 @@ def test_other_routers_records_and_damaged_files_are_left_alone(tmp_path):
     (tmp_path / "joined-10.0.0.1-8000-2-link.json").symlink_to(
         left_by(tmp_path, dead, 1.0, ["c"], name="elsewhere.json")
     )
+    # Another host's, in a cache directory they share: its pid means nothing here.
+    left_by(tmp_path, dead, 1.0, ["d"], host="another machine")
     os.mkfifo(tmp_path / "joined-10.0.0.1-8000-3-fifo.json")  # never waited on
     (tmp_path / "joined-10.0.0.1-8000-4-x.json.4-ab.tmp").write_text("{}")  # a write in flight
     assert WorkerRecord(tmp_path, ROUTER).leftovers() == []

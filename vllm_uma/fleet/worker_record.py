@@ -24,7 +24,9 @@ the router did not answer: the next start retries). Named by the router's
 address, this process's pid and a random token; it holds the router's URL,
 the pid and the process's start time, which tell a dead run (the pid gone,
 or reused by a younger process) from a live one: another live fleet's URLs
-are never taken back.
+are never taken back. And this machine's identity (``/etc/machine-id``, else
+the host name): a cache directory shared by several hosts (a home on NFS)
+holds other hosts' records, whose pids mean nothing here; they are theirs.
 
 Where: ``<cache root>/fleet`` (``~/.cache/vllm-uma/fleet``), mode 0700,
 never followed through a symlink; not the runtime directory, which a reboot
@@ -37,6 +39,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import stat
 import urllib.parse
 from dataclasses import dataclass
@@ -47,6 +50,7 @@ import psutil
 from vllm_uma.kv_offload.disk.layout import write_private_json
 
 SUFFIX = ".json"
+MACHINE_ID = Path("/etc/machine-id")
 # A pid reused by another process starts later than the recorded one: a
 # second of tolerance absorbs how /proc's start time is rounded.
 START_TOLERANCE_S = 1.0
@@ -63,10 +67,20 @@ def record_dir(cache_root: Path) -> Path:
     )
 
 
+def this_host() -> str:
+    """What tells this machine from others sharing the cache directory."""
+    try:
+        machine = MACHINE_ID.read_text().strip()
+    except OSError:
+        machine = ""
+    return machine or f"hostname:{socket.gethostname()}"
+
+
 @dataclass(frozen=True)
 class Record:
     path: Path
     router: str
+    host: str  # this_host() of the run that wrote it
     pid: int
     started: float  # the process's start time (psutil), seconds since the epoch
     urls: tuple[str, ...]
@@ -102,6 +116,7 @@ class WorkerRecord:
             self.path,
             {
                 "router": self.router,
+                "host": this_host(),
                 "pid": os.getpid(),
                 "started": psutil.Process().create_time(),
                 "urls": sorted(urls),
@@ -113,9 +128,9 @@ class WorkerRecord:
             self.path.unlink()
 
     def leftovers(self) -> list[Record]:
-        """Records of this router whose run is gone, oldest first."""
+        """Records of this host's runs for this router that are gone, oldest first."""
         found = []
-        prefix = _prefix(self.router)
+        prefix, host = _prefix(self.router), this_host()
         try:
             names = sorted(os.listdir(self.directory))
         except FileNotFoundError:
@@ -124,7 +139,9 @@ class WorkerRecord:
             if not (name.startswith(prefix) and name.endswith(SUFFIX)):
                 continue  # another router's, or a temp file of a write in flight
             record = read_record(self.directory / name)
-            if record is not None and record.router == self.router and not record.owner_alive():
+            if record is None or (record.router, record.host) != (self.router, host):
+                continue
+            if not record.owner_alive():
                 found.append(record)
         return sorted(found, key=lambda r: r.started)
 
@@ -141,6 +158,13 @@ def read_record(path: Path) -> Record | None:
         if not isinstance(data["urls"], list):
             return None
         urls = tuple(str(url) for url in data["urls"])
-        return Record(path, str(data["router"]), int(data["pid"]), float(data["started"]), urls)
+        return Record(
+            path,
+            str(data["router"]),
+            str(data["host"]),
+            int(data["pid"]),
+            float(data["started"]),
+            urls,
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
