@@ -307,19 +307,20 @@ class Fleet:
 
     def _take_back_leftovers(self) -> None:
         """Remove from the joined router the URLs of this host's runs that
-        died without stopping (worker_record.py). A record the router did
-        not take whole is kept, and tried again once it lists its workers."""
+        died without stopping (worker_record.py). At the first URL the
+        router does not take, the rest waits (each try may cost a timeout):
+        the records are kept and tried again once it lists its workers."""
         self._leftovers = False
         for record in self._record.leftovers():
-            removed = [url for url in record.urls if self._router_admin("remove_worker", url)]
-            if len(removed) < len(record.urls):
-                self._leftovers = True
-                continue
+            for url in record.urls:
+                if not self._router_admin("remove_worker", url):
+                    self._leftovers = True
+                    return
             record.path.unlink(missing_ok=True)
             logger.warning(
                 "fleet: removed from the router at %s the %d server(s) a run that did not "
                 "stop (pid %d) left there: %s.",
-                self.plan.router_url, len(removed), record.pid, ", ".join(removed),
+                self.plan.router_url, len(record.urls), record.pid, ", ".join(record.urls),
             )  # fmt: skip
 
     def _router_admin(self, action: str, url: str) -> bool:
