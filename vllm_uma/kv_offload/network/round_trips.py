@@ -10,20 +10,27 @@ slot, all of a node's in its one pipeline.
 
 A node that is down is skipped (its keys answer NoAnswer at once), one that
 fails now is put down (engine_link.py), and the others' replies are kept:
-a gone node makes misses of its own keys only. Replies are read until one
-deadline, a timeout after the last send; a node whose turn to be read
-comes after that deadline still gets a tenth of a timeout
-(``LAST_READ_SHARE``), so a round trip can last up to that much longer,
-and a node is not put down for another node's delay.
+a gone node makes misses of its own keys only.
+
+One deadline for the whole round trip, its sends and every socket read
+(reply_bounds.py): a timeout from its start, or its job's deadline if that
+comes first (a load's: the request waits for it). A node that has not sent
+all its replies by a deadline of the round trip's own (a whole timeout)
+is down, whether it said nothing or trickled; a round trip cut short by
+its job's deadline is that job's miss (``TooSlow``), never the node's
+episode. Replies are read node after node: one read after the deadline
+still takes what its node sent in time, so a node is not put down for
+another node's delay. A reply larger than its bounds (a value over one
+block) is refused unread: the key's reply is the ``OversizedReply``, the
+replies after it on that connection are ``Unread``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-import valkey
-from valkey.exceptions import ResponseError
+from valkey.exceptions import InvalidResponse, ResponseError, TimeoutError, ValkeyError
 
 from vllm_uma.kv_offload.network.engine_link import (
     LINK_ERRORS,
@@ -33,21 +40,37 @@ from vllm_uma.kv_offload.network.engine_link import (
     NodeRefused,
 )
 from vllm_uma.kv_offload.network.engine_nodes import Node, RefusedNode
+from vllm_uma.kv_offload.network.reply_bounds import Bounds, OversizedReply, bounded
 
-# A node whose replies come after the round trip's deadline still gets
-# this share of a timeout: it is not put down for another node's delay.
-LAST_READ_SHARE = 0.1
+# A reply to one SET, EXISTS or DEL: an integer, OK, or an error line.
+SMALL_REPLY_BYTES = 1024
+# A value's "$N\r\n" and "\r\n"; an MGET's "*N\r\n".
+BULK_FRAME_BYTES = 32
+
+
+class TooSlow(ValkeyError):
+    """The reply of a key not read by its job's deadline; the node stays up."""
+
+
+class Unread(ValkeyError):
+    """The reply of a key that followed an oversized reply on the same
+    connection, dropped before it was read."""
 
 
 def each_key(
-    link: EngineLink, names: Sequence[bytes], commands: Sequence[tuple], what: str
+    link: EngineLink,
+    names: Sequence[bytes],
+    commands: Sequence[tuple],
+    what: str,
+    deadline: float | None = None,
 ) -> list:
     """``commands[i]`` (about ``names[i]``) on its node; per key its reply,
-    an error reply as its ResponseError, a node that did not answer as
-    a NoAnswer."""
+    an error reply as its ResponseError, a node that did not answer as a
+    NoAnswer (or TooSlow, OversizedReply, Unread: above). ``deadline``:
+    the job's, if it has one."""
     routes = link.route(names)
     plan = {node: [commands[i] for g in groups for i in g] for node, groups in routes.items()}
-    replies = _round_trip(link, plan, what)
+    replies = _round_trip(link, plan, what, deadline, SMALL_REPLY_BYTES, _small_replies)
     out: list = [None] * len(names)
     for node, groups in routes.items():
         for i, reply in zip((i for group in groups for i in group), replies[node], strict=True):
@@ -55,77 +78,120 @@ def each_key(
     return out
 
 
-def mget(link: EngineLink, names: Sequence[bytes], what: str) -> list:
-    """The values of ``names``: one MGET per slot, one round trip per node.
-    Per key: bytes, None (absent), or an exception as in ``each_key``."""
+def mget(
+    link: EngineLink, names: Sequence[bytes], what: str, value_bytes: int, deadline: float | None
+) -> list:
+    """The values of ``names``, none longer than ``value_bytes``: one MGET
+    per slot, one round trip per node. Per key: bytes (a bytearray for a
+    large value), None (absent), or an exception as in ``each_key``."""
     routes = link.route(names)
     plan = {
         node: [("MGET", *(names[i] for i in group)) for group in groups]
         for node, groups in routes.items()
     }
-    replies = _round_trip(link, plan, what)
+
+    def reply_bytes(commands: list[tuple]) -> int:
+        keys = sum(len(command) - 1 for command in commands)
+        return BULK_FRAME_BYTES * len(commands) + keys * (value_bytes + BULK_FRAME_BYTES)
+
+    replies = _round_trip(link, plan, what, deadline, value_bytes, reply_bytes)
     out: list = [None] * len(names)
     for node, groups in routes.items():
         for group, reply in zip(groups, replies[node], strict=True):
-            values = reply if isinstance(reply, list) else [reply] * len(group)
-            for i, value in zip(group, values, strict=True):
+            for i, value in zip(group, _values(reply, len(group)), strict=True):
                 out[i] = value
     return out
 
 
+def _small_replies(commands: list[tuple]) -> int:
+    return SMALL_REPLY_BYTES * len(commands)
+
+
+def _values(reply, count: int) -> list:
+    """An MGET's reply, one per key."""
+    if isinstance(reply, list):
+        if len(reply) == count:
+            return reply
+        reply = InvalidResponse(f"an MGET of {count} keys answered with {len(reply)} values")
+    if isinstance(reply, OversizedReply) and reply.position is not None and reply.position < count:
+        unread = Unread("dropped unread after an oversized value")
+        return reply.partial + [reply] + [unread] * (count - reply.position - 1)
+    return [reply] * count
+
+
 def _round_trip(
-    link: EngineLink, plan: dict[Node | RefusedNode | None, list[tuple]], what: str
+    link: EngineLink,
+    plan: dict[Node | RefusedNode | None, list[tuple]],
+    what: str,
+    deadline: float | None,
+    max_bulk: int,
+    reply_bytes: Callable[[list[tuple]], int],
 ) -> dict:
     """Every node's commands as one pipeline, all sent before any reply is
-    read; per node, one reply per command."""
+    read, all under one deadline; per node, one reply per command."""
+    own = time.monotonic() + link.timeout_s
+    end = own if deadline is None else min(own, deadline)
+    cut = end < own  # the job's deadline, not a whole timeout: nobody's episode
+    budget = sum(reply_bytes(commands) for node, commands in plan.items() if node is not None)
     replies: dict = {}
     sent = []
-    try:
-        for node, commands in plan.items():
-            if isinstance(node, RefusedNode):  # never connected to: no password goes there
-                why = f"{node.address} is not a trusted node (cluster_allowed_hosts)"
-                replies[node] = [NodeRefused(why)] * len(commands)
-                continue
-            if node is None or link.skipped(node):
-                why = "no node holds the slot" if node is None else f"{node.address} is down"
-                replies[node] = [NoAnswer(why)] * len(commands)
-                continue
-            connection = _send(link, node, commands, what)
-            if connection is None:
-                replies[node] = [NoAnswer(f"{node.address} did not answer")] * len(commands)
-            else:
-                sent.append((node, connection, commands))
-        deadline = time.monotonic() + link.timeout_s
-        while sent:
-            node, connection, commands = sent.pop(0)
-            replies[node] = _read(link, node, connection, commands, deadline, what)
-    finally:
-        for node, connection, _ in sent:  # a bug of ours left replies unread
-            connection.disconnect()
-            node.pool.release(connection)
+    with bounded(Bounds(end, max_bulk, budget)):
+        try:
+            for node, commands in plan.items():
+                if isinstance(node, RefusedNode):  # never connected to: no password goes there
+                    why = f"{node.address} is not a trusted node (cluster_allowed_hosts)"
+                    replies[node] = [NodeRefused(why)] * len(commands)
+                elif node is None or link.skipped(node):
+                    why = "no node holds the slot" if node is None else f"{node.address} is down"
+                    replies[node] = [NoAnswer(why)] * len(commands)
+                elif time.monotonic() >= end:  # another node's send took the time
+                    replies[node] = [TooSlow("not sent by the deadline")] * len(commands)
+                else:
+                    connection, failure = _send(link, node, commands, what, cut)
+                    if failure is None:
+                        sent.append((node, connection, commands))
+                    else:
+                        replies[node] = [failure] * len(commands)
+            while sent:
+                node, connection, commands = sent.pop(0)
+                replies[node] = _read(link, node, connection, commands, what, cut)
+        finally:
+            for node, connection, _ in sent:  # a bug of ours left replies unread
+                connection.disconnect()
+                node.pool.release(connection)
     return replies
 
 
-def _send(link: EngineLink, node: Node, commands: list[tuple], what: str):
+def _failed(link: EngineLink, node: Node, exc: Exception, what: str, cut: bool) -> ValkeyError:
+    """The reply of the keys ``exc`` left without one; the node put down
+    unless the job's deadline, not the node, ended the wait."""
+    if cut and isinstance(exc, TimeoutError):
+        return TooSlow(f"{node.address}: no whole reply by the job's deadline")
+    link.node_down(node, exc, what)
+    return NoAnswer(f"{node.address} did not answer")
+
+
+def _send(link: EngineLink, node: Node, commands: list[tuple], what: str, cut: bool):
+    """(the connection the commands went out on, None), or (None, the
+    keys' reply) if they could not be sent."""
     connection = None
     try:
         connection = node.pool.get_connection(commands[0][0])
         connection.send_packed_command(connection.pack_commands(commands))
-        return connection
-    except LINK_ERRORS as exc:
+        return connection, None
+    except (*LINK_ERRORS, InvalidResponse, OversizedReply) as exc:  # OversizedReply: AUTH's
         if connection is not None:
             connection.disconnect()
             node.pool.release(connection)
-        link.node_down(node, exc, what)
-        return None
+        return None, _failed(link, node, exc, what, cut)
 
 
-def _read(link: EngineLink, node: Node, connection, commands, deadline: float, what: str) -> list:
+def _read(link: EngineLink, node: Node, connection, commands, what: str, cut: bool) -> list:
+    """The replies of ``commands``, those read before a failure kept. A
+    failure drops the connection (valkey-py's read_response does)."""
+    replies: list = []
+    rest: ValkeyError | None = None  # the reply of every command after a failure
     try:
-        wait = max(deadline - time.monotonic(), LAST_READ_SHARE * link.timeout_s)
-        if not connection.can_read(timeout=wait):
-            raise valkey.exceptions.TimeoutError(f"no reply in {link.timeout_s:g} s")
-        replies = []
         for command in commands:
             try:
                 replies.append(node.client.parse_response(connection, command[0]))
@@ -133,10 +199,11 @@ def _read(link: EngineLink, node: Node, connection, commands, deadline: float, w
                 replies.append(exc)
                 if str(exc).startswith(REDIRECTIONS):
                     link.slots_moved()
-        return replies
-    except LINK_ERRORS as exc:
-        connection.disconnect()  # replies may be left in it
-        link.node_down(node, exc, what)
-        return [NoAnswer(f"{node.address} did not answer")] * len(commands)
+    except OversizedReply as exc:  # the engine holds a value no server of ours wrote
+        replies.append(exc)
+        rest = Unread("dropped unread after an oversized reply")
+    except (*LINK_ERRORS, InvalidResponse) as exc:
+        rest = _failed(link, node, exc, what, cut)
     finally:
         node.pool.release(connection)
+    return replies + [rest] * (len(commands) - len(replies))

@@ -8,7 +8,7 @@ method on the scheduler thread, and none may block on the network:
   asks the engine; a gone engine is a MISS at once (engine_link.py);
 - stores and loads become one ``Transfer`` per vLLM job, run on two
   transfer threads (transfer_threads.py) as pipelined SETs and MGETs
-  (transfers.py);
+  (transfers.py); a load has one deadline, a timeout from its submission;
 - ``get_finished_jobs`` applies what came back, on the scheduler thread, and
   returns exactly one JobResult per job.
 
@@ -239,6 +239,8 @@ class NetworkTier(SecondaryTierManager):
             tuple(key for key, _ in pairs),
             tuple(self._name(key) for key, _ in pairs),
             tuple(self._rows[int(c) * row_bytes : (int(c) + 1) * row_bytes] for _, c in pairs),
+            # A request waits for its load from now: a timeout, then recomputed.
+            time.monotonic() + self._link.timeout_s if is_load else None,
         )
         self._in_flight[job_id] = transfer
         self._threads.submit(transfer)
@@ -378,4 +380,4 @@ _QUIET = frozenset(
     )
 )
 # Failures that are not about the value found.
-_NOT_THE_VALUE = frozenset({Miss.REFUSED.value, Miss.ERROR.value})
+_NOT_THE_VALUE = frozenset({Miss.REFUSED.value, Miss.ERROR.value, Miss.UNREAD.value})

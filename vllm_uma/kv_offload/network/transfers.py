@@ -10,6 +10,15 @@ cluster a batch is one round trip per node it touches, all nodes at once,
 with one MGET per slot (engine_link.py); a node that does not answer makes
 misses of its keys only.
 
+A load has one deadline, a timeout from its submission (the request waits
+from then): every send and socket read of its round trips honours it
+(round_trips.py), and what is not back by then is a miss (``engine_slow``),
+recomputed. A store's round trips each have a timeout, so a store lasts at
+most a timeout per batch, and an engine that takes none of it costs one
+timeout: it is down then, and the rest fail at once. A value is read only
+up to one block's value bytes: a longer one is refused unread (its
+connection dropped), counted as a bad value, and deleted from the engine.
+
 A function here never raises and never touches the tier's state: it says
 what happened in a ``TransferDone`` that the scheduler thread applies
 (tier.py), one per job.
@@ -31,7 +40,9 @@ from vllm_uma.kv_offload.network.engine_link import (
     EngineLink,
     NodeRefused,
 )
-from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value
+from vllm_uma.kv_offload.network.reply_bounds import OversizedReply
+from vllm_uma.kv_offload.network.round_trips import TooSlow, Unread
+from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value, value_bytes
 
 BATCH_BLOCKS = 8
 
@@ -41,12 +52,14 @@ class Miss(Enum):
 
     ABSENT = "absent"  # a load found no value: evicted by the engine, or never stored
     ENGINE_DOWN = "engine_down"  # no answer in time, or the link is down
-    ENGINE_SLOW = "engine_slow"  # answers, but a load's batches took past its timeout
+    ENGINE_SLOW = "engine_slow"  # answers, but not all of a load by its deadline
     ENGINE_FULL = "engine_full"  # a store refused with an OOM error
     MOVED = "moved"  # a cluster's slot moved (MOVED, ASK): its map is read again
     NODE_REFUSED = "node_refused"  # the slot's primary is not trusted (node_trust.py)
     REFUSED = "refused"  # another error reply (an ACL's NOPERM, ...)
     ERROR = "error"  # a bug of ours; the block is a miss all the same
+    OVERSIZED = "oversized"  # a value over one block's bytes: refused unread (a bad value)
+    UNREAD = "unread"  # after an oversized value on its connection, which was dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,7 @@ class Transfer:
     keys: tuple[bytes, ...]
     names: tuple[bytes, ...]  # the engine's key per block (value_format.py)
     rows: tuple[memoryview, ...]  # the primary rows, pinned by vLLM until the result
+    deadline: float | None = None  # time.monotonic(): a load's, from its submission
 
 
 @dataclass(slots=True)
@@ -99,17 +113,23 @@ def load_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> Trans
     done = TransferDone(transfer.job_id, transfer.is_load)
     bad_names: list[bytes] = []
     start = time.perf_counter()
+    largest = value_bytes(transfer.rows[0].nbytes)
     for i, batch in _batches(transfer):
-        if time.perf_counter() - start > link.timeout_s:
-            # A slow engine that still answers: the request waited a timeout
-            # already; the rest is recomputed rather than waited for.
+        if transfer.deadline is not None and time.monotonic() >= transfer.deadline:
+            # The request waited a timeout already: the rest is recomputed
+            # rather than waited for.
             done.failed.update(dict.fromkeys(transfer.keys[i:], Miss.ENGINE_SLOW.value))
             break
         blocks = list(batch)
-        values = round_trips.mget(link, [name for _, name, _ in blocks], "a load")
+        names = [name for _, name, _ in blocks]
+        values = round_trips.mget(link, names, "a load", largest, transfer.deadline)
         for (key, name, row), value in zip(blocks, values, strict=True):
             if value is None:
                 done.failed[key] = Miss.ABSENT.value
+            elif isinstance(value, OversizedReply):
+                done.failed[key] = Miss.OVERSIZED.value
+                done.bad.append(f"{name.decode()}: {value}")
+                bad_names.append(name)
             elif isinstance(value, Exception):
                 done.failed[key] = miss_of(value).value
             elif _unpacked(done, key, name, namespace, row, value):
@@ -118,7 +138,7 @@ def load_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> Trans
             else:
                 bad_names.append(name)
     done.seconds = time.perf_counter() - start
-    _forget(link, bad_names)
+    _forget(link, bad_names, transfer.deadline)
     return done
 
 
@@ -136,6 +156,12 @@ def miss_of(error: Exception) -> Miss:
     """The miss a key's error reply makes (NoAnswer: its node did not answer)."""
     if isinstance(error, NodeRefused):
         return Miss.NODE_REFUSED
+    if isinstance(error, OversizedReply):
+        return Miss.OVERSIZED
+    if isinstance(error, Unread):
+        return Miss.UNREAD
+    if isinstance(error, TooSlow):
+        return Miss.ENGINE_SLOW
     if isinstance(error, LINK_ERRORS):
         return Miss.ENGINE_DOWN
     text = str(error)
@@ -146,13 +172,14 @@ def miss_of(error: Exception) -> Miss:
     return Miss.REFUSED
 
 
-def _forget(link: EngineLink, names: list[bytes]) -> None:
+def _forget(link: EngineLink, names: list[bytes], deadline: float | None) -> None:
     """Delete values that can never be served, so that no lookup finds them
     again. A good copy another server stored meanwhile may go too: a miss,
-    never wrong bytes. An error reply (the ACL may forbid DEL) leaves the
-    value a counted miss."""
+    never wrong bytes. An error reply (the ACL may forbid DEL), or the
+    load's deadline gone, leaves the value a counted miss."""
     if names:
-        round_trips.each_key(link, names, [("DEL", name) for name in names], "deleting bad values")
+        commands = [("DEL", name) for name in names]
+        round_trips.each_key(link, names, commands, "deleting bad values", deadline)
 
 
 def store_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> TransferDone:
