@@ -1,7 +1,7 @@
 """No engine can stall or flood a server: the network tier against an engine
-that answers a byte at a time, and one that answers a load with a 1 GiB
-value. A real valkey-server behind a proxy that misbehaves on demand
-(engine_proxy.py); the tier starts through it honestly.
+that answers a byte at a time, one that answers a load with a 1 GiB value,
+and one that holds the stores. A real valkey-server behind a proxy that
+misbehaves on demand (engine_proxy.py); the tier starts through it honestly.
 """
 
 from __future__ import annotations
@@ -133,3 +133,15 @@ def test_a_huge_value_is_refused_unread_and_deleted(engine, proxy, tier, primary
     assert tier._link.up  # a bad value is not the engine gone
     proxy.mode = Mode.HONEST
     assert jobs.loaded([keys[1]], [5]).success and primary.row(5) == data[1]
+
+
+def test_a_load_never_waits_behind_stores(proxy, tier, primary):
+    jobs, keys, data = stored(tier, primary, 2)
+    proxy.mode = Mode.HOLD_STORES  # every store is stuck on its socket now
+    for i in range(2):
+        jobs.store([key(10 + i)], [6])
+    time.sleep(0.05)  # the stores are on their way
+    start = time.monotonic()
+    result = jobs.wait(jobs.load(keys, [4, 5]), timeout=TIMEOUT_S + 3)[0]
+    assert time.monotonic() - start < TIMEOUT_S / 2
+    assert result.success and [primary.row(4), primary.row(5)] == data

@@ -26,7 +26,7 @@ nodes each hold their slots' blocks.
     bounded_replies.py   the reply parser and the connection that honour those bounds
     probes.py            whether the engine holds a key, asked off the scheduler thread
     transfers.py         one job's blocks: pipelined SETs, MGETs, checked values
-    transfer_threads.py  the threads that run them, loads first
+    transfer_threads.py  the threads that run them: a load never waits behind a store
     metrics.py           the /metrics counters
     tier.py              NetworkTier: what vLLM calls, on the scheduler thread
 

@@ -7,8 +7,9 @@ method on the scheduler thread, and none may block on the network:
   not asked yet is RETRY for one step while one pipelined EXISTS per batch
   asks the engine; a gone engine is a MISS at once (engine_link.py);
 - stores and loads become one ``Transfer`` per vLLM job, run on two
-  transfer threads (transfer_threads.py) as pipelined SETs and MGETs
-  (transfers.py); a load has one deadline, a timeout from its submission;
+  transfer threads (transfer_threads.py; a load never waits behind a
+  store) as pipelined SETs and MGETs (transfers.py); a load has one
+  deadline, a timeout from its submission;
 - ``get_finished_jobs`` applies what came back, on the scheduler thread, and
   returns exactly one JobResult per job.
 
