@@ -11,7 +11,7 @@ import time
 import tracemalloc
 
 import pytest
-from disk_tier_kit import NS, Jobs, Primary, counters, key
+from disk_tier_kit import CTX, NS, Jobs, Primary, counters, key
 from engine_proxy import EngineProxy, Mode
 from network_tier_kit import make_tier, settled_lookup, started_engine, wait_for
 from vllm.v1.kv_offload.base import LookupResult
@@ -97,7 +97,7 @@ def test_a_store_to_a_byte_at_a_time_engine_ends_within_its_timeout(proxy, tier,
     assert time.monotonic() - start < TIMEOUT_S + SLACK_S
     assert not result.success
     assert not tier._link.up  # no whole answer in a timeout: down, lookups miss at once
-    assert tier.lookup(key(0), None) is LookupResult.MISS
+    assert tier.lookup(key(0), CTX) is LookupResult.MISS
     proxy.mode = Mode.HONEST
     wait_for(lambda: tier._link.up, what="the engine back up")
     assert jobs.stored([key(0)], [0]).success

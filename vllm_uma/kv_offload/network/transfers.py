@@ -128,7 +128,11 @@ def load_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> Trans
                 done.failed[key] = Miss.ABSENT.value
             elif isinstance(value, OversizedReply):
                 done.failed[key] = Miss.OVERSIZED.value
-                done.bad.append(f"{name.decode()}: {value}")
+                # No server of ours writes one: something else writes under our names.
+                done.bad.append(
+                    f"{name.decode()}: {value}; deleted. Only this fleet's servers should write "
+                    f"to the engine: give it a password or an ACL user of its own"
+                )
                 bad_names.append(name)
             elif isinstance(value, Exception):
                 done.failed[key] = miss_of(value).value
