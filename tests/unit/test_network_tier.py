@@ -4,15 +4,22 @@ The engine's faults and set-ups are in test_network_tier_engine.py."""
 
 from __future__ import annotations
 
+import struct
+
+import crc32c
 import pytest
 from disk_tier_kit import CTX, NS, OTHER_NS, Jobs, Primary, WarningLog, counters, key
-from network_tier_kit import make_tier, settled_lookup, started_engine
+from network_tier_kit import KEYS, make_tier, settled_lookup, started_engine
 from vllm.v1.kv_offload.base import Locality, LookupResult, ReqContext
 
+from vllm_uma.kv_offload import block_mac, mac_keys
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, MAGIC
+from vllm_uma.kv_offload.mac_keys import parse_keys
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network import tier as tier_module
 from vllm_uma.kv_offload.network.value_format import pack_value, value_name
+
+OTHER_KEYS = parse_keys("9" * 64, "another fleet's secret")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +110,7 @@ def _bad_value_is_a_counted_miss(engine, tier, primary, spoil, reason):
 
 def test_a_value_of_another_namespace_under_our_name_is_a_counted_miss(engine, tier, primary):
     def foreign(client, name, good):
-        client.set(name, pack_value(key(1), OTHER_NS, memoryview(good)))
+        client.set(name, pack_value(key(1), OTHER_NS, memoryview(good), keys=KEYS))
 
     _bad_value_is_a_counted_miss(engine, tier, primary, foreign, "foreign")
 
@@ -121,6 +128,85 @@ def test_a_truncated_value_is_a_counted_miss(engine, tier, primary):
         client.set(name, client.get(name)[:-10])
 
     _bad_value_is_a_counted_miss(engine, tier, primary, cut, "truncated")
+
+
+# -- the fleet's MAC: values anyone could write are never served ------------
+
+
+def test_a_forged_value_with_a_right_crc_and_namespace_but_no_tag_is_a_counted_miss(
+    engine, tier, primary
+):
+    # What another tenant of the engine can write: every field a reader
+    # checks without the secret is right (docs/network_tier.md).
+    def forge(client, name, good):
+        forged = memoryview(bytes(len(good)))  # other KV: zeros
+        client.set(name, pack_value(key(1), NS, forged, keys=None))
+
+    _bad_value_is_a_counted_miss(engine, tier, primary, forge, "unsigned")
+
+
+def test_a_value_changed_after_signing_is_a_counted_miss(engine, tier, primary):
+    def change(client, name, good):
+        value = bytearray(client.get(name))
+        value[HEADER_BYTES + 100] ^= 0x01
+        struct.pack_into("<I", value, 12, crc32c.crc32c(value[HEADER_BYTES:]))  # CRC made right
+        client.set(name, bytes(value))
+
+    _bad_value_is_a_counted_miss(engine, tier, primary, change, "forged")
+
+
+def test_a_value_signed_with_a_key_this_server_lacks_is_a_counted_miss(engine, tier, primary):
+    def other_fleet(client, name, good):
+        client.set(name, pack_value(key(1), NS, memoryview(good), keys=OTHER_KEYS))
+
+    _bad_value_is_a_counted_miss(engine, tier, primary, other_fleet, "unknown_key")
+
+
+def _secret(path, *keys: str):
+    path.write_text("".join(k + "\n" for k in keys))
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_a_rotation_reads_the_previous_keys_values_and_signs_with_the_new_one(
+    engine, primary, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(mac_keys, "RELOAD_CHECK_S", 0.0)
+    old, new = "0a" * 32, "0b" * 32
+    secret = tmp_path / "kv.secret"
+    before = make_tier(engine, primary, NS, secret_file=_secret(secret, old))
+    try:
+        data = primary.fill(0, seed=31)
+        assert Jobs(before).stored([key(1)], [0]).success
+        # Every host's file gets the new key first (no restart: the tier
+        # reads the file again), then it is moved before the old one.
+        _secret(secret, new, old)
+        primary.fill(1, seed=32)
+        assert Jobs(before).stored([key(2)], [1]).success
+        value = engine.client().get(value_name(NS, key(2)))
+        assert value[block_mac.MAC_AT + 8 : block_mac.TAG_AT] == parse_keys(new, "x").signing.id
+        primary.clear()
+        assert Jobs(before).loaded([key(1)], [3]).success and primary.row(3) == data
+    finally:
+        before.shutdown()
+    # A host holding the new key alone: the old key's value is a miss.
+    after = make_tier(engine, primary, NS, secret_file=_secret(tmp_path / "new", new))
+    try:
+        result = Jobs(after).loaded([key(1), key(2)], [4, 5])
+        assert list(result.successful_keys) == [key(2)]
+        assert counters(after.get_stats())[(m.BAD_VALUES, ("unknown_key",))] == 1
+    finally:
+        after.shutdown()
+
+
+def test_an_unsigned_tier_serves_what_a_signed_one_wrote(engine, tier, primary):
+    data = primary.fill(0, seed=41)
+    assert Jobs(tier).stored([key(1)], [0]).success
+    unsigned = make_tier(engine, primary, NS, unsigned=True)
+    try:
+        assert Jobs(unsigned).loaded([key(1)], [2]).success and primary.row(2) == data
+    finally:
+        unsigned.shutdown()
 
 
 def test_a_block_gone_since_its_lookup_fails_alone(engine, tier, primary):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
-from network_tier_kit import make_tier, settled_lookup, started_engine, wait_for
+from network_tier_kit import make_tier, settled_lookup, signed, started_engine, wait_for
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from vllm_uma.kv_offload.network import engine_link
@@ -235,7 +235,7 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
     from vllm_uma.kv_offload.pool_size import PoolSize
 
     engine = start_engine(*LRU)
-    network = parse_network_tier({"type": "valkey", "url": engine.url})
+    network = parse_network_tier(signed({"type": "valkey", "url": engine.url}))
     disk = DiskTierConfig(tmp_path / "kv", None, False, "test")
     monkeypatch.setenv("VLLM_UMA_CACHE_DIR", str(tmp_path / "cache"))
     SHARED_POOLS.open("engine-network-spec", 2, 8192)  # as the worker does
@@ -296,7 +296,7 @@ def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_engine, cap
         if failure is not None:
             raise valkey.exceptions.ResponseError(failure)
 
-    config = parse_network_tier({"type": "valkey", "url": engine.url})
+    config = parse_network_tier(signed({"type": "valkey", "url": engine.url}))
     link = engine_link.EngineLink(config, refuse, retry_interval_s=60)
     try:
         with caplog.at_level(logging.ERROR, logger=engine_link.logger.name):

@@ -4,12 +4,16 @@ network/settings.py, kv_offload/tier_list.py, network/value_format.py."""
 from __future__ import annotations
 
 import mmap
+import os
 
 import pytest
 from disk_tier_kit import NS, OTHER_NS, key
+from network_tier_kit import KEYS, signed
 
 from tools.harness.certificates import make_certificates
-from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, BadBlock, BadReason
+from vllm_uma.kv_offload import block_mac, mac_keys
+from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, BadBlock, BadReason, check_header
+from vllm_uma.kv_offload.mac_keys import parse_keys
 from vllm_uma.kv_offload.network.settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
@@ -22,7 +26,8 @@ from vllm_uma.kv_offload.tier_list import split_tiers
 
 
 def tier(**kw):
-    return {"type": "valkey", "url": "valkey://10.0.0.5:6379/0", **kw}
+    """A tier object, signed with the kit's secret unless ``kw`` says how."""
+    return signed({"type": "valkey", "url": "valkey://10.0.0.5:6379/0", **kw})
 
 
 def test_a_plain_url_gives_host_port_db_and_the_defaults():
@@ -179,16 +184,14 @@ def _row(seed: int, size: int = 4096) -> memoryview:
 
 def test_a_value_is_a_block_files_bytes_and_unpacks_into_a_row():
     row = _row(3)
-    value = bytes(pack_value(key(1), NS, row))
+    value = bytes(pack_value(key(1), NS, row, keys=KEYS))
     assert len(value) == HEADER_BYTES + row.nbytes
     out = memoryview(bytearray(row.nbytes))
-    unpack_value(value, b"name", key(1), NS, out)
+    unpack_value(value, b"name", key(1), NS, out, keys=KEYS)
     assert out == row
     # The disk tier's reader takes it as a block file: same format.
     header = mmap.mmap(-1, HEADER_BYTES)
     header[:] = value[:HEADER_BYTES]
-    from vllm_uma.kv_offload.disk.block_file import check_header
-
     check_header(header, "f", key(1), NS, memoryview(value)[HEADER_BYTES:])
 
 
@@ -202,16 +205,181 @@ def test_a_value_is_a_block_files_bytes_and_unpacks_into_a_row():
     ],
 )
 def test_a_damaged_value_is_refused_before_a_byte_reaches_the_row(spoil, reason):
-    value = spoil(bytes(pack_value(key(1), NS, _row(3))))
+    value = spoil(bytes(pack_value(key(1), NS, _row(3), keys=KEYS)))
     out = memoryview(bytearray(4096))
     with pytest.raises(BadBlock) as err:
-        unpack_value(value, b"name", key(1), NS, out)
+        unpack_value(value, b"name", key(1), NS, out, keys=KEYS)
     assert err.value.reason is reason and out == bytes(4096)
 
 
 @pytest.mark.parametrize("ns, k", [(OTHER_NS, key(1)), (NS, key(2))])
 def test_a_value_of_another_namespace_or_key_is_foreign(ns, k):
-    value = bytes(pack_value(k, ns, _row(3)))
+    value = bytes(pack_value(k, ns, _row(3), keys=KEYS))
     with pytest.raises(BadBlock) as err:
-        unpack_value(value, b"name", key(1), NS, memoryview(bytearray(4096)))
+        unpack_value(value, b"name", key(1), NS, memoryview(bytearray(4096)), keys=KEYS)
     assert err.value.reason is BadReason.FOREIGN
+
+
+# -- the MAC (block_mac.py) and the secret (mac_keys.py) ----------------------
+
+OLD, NEW = "0123456789abcdef" * 4, "fedcba9876543210" * 4
+OTHER_KEYS = parse_keys("9" * 64, "another fleet's secret")
+
+
+def _forged_payload(value: bytes) -> bytes:
+    """``value`` with a payload byte changed and its CRC-32C made right again:
+    what anyone can do without the secret."""
+    import struct
+
+    import crc32c
+
+    changed = bytearray(value)
+    changed[HEADER_BYTES + 7] ^= 0xFF
+    struct.pack_into("<I", changed, 12, crc32c.crc32c(changed[HEADER_BYTES:]))
+    return bytes(changed)
+
+
+def _moved_to_our_key_id(value: bytes) -> bytes:
+    """A tag made with another key, relabelled with our key's id."""
+    changed = bytearray(value)
+    changed[block_mac.MAC_AT + 8 : block_mac.TAG_AT] = KEYS.signing.id
+    return bytes(changed)
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda row: pack_value(key(1), NS, row, keys=None), BadReason.UNSIGNED),
+        (lambda row: _forged_payload(pack_value(key(1), NS, row, keys=KEYS)), BadReason.FORGED),
+        (
+            lambda row: _moved_to_our_key_id(pack_value(key(1), NS, row, keys=OTHER_KEYS)),
+            BadReason.FORGED,
+        ),
+        (lambda row: pack_value(key(1), NS, row, keys=OTHER_KEYS), BadReason.UNKNOWN_KEY),
+    ],
+    ids=["no-tag", "payload-changed-crc-fixed", "another-key-relabelled", "unknown-key"],
+)
+def test_a_value_without_a_valid_tag_never_reaches_the_row(make, reason):
+    value = bytes(make(_row(3)))
+    out = memoryview(bytearray(4096))
+    # The checks anyone can satisfy pass: right length, magic, namespace, key, CRC.
+    check_header(value[:HEADER_BYTES], "f", key(1), NS, memoryview(value)[HEADER_BYTES:])
+    with pytest.raises(BadBlock) as err:
+        unpack_value(value, b"name", key(1), NS, out, keys=KEYS)
+    assert err.value.reason is reason and out == bytes(4096)
+
+
+def test_after_a_rotation_values_of_the_previous_key_are_read_and_new_ones_signed_anew():
+    old, rotated = parse_keys(OLD, "a"), parse_keys(f"{NEW}\n{OLD}", "b")
+    new_only = parse_keys(NEW, "c")
+    written_before = bytes(pack_value(key(1), NS, _row(3), keys=old))
+    out = memoryview(bytearray(4096))
+    unpack_value(written_before, b"name", key(1), NS, out, keys=rotated)
+    assert out == _row(3)
+    written_after = bytes(pack_value(key(1), NS, _row(4), keys=rotated))
+    assert written_after[block_mac.MAC_AT + 8 : block_mac.TAG_AT] == new_only.signing.id
+    unpack_value(written_after, b"name", key(1), NS, out, keys=new_only)
+    # The old key dropped: its values are misses, never served.
+    with pytest.raises(BadBlock) as err:
+        unpack_value(written_before, b"name", key(1), NS, out, keys=new_only)
+    assert err.value.reason is BadReason.UNKNOWN_KEY
+
+
+def test_an_unsigned_tier_reads_signed_and_unsigned_values():
+    # "unsigned": true checks the CRC and the fields only, as before the MAC.
+    for keys in (KEYS, None):
+        out = memoryview(bytearray(4096))
+        unpack_value(bytes(pack_value(key(1), NS, _row(5), keys=keys)), b"n", key(1), NS, out,
+                     keys=None)  # fmt: skip
+        assert out == _row(5)
+
+
+def test_a_tier_without_a_secret_is_refused_with_the_fix():
+    raw = {"type": "valkey", "url": "valkey://10.0.0.5:6379/0"}
+    with pytest.raises(NetworkTierConfigError) as err:
+        parse_network_tier(raw)
+    message = str(err.value)
+    assert "has no secret to sign its values" in message and "\n" not in message
+    assert '"secret_file"' in message and '"secret_env"' in message
+    assert '"unsigned": true' in message
+    # The opt-out, and the tools that read no value (kv-store, the fleet's URL check).
+    assert parse_network_tier({**raw, "unsigned": True}).unsigned
+    assert not parse_network_tier(raw, reads_values=False).unsigned
+
+
+def _secret_file(tmp_path, text: str, mode: int = 0o600) -> str:
+    path = tmp_path / "kv.secret"
+    path.write_text(text)
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "text, mode, words",
+    [
+        ("short-key\n", 0o600, "key 1 of secret_file="),
+        (f"{OLD}\nshort\n", 0o600, "key 2 of secret_file="),
+        ("\n", 0o600, "holds no key"),
+        (f"{OLD}\n", 0o644, "has mode 0644: others may read or change the fleet's secret"),
+    ],
+)
+def test_a_secret_file_that_cannot_sign_is_refused_without_showing_it(tmp_path, text, mode, words):
+    path = _secret_file(tmp_path, text, mode)
+    with pytest.raises(NetworkTierConfigError) as err:
+        parse_network_tier(tier(secret_file=path))
+    assert words in str(err.value)
+    assert "short" not in str(err.value) and OLD not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        ({"secret_env": "NOT_SET_ANYWHERE_42"}, "export NOT_SET_ANYWHERE_42="),
+        ({"secret_file": "/no/such/secret"}, "cannot be read"),
+        ({"secret_file": "/a", "secret_env": "B"}, "both secret_file and secret_env"),
+        ({"secret_env": "X", "unsigned": True}, '"unsigned": true and names secret_env'),
+        ({"unsigned": "yes"}, "unsigned='yes' is invalid"),
+        ({"secret_env": ""}, "secret_env='' is invalid"),
+    ],
+)
+def test_signing_settings_name_the_value_the_rule_and_the_fix(given, words):
+    with pytest.raises(NetworkTierConfigError) as err:
+        parse_network_tier(tier(**given))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_settings_name_the_secret_and_never_hold_it(tmp_path, monkeypatch):
+    path = _secret_file(tmp_path, f"{OLD}\n")
+    monkeypatch.chdir(tmp_path)
+    config = parse_network_tier(tier(secret_file="kv.secret"))
+    assert config.secret_file == path  # absolute: the engine core may start elsewhere
+    assert OLD not in repr(config)
+    monkeypatch.setenv("KV_SECRET", NEW)
+    config = parse_network_tier(tier(secret_env="KV_SECRET"))
+    assert config.secret_env == "KV_SECRET" and NEW not in repr(config)
+    assert NEW not in repr(parse_keys(NEW, "x"))  # a traceback shows key ids only
+
+
+def test_a_rewritten_secret_file_is_read_again_and_a_broken_one_keeps_the_keys(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(mac_keys, "RELOAD_CHECK_S", 0.0)
+    path = _secret_file(tmp_path, f"{OLD}\n")
+    problems: list[str] = []
+    source = mac_keys.KeySource(env=None, path=path, on_problem=problems.append)
+    assert source.keys().signing == parse_keys(OLD, "x").signing
+    _secret_file(tmp_path, f"{NEW}\n{OLD}\n")
+    rotated = source.keys()
+    assert rotated.signing == parse_keys(NEW, "x").signing and len(rotated.accepted) == 2
+    _secret_file(tmp_path, "half-writ")  # an editor's save caught midway
+    assert source.keys() is rotated and len(problems) == 1
+    assert "The keys read before are kept." in problems[0] and "half-writ" not in problems[0]
+
+
+def test_a_generated_secret_is_kept_private_and_never_replaced(tmp_path):
+    path = str(tmp_path / "fleet.secret")
+    assert mac_keys.generate_file(path)
+    first = open(path).read()
+    assert not mac_keys.generate_file(path) and open(path).read() == first
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert len(mac_keys.read_file(path).accepted) == 1

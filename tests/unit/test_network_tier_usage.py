@@ -7,6 +7,7 @@ import pytest
 from disk_tier_kit import NS, OTHER_NS, InfoLog, Primary, WarningLog, key
 from network_tier_kit import make_tier, started_engine
 
+from vllm_uma.kv_offload.mac_keys import parse_keys
 from vllm_uma.kv_offload.network import engine_check, engine_link, engine_usage
 from vllm_uma.kv_offload.network import tier as tier_module
 from vllm_uma.kv_offload.network.value_format import value_name
@@ -45,7 +46,7 @@ def test_the_start_up_line_gives_our_blocks_and_their_share_of_maxmemory(engine)
     engine.client().set(b"app:big", bytes(200000))
     line = start_line(engine)
     assert f"namespace {NS.hex()}: 12 blocks, {ours / 2**30:.2f} GiB, " in line
-    assert line.endswith(f"{ours / MAXMEMORY:.1%} of maxmemory.")
+    assert f"{ours / MAXMEMORY:.1%} of maxmemory; values signed with key id " in line
     assert "at least" not in line
 
 
@@ -56,7 +57,7 @@ def test_a_count_cut_short_says_at_least(engine, monkeypatch):
     line = start_line(engine)
     blocks = int(line.split(": at least ")[1].split()[0])
     assert 2 <= blocks < 64
-    assert "of maxmemory (counting stops at 1 s or 2 names)." in line
+    assert "of maxmemory (counting stops at 1 s or 2 names); values signed" in line
 
 
 def test_a_count_stops_at_its_deadline(engine, monkeypatch):
@@ -126,3 +127,21 @@ def test_a_name_scan_returns_twice_is_counted_once():
     names = [value_name(NS, key(i)) for i in range(3)]
     usage = engine_usage.namespace_usage(PagedScan([names[:2], names[1:], [names[0]]]), NS)
     assert (usage.blocks, usage.bytes, usage.complete) == (3, 300, True)
+
+
+def test_the_start_up_line_says_which_key_signs_and_never_the_secret(engine, tmp_path):
+    secret = tmp_path / "kv.secret"
+    previous, current = "5" * 64, "6" * 64
+    secret.write_text(f"{current}\n{previous}\n")
+    secret.chmod(0o600)
+    line = start_line(engine, secret_file=str(secret))
+    key_id = parse_keys(current, "x").signing.id.hex()
+    assert line.endswith(
+        f"; values signed with key id {key_id}, 1 previous key(s) accepted for reads."
+    )
+    assert current not in line and previous not in line and str(secret) not in line
+
+
+def test_the_start_up_line_says_the_user_chose_unsigned_values(engine):
+    line = start_line(engine, unsigned=True)
+    assert '; values unsigned by the user\'s choice ("unsigned": true): anyone who can ' in line

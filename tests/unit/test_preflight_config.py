@@ -121,6 +121,14 @@ def test_the_valkey_tier_settings_are_parsed():
     assert "holds a password" in message and "secret" not in message
 
 
+def test_a_valkey_tier_without_a_secret_is_refused_before_vllm_loads():
+    # Unsigned values would let anyone who writes to the engine steer answers.
+    tier = {"type": "valkey", "url": "valkey://host:6379/0"}
+    message = refusal(offloading([tier]))
+    assert message.startswith("the valkey tier has no secret to sign its values with")
+    check_offloading(read_serve_line(offloading([{**tier, "unsigned": True}])), ACTIVE)
+
+
 @pytest.mark.parametrize(
     "environ", [{"VLLM_PLUGINS": ""}, {"VLLM_PLUGINS": "other"}, {"VLLM_TARGET_DEVICE": "CPU"}]
 )

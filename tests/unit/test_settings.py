@@ -111,14 +111,16 @@ def test_a_plan_the_user_gives_is_refused(given):
         st.settings_for_hook(cfg, 24 * GiB)
 
 
-def test_the_network_tier_round_trips_without_its_password(tmp_path, monkeypatch):
+def test_the_network_tier_round_trips_without_its_password_or_secret(tmp_path, monkeypatch):
     monkeypatch.setenv("TEST_VALKEY_PASSWORD", "s3cret-value")
+    monkeypatch.setenv("TEST_KV_SECRET", "mac-key-" * 8)
     tiers = [
         {"type": "fs", "root_dir": str(tmp_path / "kv"), "max_size_gib": 2},
         {
             "type": "valkey",
             "url": "valkeys://kv@cache:6380/2",
             "password_env": "TEST_VALKEY_PASSWORD",
+            "secret_env": "TEST_KV_SECRET",
         },
     ]
     cfg = engine_config(ktc=connector(None, secondary_tiers=tiers), size=1)
@@ -131,6 +133,9 @@ def test_the_network_tier_round_trips_without_its_password(tmp_path, monkeypatch
     # The plan names where the password is; the password is nowhere in it.
     assert "TEST_VALKEY_PASSWORD" in os.environ[st.PLAN_ENV]
     assert "s3cret-value" not in os.environ[st.PLAN_ENV]
+    # The same for the MAC's secret: its variable's name, never its keys.
+    assert network.secret_env == "TEST_KV_SECRET" and not network.unsigned
+    assert "mac-key-" not in os.environ[st.PLAN_ENV]
 
 
 def test_a_cluster_tiers_allowed_hosts_round_trip_in_the_plan():

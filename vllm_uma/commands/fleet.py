@@ -139,7 +139,8 @@ def check_hosts_flags(fleet_args) -> str | None:
         from vllm_uma.kv_offload.network.settings import parse_network_tier
 
         try:
-            parse_network_tier({"type": "valkey", "url": fleet_args.kv_network})
+            # The URL alone: the fleet names the secret itself (fleet/plan.py).
+            parse_network_tier({"type": "valkey", "url": fleet_args.kv_network}, reads_values=False)
         except ValueError as exc:
             return f"--kv-network: {exc}"
     return None

@@ -74,7 +74,8 @@ def _settings(args: argparse.Namespace):
     for key in (*keys, "timeout_s"):
         if getattr(args, key) is not None:
             raw[key] = getattr(args, key)
-    return parse_network_tier(raw)
+    # It lists and deletes keys by name, never a value's bytes: no secret.
+    return parse_network_tier(raw, reads_values=False)
 
 
 def _client(config):

@@ -108,6 +108,10 @@ class BadReason(Enum):
     FOREIGN = "foreign"  # another namespace, key or a format version not read
     UNREADABLE = "unreadable"  # open or read failed (EIO, EACCES, ...)
     NOT_A_FILE = "not_a_file"  # a symlink, FIFO, device or directory under the name
+    # A reader that requires the fleet's MAC (block_mac.py):
+    UNSIGNED = "unsigned"  # no tag: written without the secret
+    UNKNOWN_KEY = "unknown_key"  # a tag by a key this reader does not hold
+    FORGED = "forged"  # a tag that does not match: forged, or changed since
 
 
 # A file's identity: its inode and the time it last changed. A store's

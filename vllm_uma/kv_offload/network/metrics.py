@@ -48,13 +48,14 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
             "back by the restore's deadline), moved (a cluster's slot moved), node_refused "
             "(its node is not trusted), refused, unread (after an oversized value on the same "
             "connection), error, or a bad value's reason (truncated, corrupted, foreign, "
-            "oversized).",
+            "oversized, unsigned, unknown_key, forged).",
             labelnames=("reason",),
         ),
         BAD_VALUES: counter(
             "Values found unusable on restore (then deleted and recomputed), by reason: "
             "truncated, corrupted, foreign (another namespace, key or format), oversized "
-            "(longer than one block: refused unread).",
+            "(longer than one block: refused unread), unsigned (no MAC tag), unknown_key (a "
+            "tag by a key this server lacks), forged (a tag that does not match).",
             labelnames=("reason",),
         ),
         STORE_FAILED: counter(

@@ -27,10 +27,17 @@ files, loaded here once so that a wrong one is refused before the engine
 core starts (tls.py loads them again at every connection). A cluster's
 nodes get the password only over TLS or at the addresses
 ``cluster_allowed_hosts`` names (node_trust.py says why).
+
+Every value is signed with the fleet's secret (block_mac.py): the settings
+name where it is (``secret_file`` or ``secret_env``, read here once to
+refuse a missing or short one before vLLM loads, never kept), or opt out
+with ``"unsigned": true``. Neither is refused: an engine anyone else can
+write to would otherwise steer every host's answers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import ipaddress
 import math
@@ -40,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+from vllm_uma.kv_offload import mac_keys
 from vllm_uma.kv_offload.network.tls import client_context
 
 TIER_TYPE = "valkey"
@@ -67,10 +75,15 @@ KNOWN_TIER_KEYS = frozenset(
         "connect_timeout_s",
         "cluster",
         "cluster_allowed_hosts",
+        "secret_file",
+        "secret_env",
+        "unsigned",
     }
 )
 # A host name as a cluster's map may give it (RFC 1123 labels).
 HOST_NAME = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
+# What the refusal of a tier without a secret suggests for secret_env.
+SECRET_ENV_EXAMPLE = "VLLM_UMA_KV_SECRET"
 
 
 class NetworkTierConfigError(ValueError):
@@ -104,6 +117,11 @@ class NetworkTierConfig:
     # vLLM's KV cache events are on (--kv-events-config): the tier publishes
     # its stores and its removals of bad values (set by kv_offload/config.py).
     kv_events: bool = False
+    # Where the fleet's MAC keys are (mac_keys.py): one of them, or neither
+    # with unsigned True (the user's choice, said at start-up).
+    secret_file: str | None = None
+    secret_env: str | None = None
+    unsigned: bool = False
 
     def __post_init__(self):
         # The settings plan carries this object as JSON, which has no tuples.
@@ -126,8 +144,10 @@ class NetworkTierConfig:
         return f"{self.scheme}://{user}{host}:{self.port}/{self.db}"
 
 
-def parse_network_tier(raw: dict[str, Any]) -> NetworkTierConfig:
-    """The tier object whose ``"type"`` is ``"valkey"``, checked."""
+def parse_network_tier(raw: dict[str, Any], *, reads_values: bool = True) -> NetworkTierConfig:
+    """The tier object whose ``"type"`` is ``"valkey"``, checked.
+    ``reads_values`` False: a tool that reads and writes no value (``vllm-uma
+    kv-store``, the fleet's check of its URL) needs no secret."""
     unknown = sorted(set(raw) - KNOWN_TIER_KEYS)
     if unknown:
         raise NetworkTierConfigError(
@@ -162,7 +182,11 @@ def parse_network_tier(raw: dict[str, Any]) -> NetworkTierConfig:
     )
     if tls:
         _check_tls_files(config)
-    return config
+    # Last: the secret is read only once everything else is right.
+    secret_file, secret_env, unsigned = _signing(raw, reads_values)
+    return dataclasses.replace(
+        config, secret_file=secret_file, secret_env=secret_env, unsigned=unsigned
+    )
 
 
 def _masked(url: str, parts: SplitResult) -> str:
@@ -265,6 +289,51 @@ def _password_source(raw: dict[str, Any], username: str | None) -> tuple[str | N
             f'"password_env": "VLLM_UMA_VALKEY_PASSWORD" or "password_file": "/path".'
         )
     return env, path
+
+
+def _signing(raw: dict[str, Any], reads_values: bool) -> tuple[str | None, str | None, bool]:
+    """(secret_file, secret_env, unsigned), the secret read once to be checked."""
+    path, env, unsigned = raw.get("secret_file"), raw.get("secret_env"), raw.get("unsigned", False)
+    if not isinstance(unsigned, bool):
+        raise NetworkTierConfigError(
+            f"valkey tier unsigned={unsigned!r} is invalid: it must be true (values neither "
+            f"signed nor checked) or false. Set true or false, or remove the key."
+        )
+    if path is not None and env is not None:
+        raise NetworkTierConfigError(
+            "the valkey tier names both secret_file and secret_env: keep one."
+        )
+    given = "secret_file" if path is not None else "secret_env" if env is not None else None
+    if unsigned and given:
+        raise NetworkTierConfigError(
+            f'the valkey tier sets "unsigned": true and names {given}: keep one (the secret, '
+            f"unless no one else can write to the engine)."
+        )
+    if given is None:
+        if reads_values and not unsigned:
+            raise NetworkTierConfigError(
+                "the valkey tier has no secret to sign its values with: anyone who can write "
+                "to the engine could plant KV that every server would serve. Add "
+                f'"secret_file": "/path" (mode 0600, one key from `{mac_keys.GENERATE_HINT}`, '
+                f'the same on every host) or "secret_env": "{SECRET_ENV_EXAMPLE}"; or, for an '
+                f'engine no one else can write to, "unsigned": true.'
+            )
+        return None, None, unsigned
+    value = path if path is not None else env
+    if not isinstance(value, str) or not value:
+        raise NetworkTierConfigError(
+            f"valkey tier {given}={value!r} is invalid: it must be "
+            + ("a file path." if path is not None else "the name of an environment variable.")
+        )
+    try:
+        if path is not None:
+            path = os.path.abspath(path)  # the engine core may start elsewhere
+            mac_keys.read_file(path)
+        else:
+            mac_keys.read_env(env)
+    except mac_keys.SecretError as exc:
+        raise NetworkTierConfigError(f"valkey tier: {exc}") from None
+    return path, env, False
 
 
 def _ca_file(value: Any, tls: bool) -> str | None:

@@ -15,8 +15,10 @@ method on the scheduler thread, and none may block on the network:
 
 What crosses: keys and the primary tier's rows (the L2 host pool, which
 vLLM keeps pinned until the job's JobResult), values (value_format.py: a
-disk-tier block file, checked before a byte lands in a row), JobResults,
-metric counts. The cap and the eviction are the engine's (engine_check.py).
+disk-tier block file with the fleet's MAC, checked before a byte lands in a
+row), JobResults, metric counts. The MAC's keys are read here at start-up
+and again by the transfer threads when their file changes (mac_keys.py).
+The cap and the eviction are the engine's (engine_check.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network.engine_check import (
     EngineRefused,
@@ -106,6 +109,9 @@ class NetworkTier(SecondaryTierManager):
         self._info = namespace_info  # its descriptor's source (engine_usage.py)
         self._rows = primary_kv_view.cast("B")
         self._stats = m.TierStats()
+        # Before the link: a secret gone since the settings were checked
+        # fails the start with its fix (mac_keys.SecretError), no socket opened.
+        self._keys = _key_source(config)
         self._link = EngineLink(config, self._check_again, retry_interval_s)
         try:
             self._check_at_start(config)
@@ -115,7 +121,7 @@ class NetworkTier(SecondaryTierManager):
         self._probes = EngineProbes(self._link, self._name, tier_type)
         self._done: queue.SimpleQueue[TransferDone] = queue.SimpleQueue()
         self._threads = TransferThreads(
-            functools.partial(run_transfer, self._link, namespace_id), self._done
+            functools.partial(run_transfer, self._link, namespace_id, self._keys), self._done
         )
         self._in_flight: dict[int, Transfer] = {}
         self._results: list[JobResult] = []  # jobs that needed no transfer
@@ -147,6 +153,7 @@ class NetworkTier(SecondaryTierManager):
             if problem is not None:
                 raise EngineRefused(problem) from None
             self._link.start_down(exc)
+            logger.info("KV offloading: network tier at %s, %s.", url, self._signing())
             return
         if report.refuse:
             raise EngineRefused(report.problem)
@@ -169,12 +176,22 @@ class NetworkTier(SecondaryTierManager):
                 self._link.node_down(self._link.seed, exc, "counting the namespace's blocks")
                 held = "its blocks not counted: the engine stopped answering"
         logger.info(
-            "KV offloading: network tier at %s (%s), namespace %s: %s.",
+            "KV offloading: network tier at %s (%s), namespace %s: %s; %s.",
             url,
             report.summary(),
             self._ns.hex(),
             held,
+            self._signing(),
         )
+
+    def _signing(self) -> str:
+        """What the start-up line says of the values' MAC: a key id, never a key."""
+        if self._keys is None:
+            return (
+                'values unsigned by the user\'s choice ("unsigned": true): anyone who can '
+                "write to the engine can plant KV this server serves"
+            )
+        return "values " + self._keys.keys().describe()
 
     def _check_again(self, node) -> None:
         """The watch thread, when a gone node answers (it may be another
@@ -366,6 +383,16 @@ class NetworkTier(SecondaryTierManager):
             logger.warning("network KV tier: %d transfer thread(s) did not stop in time.", stuck)
             return
         self._rows.release()
+
+
+def _key_source(config: NetworkTierConfig) -> KeySource | None:
+    if config.unsigned:
+        return None
+    return KeySource(
+        env=config.secret_env,
+        path=config.secret_file,
+        on_problem=lambda message: logger.warning("network KV tier: %s", message),
+    )
 
 
 # Misses that are the engine's state, logged once per episode by the link.

@@ -33,6 +33,7 @@ from enum import Enum
 from valkey.exceptions import OutOfMemoryError
 
 from vllm_uma.kv_offload.disk.block_file import BadBlock
+from vllm_uma.kv_offload.mac_keys import KeyRing, KeySource
 from vllm_uma.kv_offload.network import round_trips
 from vllm_uma.kv_offload.network.engine_link import (
     LINK_ERRORS,
@@ -91,12 +92,16 @@ def failed_all(transfer: Transfer, reason: Miss) -> TransferDone:
     return done
 
 
-def run_transfer(link: EngineLink, namespace: bytes, transfer: Transfer) -> TransferDone:
+def run_transfer(
+    link: EngineLink, namespace: bytes, keys: KeySource | None, transfer: Transfer
+) -> TransferDone:
+    """``keys`` None: values unsigned, by the user's choice (value_format.py)."""
     if link.fail_fast():
         return failed_all(transfer, Miss.ENGINE_DOWN)
     try:
         move = load_blocks if transfer.is_load else store_blocks
-        return move(link, namespace, transfer)
+        # One key ring per job: a rotation lands between jobs, never inside one.
+        return move(link, namespace, transfer, None if keys is None else keys.keys())
     except Exception as exc:  # a bug must still end its job, as misses
         done = failed_all(transfer, Miss.ERROR)
         done.bad.append(f"{type(exc).__name__}: {exc}")
@@ -109,7 +114,9 @@ def _batches(transfer: Transfer):
         yield i, zip(transfer.keys[i:end], transfer.names[i:end], transfer.rows[i:end], strict=True)
 
 
-def load_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> TransferDone:
+def load_blocks(
+    link: EngineLink, namespace: bytes, transfer: Transfer, keys: KeyRing | None
+) -> TransferDone:
     done = TransferDone(transfer.job_id, transfer.is_load)
     bad_names: list[bytes] = []
     start = time.perf_counter()
@@ -136,7 +143,7 @@ def load_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> Trans
                 bad_names.append(name)
             elif isinstance(value, Exception):
                 done.failed[key] = miss_of(value).value
-            elif _unpacked(done, key, name, namespace, row, value):
+            elif _unpacked(done, key, name, namespace, row, value, keys):
                 done.moved.append(key)
                 done.nbytes += row.nbytes
             else:
@@ -146,9 +153,9 @@ def load_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> Trans
     return done
 
 
-def _unpacked(done: TransferDone, key, name, namespace, row, value) -> bool:
+def _unpacked(done: TransferDone, key, name, namespace, row, value, keys) -> bool:
     try:
-        unpack_value(value, name, key, namespace, row)
+        unpack_value(value, name, key, namespace, row, keys=keys)
         return True
     except BadBlock as bad:
         done.failed[key] = bad.reason.value
@@ -186,14 +193,18 @@ def _forget(link: EngineLink, names: list[bytes], deadline: float | None) -> Non
         round_trips.each_key(link, names, commands, "deleting bad values", deadline)
 
 
-def store_blocks(link: EngineLink, namespace: bytes, transfer: Transfer) -> TransferDone:
+def store_blocks(
+    link: EngineLink, namespace: bytes, transfer: Transfer, keys: KeyRing | None
+) -> TransferDone:
     done = TransferDone(transfer.job_id, transfer.is_load)
     start = time.perf_counter()
     for _, batch in _batches(transfer):
         blocks = list(batch)
         names = [name for _, name, _ in blocks]
         # The batch's values live until its round trip ends, no longer.
-        commands = [("SET", name, pack_value(key, namespace, row)) for key, name, row in blocks]
+        commands = [
+            ("SET", name, pack_value(key, namespace, row, keys=keys)) for key, name, row in blocks
+        ]
         replies = round_trips.each_key(link, names, commands, "a store")
         del commands
         for (key, name, row), reply in zip(blocks, replies, strict=True):

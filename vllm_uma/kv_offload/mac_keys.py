@@ -1,0 +1,182 @@
+"""The fleet's secret that signs KV blocks: where it is read, its keys, its rotation.
+
+Read in two processes: the API server (network/settings.py, also in
+``vllm-uma serve``'s preflight, before vLLM is imported), which refuses a
+missing, unreadable or short secret with the fix; and the engine core
+(network/tier.py), at start-up and again whenever the file changes, so a
+rotation needs no restart. Never kept in the settings plan (which names the
+variable or the file), never logged, never on a command line: messages name
+a key by its id, a hash of the key that tells nothing of it.
+
+The secret's text is one or more keys separated by whitespace (in a file:
+one a line). The first signs every value written; every one is accepted on
+reads. Rotation, on every host of the fleet:
+
+1. add the new key as a second line: accepted from now on, nothing signs with it;
+2. once every host has it, make it the first line: new values are signed with it,
+   values signed with the old key are still read;
+3. remove the old key once its values have left the engine (or at once: those
+   blocks are then recomputed once).
+
+A host a step behind reads no value signed with a key it lacks: a counted
+miss (``unknown_key``), deleted and recomputed, never served. Skipping step 1
+costs such recomputes while the hosts disagree; nothing wrong is served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import stat
+import threading
+import time
+from dataclasses import dataclass
+
+# 32 characters: 128 bits as hex, the least a guess of the key must face
+# (the tags of values in the engine let anyone test a guess offline).
+MIN_KEY_CHARS = 32
+# How often the engine core looks at the file for a rotated secret: a stat
+# per transfer job at most once a second, not a read.
+RELOAD_CHECK_S = 1.0
+KEY_ID_BYTES = 8
+# Domain separation: the id shown in logs is not the MAC key, nor a tag.
+_ID_CONTEXT = b"vllm-uma kv mac key id\0"
+_KEY_CONTEXT = b"vllm-uma kv mac key\0"
+GENERATE_HINT = "openssl rand -hex 32"
+
+
+class SecretError(ValueError):
+    """The secret cannot sign: the message names the rule and the fix, never the secret."""
+
+
+@dataclass(frozen=True)
+class MacKey:
+    id: bytes  # KEY_ID_BYTES: written beside each tag, so a reader picks the key
+    material: bytes = b""  # 32 bytes derived from the secret; never printed
+
+    def __repr__(self) -> str:  # a log line or a traceback shows the id only
+        return f"MacKey(id={self.id.hex()})"
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    signing: MacKey
+    accepted: dict[bytes, MacKey]  # by id, the signing key included
+
+    def describe(self) -> str:
+        """For the start-up line: the signing key's id, and how many more are read."""
+        others = len(self.accepted) - 1
+        more = f", {others} previous key(s) accepted for reads" if others else ""
+        return f"signed with key id {self.signing.id.hex()}{more}"
+
+
+def derive(secret: bytes) -> MacKey:
+    key_id = hashlib.sha256(_ID_CONTEXT + secret).digest()[:KEY_ID_BYTES]
+    return MacKey(key_id, hashlib.sha256(_KEY_CONTEXT + secret).digest())
+
+
+def parse_keys(text: str, where: str) -> KeyRing:
+    """``text`` as keys (module docstring); ``where`` names its source in errors."""
+    words = text.split()
+    if not words:
+        raise SecretError(
+            f"{where} holds no key: put one on its first line, e.g. the output of "
+            f"`{GENERATE_HINT}`."
+        )
+    for n, word in enumerate(words, start=1):
+        if len(word) < MIN_KEY_CHARS:
+            raise SecretError(
+                f"key {n} of {where} has {len(word)} characters: a key needs at least "
+                f"{MIN_KEY_CHARS}, anyone who reads a tag can test guesses offline. Generate "
+                f"one with `{GENERATE_HINT}`."
+            )
+    keys = [derive(word.encode()) for word in words]
+    return KeyRing(keys[0], {k.id: k for k in reversed(keys)})
+
+
+def read_file(path: str) -> KeyRing:
+    """The keys in ``path``, refused when others may read it (anyone who
+    reads the secret can sign KV every host serves)."""
+    where = f"secret_file={path!r}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SecretError(
+            f"{where} cannot be read ({exc.strerror}): create it with one key a line, "
+            f"mode 0600 (`(umask 077; {GENERATE_HINT} > {path})`), or fix the path."
+        ) from None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretError(f"{where} is not a regular file: name the file of the secret.")
+        if st.st_mode & 0o077:
+            raise SecretError(
+                f"{where} has mode {stat.S_IMODE(st.st_mode):04o}: others may read or "
+                f"change the fleet's secret. Run chmod 600 {path}."
+            )
+        return parse_keys(f.read(), where)
+
+
+def read_env(name: str) -> KeyRing:
+    value = os.environ.get(name)
+    if value is None:
+        raise SecretError(
+            f"secret_env={name!r} names an environment variable that is not set: export "
+            f"{name}=$({GENERATE_HINT}) (the same on every host) before starting the server."
+        )
+    return parse_keys(value, f"the environment variable {name}")
+
+
+class KeySource:
+    """The keys of a secret file or variable, read again when the file changes.
+
+    Shared by the transfer threads: ``keys()`` is a stat at most once a
+    second and a reference swap under a lock; a file that fails to read
+    (an editor's half-written save) keeps the keys in use and is reported
+    once per change by ``on_problem``."""
+
+    def __init__(self, *, env: str | None, path: str | None, on_problem=None):
+        if (env is None) == (path is None):
+            raise ValueError("a KeySource reads one variable or one file")
+        self._env, self._path = env, path
+        self._on_problem = on_problem or (lambda message: None)
+        self._lock = threading.Lock()
+        self._stamp = self._file_stamp()
+        self._ring = read_env(env) if env is not None else read_file(path)
+        self._checked = time.monotonic()
+
+    def keys(self) -> KeyRing:
+        if self._path is None or time.monotonic() - self._checked < RELOAD_CHECK_S:
+            return self._ring
+        with self._lock:
+            self._checked = time.monotonic()
+            stamp = self._file_stamp()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._ring = read_file(self._path)
+                except SecretError as exc:
+                    self._on_problem(f"{exc} The keys read before are kept.")
+            return self._ring
+
+    def _file_stamp(self) -> tuple | None:
+        if self._path is None:
+            return None
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def generate_file(path: str) -> bool:
+    """Create ``path`` with a fresh key (mode 0600) unless it exists; whether
+    it was created. O_EXCL: two fleets started at once keep one secret."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return True
