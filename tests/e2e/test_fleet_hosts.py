@@ -65,6 +65,8 @@ def hosts(vllm_uma_exe, default_model_dir, tmp_path_factory):
         engine = net.on(3).submit(Engine, work, *lru, host=address[3]).result()
         shared = [*EAGER, *BLOCKS_OF_128, "--dtype", "float32", "--max-model-len", "2048"]
         shared += ["--gpu-memory-utilization", "0.3", "--kv-network", engine.url]
+        # Every host signs with the same key: the file the first fleet creates.
+        shared += ["--kv-secret-file", str(work / "kv-network.secret")]
         router = f"http://{address[1]}:{ROUTER_PORT}"
         out = {"net": net, "router": router, "engine": engine, "work": work, "fleets": []}
 

@@ -86,11 +86,11 @@ def family_args(
     kv_args: list[str],
     per_block: int,
     root: Path,
-    network_url: str | None = None,
+    network_tier: dict | None = None,
 ) -> list[str]:
     tier_list = [{"type": "fs", "root_dir": str(root), "max_size_gib": 1}]
-    if network_url is not None:
-        tier_list.append({"type": "valkey", "url": network_url})
+    if network_tier is not None:  # signed with the test's fleet secret (Engine.tier)
+        tier_list.append(network_tier)
     tiers = json.dumps({"kv_connector_extra_config": {"secondary_tiers": tier_list}})
     uma = json.dumps({"vllm_uma": {"release_idle_seconds": 2}})
     return [
@@ -123,11 +123,11 @@ def serve_and_revisit(
     per_block: int,
     root: Path,
     log: Path,
-    network_url: str | None = None,
+    network_tier: dict | None = None,
 ) -> dict:
     """One server of ``path`` on the shared store: the traffic above, and
     what the tests read off it."""
-    args = family_args(path, name, kv_args, per_block, root, network_url)
+    args = family_args(path, name, kv_args, per_block, root, network_tier)
     before = set(block_files(root))
     srv = Server(exe, args, log).wait_ready()
     try:
@@ -168,12 +168,12 @@ def serve_and_revisit(
     return run
 
 
-def serve_family(exe: str, name: str, root: Path, log: Path, network_url: str | None) -> dict:
+def serve_family(exe: str, name: str, root: Path, log: Path, network_tier: dict | None) -> dict:
     family, size = parse_build_name(name)
     per_block = kv_bytes_per_token(family.config(size), dtype_bytes=4) * BLOCK_TOKENS
     kv_args = ["--dtype", "float32"]
     path = build.build(name)
-    return serve_and_revisit(exe, path, name, kv_args, per_block, root, log, network_url)
+    return serve_and_revisit(exe, path, name, kv_args, per_block, root, log, network_tier)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def runs(vllm_uma_exe, default_model_dir, hosts, network_engine, tmp_path_factor
         log = logs / f"{name}.log"
         if name == RESTARTED:  # on host A, with the engine on its own host
             serve = hosts.on(HOST_A).submit(
-                serve_family, vllm_uma_exe, name, root, log, network_engine.url
+                serve_family, vllm_uma_exe, name, root, log, network_engine.tier()
             )
             out[name] = serve.result()
         else:
@@ -221,7 +221,7 @@ def restarted(vllm_uma_exe, runs, hosts, network_engine, tmp_path_factory):
     kv_args = ["--dtype", "float32"]
     empty_root = tmp_path_factory.mktemp("zoo-other-host") / "kv"
     args = family_args(
-        first["path"], RESTARTED, kv_args, first["per_block"], empty_root, network_engine.url
+        first["path"], RESTARTED, kv_args, first["per_block"], empty_root, network_engine.tier()
     )
     log = tmp_path_factory.mktemp("zoo-restart") / "server.log"
     on_b = hosts.on(HOST_B)

@@ -272,13 +272,14 @@ def test_the_network_tier_goes_after_the_disk_store_or_alone():
         config = json.loads(flag(argv, "--kv-transfer-config"))
         return config, [t["type"] for t in config["kv_connector_extra_config"]["secondary_tiers"]]
 
-    config, kinds = tiers(network_url="valkey://10.0.0.9:6379/0")
+    secret = dict(network_secret_file=Path("/k/kv-network.secret"))
+    config, kinds = tiers(network_url="valkey://10.0.0.9:6379/0", **secret)
     assert kinds == ["fs", "valkey"]
     assert config["kv_connector"] == "OffloadingConnector"  # the pool: their staging area
-    config, kinds = tiers(network_url="valkey://10.0.0.9:6379/0", kv_store=None)
+    config, kinds = tiers(network_url="valkey://10.0.0.9:6379/0", kv_store=None, **secret)
     assert kinds == ["valkey"] and "kv_connector" in config
     argv = (
-        plan_fleet(ask(network_url="valkey://h:1/0", kv_store=None), [0, 1], ports())
+        plan_fleet(ask(network_url="valkey://h:1/0", kv_store=None, **secret), [0, 1], ports())
         .members[0]
         .argv
     )
@@ -340,3 +341,33 @@ def test_the_fleets_shared_tiers_are_refused_where_weights_can_change(tmp_path):
     assert "the network tier would keep serving" in problem
     assert check_weight_updates(None, None, True, dev) is None  # host pools only
     assert check_weight_updates(tmp_path, None, False, {}) is None
+
+
+def test_the_network_tier_signs_with_the_fleet_secret_named_never_given(tmp_path):
+    secret = tmp_path / "kv-network.secret"
+    request = ask(network_url="valkey://10.0.0.9:6379/0", network_secret_file=secret)
+    for member in plan_fleet(request, [0, 1], ports()).members:
+        config = json.loads(flag(member.argv, "--kv-transfer-config"))
+        (network,) = [
+            t for t in config["kv_connector_extra_config"]["secondary_tiers"] if t["type"] != "fs"
+        ]
+        assert network == {"type": "valkey", "url": request.network_url, "secret_file": str(secret)}
+    with pytest.raises(FleetPlanError, match="--kv-secret-file PATH"):
+        plan_fleet(ask(network_url="valkey://10.0.0.9:6379/0"), [0, 1], ports())
+
+
+def test_the_fleet_creates_its_secret_once_and_refuses_one_others_can_read(tmp_path, capsys):
+    from vllm_uma.commands.fleet import fleet_secret
+    from vllm_uma.kv_offload import mac_keys
+
+    path = tmp_path / "private" / "kv-network.secret"
+    assert fleet_secret(path) is None
+    key = path.read_text()
+    said = capsys.readouterr().err
+    key_id = mac_keys.read_file(str(path)).signing.id.hex()
+    assert f"created {path} with a new key (id {key_id})" in said and "copy it" in said
+    assert key.strip() not in said  # the key itself is never printed
+    assert fleet_secret(path) is None and path.read_text() == key  # kept: every host's
+    assert capsys.readouterr().err == ""
+    path.chmod(0o644)
+    assert "has mode 0644" in fleet_secret(path)

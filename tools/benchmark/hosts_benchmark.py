@@ -126,10 +126,10 @@ def turn_prompt(args: argparse.Namespace, conversation: int, turn: int) -> str:
     return "\n".join(parts)
 
 
-def server_args(args: argparse.Namespace, disk: Path, engine_url: str | None) -> list[str]:
+def server_args(args: argparse.Namespace, disk: Path, network_tier: dict | None) -> list[str]:
     tiers = [{"type": "fs", "root_dir": str(disk), "max_size_gib": 4}]
-    if engine_url is not None:
-        tiers.append({"type": "valkey", "url": engine_url})
+    if network_tier is not None:  # the engine's url and the run's fleet secret (Engine.tier)
+        tiers.append(network_tier)
     config = {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
@@ -206,15 +206,15 @@ def run_variant(args, net: Network, variant: str, work: Path) -> dict:
     engine = None
     servers: list[Server] = []
     try:
-        engine_url = None
+        network_tier = None
         if variant == "network":
             lru = ("--maxmemory", args.engine_maxmemory, "--maxmemory-policy", "allkeys-lru")
             address = net.host(HOST_ENGINE).address
             engine = net.on(HOST_ENGINE).submit(Engine, work, *lru, host=address).result()
-            engine_url = engine.url
+            network_tier = engine.tier()
         for index, name in ((HOST_A, "A"), (HOST_B, "B")):
             address = net.host(index).address
-            argv = server_args(args, work / f"disk-{name}", engine_url)
+            argv = server_args(args, work / f"disk-{name}", network_tier)
             log = work.parent / f"{variant}-{name}.log"
 
             # Started from the host's thread (tools/hosts/inside.py), on its address.

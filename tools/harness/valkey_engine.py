@@ -65,6 +65,17 @@ class Engine:
     def url(self) -> str:
         return f"valkey://{self.host}:{self.port}/0"
 
+    def tier(self) -> dict:
+        """The network tier's settings for a server on this engine: its url
+        and a fleet secret (a fresh key, mode 0600, in the engine's
+        directory, the same for every server of the test or tool), as a
+        user's tier needs one (kv_offload/mac_keys.py)."""
+        from vllm_uma.kv_offload.mac_keys import generate_file
+
+        secret = self.workdir / "kv-network.secret"
+        generate_file(str(secret))  # kept if there: every server signs alike
+        return {"type": "valkey", "url": self.url, "secret_file": str(secret)}
+
     def client(self) -> valkey.Valkey:
         return valkey.Valkey(host=self.host, port=self.port, socket_timeout=5)
 

@@ -1,7 +1,7 @@
 """``vllm-uma fleet``: parse, plan, run (the supervisor's own process).
 
     vllm-uma fleet [MODEL] [--servers N] [--host H] [--port P]
-        [--policy kv_aware] [--kv-store DIR|none] [--kv-network URL]
+        [--policy kv_aware] [--kv-store DIR|none] [--kv-network URL [--kv-secret-file PATH]]
         [--advertise ADDR] [--join ROUTER_URL | --peer URL[=EVENTS] ...]
         [--log-dir DIR] [serve flags]
 
@@ -10,7 +10,8 @@ the hosts share (its servers and their KV event relays listen there);
 ``--join`` adds the servers to another host's router instead of starting
 one; ``--peer`` gives this fleet's router the servers of other hosts;
 ``--kv-network`` is the network tier every host reads (docs/fleet.md,
-"Several hosts").
+"Several hosts"); its values are signed with the key in ``--kv-secret-file``
+(created with a new key if missing), which every host must hold.
 
 The serve flags are checked once here with vLLM's own parser (as
 ``vllm-uma serve`` does), so that a typo fails before N servers start.
@@ -36,6 +37,8 @@ POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consisten
 # disk), not by what the router once sent where (cache_aware); measured in
 # docs/fleet.md.
 DEFAULT_POLICY = "kv_aware"
+# The network tier's secret, in the cache directory, when --kv-secret-file is not given.
+SECRET_NAME = "kv-network.secret"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the network KV tier every host reads: valkey://HOST:PORT/DB (or redis://); "
         "after the disk store, or alone with --kv-store none",
+    )
+    parser.add_argument(
+        "--kv-secret-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="with --kv-network: the file of the key that signs the network tier's values, "
+        "the same on every host (default: <cache dir>/kv-network.secret, created with a new "
+        "key, mode 0600, if missing: copy it to the other hosts)",
     )
     parser.add_argument(
         "--advertise",
@@ -204,6 +216,18 @@ def main(argv: list[str]) -> int:
         events_dir = private_dir()  # the servers' KV event sockets: this user's only
     except PreflightError as exc:
         return _fail(str(exc), 2)
+    secret_file = None
+    if fleet_args.kv_network is not None:
+        given = fleet_args.kv_secret_file or models.default_cache_root() / SECRET_NAME
+        secret_file = given.expanduser().resolve()
+        if problem := fleet_secret(secret_file):
+            return _fail(problem, 2)
+    elif fleet_args.kv_secret_file is not None:
+        return _fail(
+            "--kv-secret-file signs the network tier's values: add --kv-network URL, or "
+            "remove --kv-secret-file.",
+            2,
+        )
     ask = FleetRequest(
         metrics_port=free_port(),
         events_dir=events_dir,
@@ -218,6 +242,7 @@ def main(argv: list[str]) -> int:
         join=fleet_args.join,
         peers=peers,
         network_url=fleet_args.kv_network,
+        network_secret_file=secret_file,
     )
     try:
         plan = plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)
@@ -242,6 +267,29 @@ def main(argv: list[str]) -> int:
     finally:  # whatever happened, nothing this fleet started keeps running
         fleet.stop()
     return status
+
+
+def fleet_secret(path: Path) -> str | None:
+    """Create the network tier's secret at ``path`` unless it is there,
+    and check it; what is wrong with it, or None. Every server of the fleet
+    names the file (fleet/plan.py): the key never reaches a command line."""
+    from vllm_uma.kv_offload import mac_keys
+
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        created = mac_keys.generate_file(str(path))
+        keys = mac_keys.read_file(str(path))
+    except (OSError, mac_keys.SecretError) as exc:
+        return f"--kv-secret-file: {exc}"
+    if created:
+        print(
+            f"{PROG}: created {path} with a new key (id {keys.signing.id.hex()}) to sign the "
+            f"network tier's values: copy it (mode 0600) to every other host of the fleet "
+            f"and pass it there as --kv-secret-file.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return None
 
 
 def _fail(message: str, status: int) -> int:

@@ -22,7 +22,10 @@ A server's share:
   without a store, a host pool of ``--kv-offloading-size`` 1 GiB each;
 - with ``--kv-network URL``, the network tier on the Valkey/Redis engine
   every host reaches, after the disk store (or alone): what one host
-  stored, another restores (kv_offload/network/).
+  stored, another restores (kv_offload/network/). Its values are signed
+  with the fleet's secret, a file every server of every host names
+  (``--kv-secret-file``, commands/fleet.py creates it if missing): a server
+  serves no block that a holder of the secret did not write.
 
 The router: this fleet's own (``--host``/``--port``), which also routes to
 ``--peer`` servers of other hosts; or, with ``--join URL``, another host's
@@ -132,6 +135,8 @@ class FleetRequest:
     join: str | None = None  # another host's router (http://HOST:PORT); None: our own
     peers: tuple[Peer, ...] = ()  # other hosts' servers our router also routes to
     network_url: str | None = None  # the network tier's engine (--kv-network)
+    # The file of the MAC keys every host's servers sign with (--kv-secret-file).
+    network_secret_file: Path | None = None
 
 
 def cores_for(servers: int, allowed: list[int]) -> list[tuple[int, ...]]:
@@ -262,7 +267,7 @@ def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
         if ask.kv_store is not None:
             tiers.append({"type": "fs", "root_dir": str(ask.kv_store)})
         if ask.network_url is not None:  # after the disk: a local hit is never fetched
-            tiers.append({"type": "valkey", "url": ask.network_url})
+            tiers.append(_network_tier(ask))
         if tiers:
             extra["secondary_tiers"] = tiers
             if not user_pool:
@@ -271,6 +276,17 @@ def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
                 config.update(kv_connector="OffloadingConnector", kv_role="kv_both")
         added += ["--kv-transfer-config", json.dumps(config)]
     return added
+
+
+def _network_tier(ask: FleetRequest) -> dict:
+    """The network tier every server gets: the engine and the file of the
+    fleet's secret (its path on the command line, never a key)."""
+    if ask.network_secret_file is None:
+        raise FleetPlanError(
+            "--kv-network needs the fleet's secret to sign the values: pass --kv-secret-file "
+            "PATH (the same file on every host)."
+        )
+    return {"type": "valkey", "url": ask.network_url, "secret_file": str(ask.network_secret_file)}
 
 
 def _member_plan(

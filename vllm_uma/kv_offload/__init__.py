@@ -10,4 +10,6 @@ holds.py (no block lost when the pool is full), disk/index.py. Worker side
 (moves bytes): mover.py, disk/io_tasks.py. config.py turns vLLM's flags
 into the spec that spec.py builds both sides from, refusals.py refuses what
 offloading cannot serve, pool_size.py sizes the host pool; metrics.py counts.
+The network tier (network/) signs every value with the fleet's secret:
+mac_keys.py reads the keys, block_mac.py puts the tag in a block's header.
 """

@@ -14,7 +14,8 @@ nodes each hold their slots' blocks.
     tls.py               TLS to the engine: the client's context, what a failed handshake means
     node_trust.py        which nodes of a cluster's map may get a connection, and the password
     key_names.py         which keys are ours, by name alone (other applications share engines)
-    value_format.py      key names (cluster hash tags) and values (a block file's bytes)
+    value_format.py      key names (cluster hash tags) and values (a block file's bytes,
+                         signed with the fleet's MAC: ../block_mac.py, ../mac_keys.py)
     engine_check.py      one node's maxmemory and policy: refused, warned, or fine; our share
     engine_usage.py      what our namespaces hold there: bounded SCANs, MEMORY USAGE, UNLINK
     node_checks.py       the mode (standalone or cluster) and every primary's check
