@@ -12,9 +12,9 @@ from vllm_uma.kv_offload.network.settings import parse_network_tier
 
 
 def trust(url: str = "valkey://10.0.0.5:7000/0", **settings) -> NodeTrust:
-    return NodeTrust(
-        parse_network_tier({"type": "valkey", "url": url, "cluster": True, **settings})
-    )
+    # Unsigned: who may be sent the password is not the values' MAC.
+    raw = {"type": "valkey", "url": url, "cluster": True, "unsigned": True, **settings}
+    return NodeTrust(parse_network_tier(raw))
 
 
 def test_a_plain_url_trusts_its_own_host_alone_by_default():

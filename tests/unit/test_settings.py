@@ -145,6 +145,7 @@ def test_a_cluster_tiers_allowed_hosts_round_trip_in_the_plan():
             "url": "valkey://10.0.0.5:7000/0",
             "cluster": True,
             "cluster_allowed_hosts": ["10.0.0.0/24", "valkey-2.internal"],
+            "unsigned": True,
         }
     ]
     cfg = engine_config(ktc=connector(None, secondary_tiers=tiers), size=1)
