@@ -256,7 +256,7 @@ def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
     if ask.network_url is not None and given(flags, "--kv-transfer-config"):
         raise FleetPlanError(
             "--kv-transfer-config and --kv-network both configure offloading: remove one "
-            '(or put {"type": "valkey", "url": ...} in your secondary_tiers).'
+            '(or put {"type": "valkey", "url": ..., "secret_file": ...} in your secondary_tiers).'
         )
     if not given(flags, "--kv-transfer-config"):
         # Pool and disk events with their tokens and parent: without them

@@ -5,7 +5,8 @@ The user names the tier in vLLM's own flag, alone or after the disk tier::
     --kv-transfer-config '{"kv_connector_extra_config": {"secondary_tiers": [
         {"type": "fs", "root_dir": "/var/cache/kv"},
         {"type": "valkey", "url": "valkey://10.0.0.5:6379/0",
-         "password_env": "VLLM_UMA_VALKEY_PASSWORD"}]}}'
+         "password_env": "VLLM_UMA_VALKEY_PASSWORD",
+         "secret_file": "/etc/vllm-uma/kv-network.secret"}]}}'
 
 ``parse_network_tier`` runs in the API-server process (through
 ``kv_offload.config.translate``), before any weights load, and does no
