@@ -72,6 +72,7 @@ def make_tier(
     events: bool = True,
     io_threads: int = 2,
     full_disk=None,
+    secret_file: str | None = None,
     **tier_kw,
 ) -> DiskTier:
     config = DiskTierConfig(
@@ -79,6 +80,7 @@ def make_tier(
         cap_bytes=None if cap_blocks is None else cap_blocks * FILE,
         enable_kv_events=events,
         cap_reason="test",
+        secret_file=secret_file,
     )
     return DiskTier(
         SimpleNamespace(),

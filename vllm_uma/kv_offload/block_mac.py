@@ -1,13 +1,15 @@
 """A KV block's MAC: proof that a host holding the fleet's secret wrote it.
 
 Used by the network tier's transfer threads (engine-core process) on every
-value written and read. A block's CRC-32C and namespace (block_file.py)
-catch honest damage, but anyone can compute them: the key is vLLM's sha256
-chain from a public seed, so a known prefix (a system prompt) has a known
-name, and whoever can write to the engine could plant KV that every host
-serves. The tag is a keyed MAC over the whole header page and the payload,
-with a key only the fleet's hosts hold (mac_keys.py); a value without a
-valid tag is never copied into a row.
+value written and read, and by the disk tier's I/O threads on every block
+file when its own secret is set (disk/config.py: an option). A block's
+CRC-32C and namespace (block_file.py) catch honest damage, but anyone can
+compute them: the key is vLLM's sha256 chain from a public seed, so a known
+prefix (a system prompt) has a known name, and whoever can write to the
+engine could plant KV that every host serves. The tag is a keyed MAC over
+the whole header page and the payload, with a key only the fleet's hosts
+hold (mac_keys.py); a value without a valid tag is never copied into a row
+(a block file's bytes, read into the row, are handed to no one).
 
 The tag lives in the header page's padding, so a signed value is still a
 block file byte for byte (a reader that does not check tags sees nothing

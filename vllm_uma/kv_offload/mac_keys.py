@@ -118,6 +118,25 @@ def read_file(path: str) -> KeyRing:
         return parse_keys(f.read(), where)
 
 
+def checked_source(path: str | None, env: str | None) -> tuple[str | None, str | None]:
+    """A tier's ``secret_file`` (made absolute: the engine core may start
+    elsewhere) and ``secret_env`` after reading the keys once, so that a
+    missing, unreadable or short secret is refused where the settings
+    enter; SecretError otherwise. The keys are not kept."""
+    if path is not None and env is not None:
+        raise SecretError("it names both secret_file and secret_env: keep one.")
+    for given, value in (("secret_file", path), ("secret_env", env)):
+        if value is not None and (not isinstance(value, str) or not value):
+            kind = "a file path" if given == "secret_file" else "an environment variable's name"
+            raise SecretError(f"{given}={value!r} is invalid: it must be {kind}.")
+    if path is not None:
+        path = os.path.abspath(path)
+        read_file(path)
+    elif env is not None:
+        read_env(env)
+    return path, env
+
+
 def read_env(name: str) -> KeyRing:
     value = os.environ.get(name)
     if value is None:

@@ -21,6 +21,7 @@ import os
 import stat
 from pathlib import Path
 
+from vllm_uma.kv_offload import block_mac
 from vllm_uma.kv_offload.disk.block_file import (
     FIXED_HEADER,
     HEADER_BYTES,
@@ -33,6 +34,7 @@ from vllm_uma.kv_offload.disk.block_file import (
     file_id,
 )
 from vllm_uma.kv_offload.disk.direct_io import O_DIRECT
+from vllm_uma.kv_offload.mac_keys import KeyRing
 
 
 def read_block(
@@ -43,8 +45,10 @@ def read_block(
     *,
     direct: bool,
     dir_fd: int | None = None,
+    keys: KeyRing | None = None,
 ) -> None:
     """Fill ``dest`` with the payload of block file ``path``, or raise BadBlock.
+    With ``keys``, a file without a valid MAC by one of them is bad too.
 
     Every field is checked against what the caller expects (key, namespace,
     payload length) and the payload against its checksum: ``dest`` is either
@@ -75,6 +79,8 @@ def read_block(
         if got != expected:
             raise BadBlock(BadReason.TRUNCATED, path, f"read {got} bytes, expected {expected}")
         check_header(header, path, key, namespace, dest)
+        if keys is not None:
+            block_mac.verify(header, dest, keys, str(path))
     except BadBlock as bad:
         bad.seen = seen
         raise

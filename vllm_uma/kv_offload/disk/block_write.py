@@ -20,6 +20,7 @@ import mmap
 import os
 from pathlib import Path
 
+from vllm_uma.kv_offload import block_mac
 from vllm_uma.kv_offload.disk.block_file import (
     HEADER_BYTES,
     SAFE_OPEN,
@@ -28,6 +29,7 @@ from vllm_uma.kv_offload.disk.block_file import (
     temp_name,
 )
 from vllm_uma.kv_offload.disk.direct_io import O_DIRECT
+from vllm_uma.kv_offload.mac_keys import KeyRing
 
 
 def write_block(
@@ -38,14 +40,19 @@ def write_block(
     *,
     direct: bool,
     dir_fd: int | None = None,
+    keys: KeyRing | None = None,
 ) -> None:
     """Write ``payload`` as the block file ``path``, atomically (see the module
-    docstring). ``direct`` asks for O_DIRECT; it needs a direct-capable payload.
+    docstring), signed with ``keys`` unless None (block_mac.py). ``direct``
+    asks for O_DIRECT; it needs a direct-capable payload.
     With ``dir_fd`` (a handle on ``path``'s directory) only ``path.name`` is
     resolved, relative to it. Raises OSError (ENOSPC included) with nothing
     left under ``path``."""
     header = pack_header(key, namespace, checksum(payload), payload.nbytes)
     try:
+        if keys is not None:
+            # The row vLLM pinned for this store: it does not change under us.
+            block_mac.sign(header, payload, keys)
         temp = path.with_name(temp_name(path.name))
         fd = _create_temp(temp, direct, dir_fd)
         try:

@@ -15,6 +15,12 @@ owns or may write is refused here too (trust.py). The resolved
 settings plan (plugin/settings.py), so the directory is created, probed and
 measured once, in one process.
 
+With ``secret_file`` or ``secret_env`` (the network tier's settings, the
+same secret), every block file is signed and checked as a network value
+is (block_mac.py): an option, since the store is this host's own and
+refused when others can write to it (trust.py); for a directory other
+processes of the host may write to all the same.
+
 The cap is resolved here too, so that every later reader sees bytes:
 ``max_size_gib`` unset means 10% of the volume's size (refused if the volume
 has less free space than that), ``0`` means no cap.
@@ -29,13 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_uma.kv_offload import mac_keys
 from vllm_uma.kv_offload.disk.layout import NOINDEX
 from vllm_uma.kv_offload.disk.trust import check_store_root
 
 GiB = 1 << 30
 TIER_TYPE = "fs"
 DEFAULT_CAP_FRACTION = 0.10
-KNOWN_TIER_KEYS = frozenset({"type", "root_dir", "max_size_gib", "enable_kv_events"})
+KNOWN_TIER_KEYS = frozenset(
+    {"type", "root_dir", "max_size_gib", "enable_kv_events", "secret_file", "secret_env"}
+)
 
 
 class DiskTierConfigError(ValueError):
@@ -53,6 +62,10 @@ class DiskTierConfig:
     enable_kv_events: bool
     # For the log: where the cap came from.
     cap_reason: str
+    # Where the MAC keys of signed block files are (mac_keys.py); neither:
+    # block files unsigned, as before (the store is this host's own).
+    secret_file: str | None = None
+    secret_env: str | None = None
 
 
 def parse_disk_tier(
@@ -66,6 +79,7 @@ def parse_disk_tier(
     root_dir = _root_dir(raw.get("root_dir"))
     warnings = []
     events = _kv_events(raw.get("enable_kv_events"), kv_events_enabled, warnings)
+    secret_file, secret_env = _signing(raw)
     prepare_root(root_dir)
     warning = _filesystem_warning(root_dir)
     if warning is not None:
@@ -78,6 +92,8 @@ def parse_disk_tier(
             # On whenever vLLM's events are on, unless the user turned it off.
             enable_kv_events=kv_events_enabled and events is not False,
             cap_reason=reason,
+            secret_file=secret_file,
+            secret_env=secret_env,
         ),
         warnings,
     )
@@ -95,6 +111,7 @@ def check_disk_tier(secondary_tiers: Any) -> None:
     raw = _the_fs_tier(secondary_tiers)
     root_dir = _root_dir(raw.get("root_dir"))
     _kv_events(raw.get("enable_kv_events"), True, [])
+    _signing(raw)
     try:
         untrusted = check_store_root(root_dir) if root_dir.is_dir() else None
     except OSError:
@@ -136,6 +153,14 @@ def _the_fs_tier(secondary_tiers: Any) -> dict[str, Any]:
             f"are {sorted(KNOWN_TIER_KEYS)}. Remove or correct them."
         )
     return raw
+
+
+def _signing(raw: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(secret_file, secret_env), the secret read once to be checked."""
+    try:
+        return mac_keys.checked_source(raw.get("secret_file"), raw.get("secret_env"))
+    except mac_keys.SecretError as exc:
+        raise DiskTierConfigError(f"fs tier: {exc}") from None
 
 
 def _kv_events(events: Any, kv_events_enabled: bool, warnings: list[str]) -> bool | None:

@@ -21,6 +21,7 @@ from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
+from vllm_uma.kv_offload.mac_keys import KeySource
 
 
 class StoreFailure(Enum):
@@ -66,6 +67,8 @@ class Shared:
     writer: str  # this tier's name in the ledger
     cap_bytes: int | None
     protected: Callable[[BlockRef], bool]  # never evicted now (pinned, just hit)
+    # The MAC keys of signed block files (block_mac.py); None: unsigned.
+    keys: KeySource | None = None
 
 
 @dataclass(frozen=True, slots=True)

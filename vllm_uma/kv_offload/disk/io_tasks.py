@@ -25,6 +25,7 @@ from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Outcome, StoreFailu
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.db import is_disk_full
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
+from vllm_uma.kv_offload.mac_keys import KeyRing
 
 
 def store_task(io: BlockIO) -> Outcome:
@@ -65,7 +66,13 @@ def _write_and_commit(io: BlockIO, size: int) -> tuple[StoreFailure, str] | None
     try:
         with shared.layout.block_dir(io.ref, create=True) as dir_fd:
             write_block(
-                io.path, io.ref.key, io.ref.namespace, io.row, direct=io.direct, dir_fd=dir_fd
+                io.path,
+                io.ref.key,
+                io.ref.namespace,
+                io.row,
+                direct=io.direct,
+                dir_fd=dir_fd,
+                keys=_keys(shared),
             )
     except OSError as exc:
         shared.ledger.abort(io.ref, shared.writer)
@@ -83,6 +90,11 @@ def _write_and_commit(io: BlockIO, size: int) -> tuple[StoreFailure, str] | None
         shared.ledger.abort(io.ref, shared.writer)
         return _ledger_failure(exc), f"ledger {shared.ledger.path}: {exc}"
     return None
+
+
+def _keys(shared) -> KeyRing | None:
+    """The key ring of this task (a rotation lands between tasks), or None."""
+    return None if shared.keys is None else shared.keys.keys()
 
 
 def unlinker(layout: Layout, errors: list[str]) -> Callable[[BlockRef], None]:
@@ -114,7 +126,13 @@ def load_task(io: BlockIO) -> Outcome | None:
     try:
         with io.shared.layout.block_dir(io.ref, create=False) as dir_fd:
             read_block(
-                io.path, io.ref.key, io.ref.namespace, io.row, direct=io.direct, dir_fd=dir_fd
+                io.path,
+                io.ref.key,
+                io.ref.namespace,
+                io.row,
+                direct=io.direct,
+                dir_fd=dir_fd,
+                keys=_keys(io.shared),
             )
             end = time.perf_counter()
             # Restored = recently used: the new mtime keeps the LRU order

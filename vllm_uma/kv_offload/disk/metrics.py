@@ -46,7 +46,8 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         EVICTED_BLOCKS: counter("Block files deleted to stay within the disk cap."),
         BAD_BLOCKS: counter(
             "Block files found unusable on restore (then deleted and recomputed), "
-            "by reason: missing, truncated, corrupted, foreign, unreadable, not_a_file.",
+            "by reason: missing, truncated, corrupted, foreign, unreadable, not_a_file, and "
+            "with signed block files unsigned, unknown_key, forged (block_mac.py).",
             labelnames=("reason",),
         ),
         STORE_SKIPPED: counter(

@@ -64,11 +64,15 @@ from vllm_uma.kv_offload.disk.messages import DiskWarnings
 from vllm_uma.kv_offload.disk.reports import TierReports
 from vllm_uma.kv_offload.disk.tier_settle import DeferredSettle
 from vllm_uma.kv_offload.disk.tier_startup import load_existing, open_store, settle
+from vllm_uma.kv_offload.mac_keys import KeySource
+from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
 
 # vLLM internals used here, checked now: a changed one fails this import in
 # one line (plugin/vllm_contract/), not a request later.
 vllm_contract.require(__name__)
+
+logger = get_logger(__name__)
 
 # A restore that has not even started after this long is given up (a miss,
 # recomputed): recomputing a 4,000-token prompt takes about 3 s here, and a
@@ -141,7 +145,9 @@ class DiskTier(SecondaryTierManager):
         """The I/O threads, what the store holds, then the feed from there."""
         store, config, namespace_id = self._store, self._config, self._ns
         ledger, writer = store.ledger, store.writer
-        self._shared = Shared(store.layout, ledger, writer, config.cap_bytes, self._protected)
+        self._shared = Shared(
+            store.layout, ledger, writer, config.cap_bytes, self._protected, _key_source(config)
+        )
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._pool = IOPool(io_threads, self._outcomes, "uma-kv-disk")
         found = load_existing(
@@ -311,3 +317,18 @@ class DiskTier(SecondaryTierManager):
             self._warnings.stuck_threads(stopped.stuck_threads)
             return
         self._store.close()  # the primary tier closes its mmap after this
+
+
+def _key_source(config: DiskTierConfig) -> KeySource | None:
+    """The keys of signed block files, read here at start-up (a secret gone
+    since the settings were checked fails the start with its fix), and said
+    in one line; None when the user asked for none."""
+    if config.secret_file is None and config.secret_env is None:
+        return None
+    source = KeySource(
+        env=config.secret_env,
+        path=config.secret_file,
+        on_problem=lambda message: logger.warning("Disk KV tier: %s", message),
+    )
+    logger.info("Disk KV tier: block files %s.", source.keys().describe())
+    return source

@@ -300,10 +300,6 @@ def _signing(raw: dict[str, Any], reads_values: bool) -> tuple[str | None, str |
             f"valkey tier unsigned={unsigned!r} is invalid: it must be true (values neither "
             f"signed nor checked) or false. Set true or false, or remove the key."
         )
-    if path is not None and env is not None:
-        raise NetworkTierConfigError(
-            "the valkey tier names both secret_file and secret_env: keep one."
-        )
     given = "secret_file" if path is not None else "secret_env" if env is not None else None
     if unsigned and given:
         raise NetworkTierConfigError(
@@ -320,18 +316,8 @@ def _signing(raw: dict[str, Any], reads_values: bool) -> tuple[str | None, str |
                 f'engine no one else can write to, "unsigned": true.'
             )
         return None, None, unsigned
-    value = path if path is not None else env
-    if not isinstance(value, str) or not value:
-        raise NetworkTierConfigError(
-            f"valkey tier {given}={value!r} is invalid: it must be "
-            + ("a file path." if path is not None else "the name of an environment variable.")
-        )
     try:
-        if path is not None:
-            path = os.path.abspath(path)  # the engine core may start elsewhere
-            mac_keys.read_file(path)
-        else:
-            mac_keys.read_env(env)
+        path, env = mac_keys.checked_source(path, env)
     except mac_keys.SecretError as exc:
         raise NetworkTierConfigError(f"valkey tier: {exc}") from None
     return path, env, False
