@@ -383,3 +383,15 @@ def test_a_generated_secret_is_kept_private_and_never_replaced(tmp_path):
     assert not mac_keys.generate_file(path) and open(path).read() == first
     assert os.stat(path).st_mode & 0o777 == 0o600
     assert len(mac_keys.read_file(path).accepted) == 1
+
+
+def test_the_mac_benchmark_times_the_tiers_own_mac():
+    # tools/benchmark/mac_cost.py's figures chose the MAC: its candidate of
+    # that name must compute what block_mac does, byte for byte.
+    from tools.benchmark.mac_cost import candidates
+
+    header, payload = bytearray(os.urandom(HEADER_BYTES)), os.urandom(8192)
+    material = KEYS.signing.material
+    parts = bytes(header[: block_mac.TAG_AT]) + bytes(header[block_mac.TAG_END :])
+    tool = candidates()[block_mac.NAME](material, parts, payload)
+    assert tool == block_mac._tag(material, header, payload)
