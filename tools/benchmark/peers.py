@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = report.summarize(rounds, args.servers)
     warnings = report.warnings(rounds, args.decode_tokens)
     title = (
-        f"{choice.describe()}; {args.dtype}; {args.rounds} round{'s' * (args.rounds != 1)}; "
+        f"{choice.describe(args.dtype)}; {args.rounds} round{'s' * (args.rounds != 1)}; "
         f"commit {env['git_commit']}, {env['cpu_model']}, "
         f"load before {env['loadavg_before'][0]:.1f}"
     )

@@ -30,10 +30,10 @@ class ModelChoice:
     def kv_bytes_per_token(self, dtype: str = "bfloat16") -> int:
         return geometry.kv_bytes_per_token(self.directory, dtype)
 
-    def describe(self) -> str:
+    def describe(self, dtype: str = "bfloat16") -> str:
         weights = "synthetic weights" if self.synthetic else "real weights"
-        per_token = self.kv_bytes_per_token()
-        return f"{self.served_name} ({weights}, {per_token:,} B of KV per token in bfloat16)"
+        per_token = self.kv_bytes_per_token(dtype)
+        return f"{self.served_name} ({weights}, {per_token:,} B of KV per token in {dtype})"
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
