@@ -18,7 +18,11 @@ What this adds on top of ``vllm serve``:
   parse or offloading settings the plugin refuses (``preflight_config.py``),
   in about a second: read from the raw command line (``serve_line.py``)
   before vLLM or torch is imported (10-40 s here); any other start-up error
-  is shortened to its message (set VLLM_LOGGING_LEVEL=DEBUG for the traceback).
+  is shortened to its message (set VLLM_LOGGING_LEVEL=DEBUG for the traceback);
+- ``--api-key-file PATH``: vLLM's ``--api-key`` read from a file (a key on
+  the command line is world-readable in /proc), required on every path but
+  /health and /metrics (fleet/server_guard.py): how a fleet's servers take
+  only the fleet's requests.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from collections.abc import Mapping
 
 from vllm_uma import exit_without_collection, lifeline, models
 from vllm_uma.commands import runtime_preload
-from vllm_uma.commands.argv import given
+from vllm_uma.commands.argv import FlagValueMissing, given, take
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
 from vllm_uma.commands.preflight_config import check_json_values, check_offloading
 from vllm_uma.commands.serve_line import read_serve_line
+from vllm_uma.fleet.api_key import ApiKeyError, read_key_file
+from vllm_uma.fleet.server_guard import KEY_FILE_ENV, GuardEveryPath
 from vllm_uma.plugin.config import NAMESPACE
 from vllm_uma.plugin.vllm_version import UnsupportedVllmError, require_supported_vllm
 
@@ -135,6 +141,14 @@ def build_parser():
     parser.description = SERVE_DESCRIPTION
     parser.epilog = (parser.epilog or "").replace("vllm serve", PROG)
     parser.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="vllm-uma: require a key of this file (one a line, mode 0600) on every path "
+        "but /health and /metrics: vLLM's --api-key without the key on the command line, "
+        "and also on the paths vLLM's --api-key leaves open (/tokenize, /abort_requests, ...).",
+    )
+    parser.add_argument(
         "--no-wire-weights",
         action="store_true",
         help="vllm-uma: do not lock the weights in RAM (mlock). Same as "
@@ -179,7 +193,35 @@ def preflight(argv: list[str], environ: Mapping[str, str]) -> bool:
         check_port(line.host, line.port)
     check_json_values(line)
     check_offloading(line, environ)
+    try:
+        key_file = take(list(argv), "--api-key-file")
+    except FlagValueMissing:
+        key_file = None  # vLLM's parser says so, with the usage
+    if key_file is not None:
+        try:
+            read_key_file(key_file)
+        except ApiKeyError as exc:
+            raise PreflightError(str(exc)) from None
     return False
+
+
+def apply_api_key_file(args: argparse.Namespace, environ) -> None:
+    """``--api-key-file``: vLLM's ``--api-key`` set from the file (every key
+    of it accepted), and every other path guarded too (fleet/server_guard.py,
+    which reads the file that ``environ`` names). ApiKeyError for a key also
+    on the command line, or a file that cannot be used."""
+    path = args.api_key_file
+    del args.api_key_file  # ours: vLLM's code never sees it
+    if path is None:
+        return
+    if args.api_key:
+        raise ApiKeyError(
+            "--api-key and --api-key-file both give the key: keep --api-key-file (a key on "
+            "the command line is readable by every user of this host in /proc/PID/cmdline)."
+        )
+    args.api_key = list(read_key_file(path).keys)
+    environ[KEY_FILE_ENV] = os.path.abspath(path)
+    args.middleware = [*args.middleware, f"{GuardEveryPath.__module__}.GuardEveryPath"]
 
 
 def main(argv: list[str]) -> int:
@@ -252,6 +294,10 @@ def prepare(argv: list[str]) -> tuple[argparse.Namespace, str] | int:
         args = parse_serve_args(argv)
     except models.PrepareError as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    try:
+        apply_api_key_file(args, os.environ)
+    except ApiKeyError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     try:
         # Again, for what the preflight left to vLLM's parser (MODEL after
         # other flags, a --config file's values).
