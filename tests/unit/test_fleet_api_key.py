@@ -18,6 +18,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from vllm_uma.commands.fleet import fleet_api_key
 from vllm_uma.commands.preflight import PreflightError
 from vllm_uma.commands.serve import apply_api_key_file, preflight
 from vllm_uma.fleet.api_key import ApiKeyError, ApiKeys, generate_key_file, read_key_file
@@ -82,6 +83,15 @@ def test_a_new_key_file_is_private_and_an_existing_one_is_kept(tmp_path):
     first = read_key_file(path).sent
     assert len(first) == 64
     assert not generate_key_file(path) and read_key_file(path).sent == first
+
+
+def test_the_fleet_creates_its_key_once_and_says_where(tmp_path, capsys):
+    path = tmp_path / "sub" / "fleet-api.key"
+    assert fleet_api_key(path) is None
+    assert f"created {path} with a new API key" in capsys.readouterr().err
+    assert fleet_api_key(path) is None and capsys.readouterr().err == ""
+    path.chmod(0o644)
+    assert "chmod 600" in fleet_api_key(path)
 
 
 # -- vllm-uma serve --api-key-file --------------------------------------------

@@ -80,7 +80,7 @@ def test_a_pool_size_the_user_gives_is_kept_beside_the_store():
 def test_the_router_subscribes_to_every_server_with_the_cpu_block_size():
     plan = plan_fleet(ask(), [0, 1], ports())
     argv = list(plan.router_argv)
-    assert flag(argv, "--policy") == "kv_aware" and flag(argv, "--port") == "8000"
+    assert flag(argv, "--policy") == "kv_aware"
     sources = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-event-source"]
     assert sources == [
         "http://127.0.0.1:9001=tcp://127.0.0.1:9002",
@@ -129,6 +129,8 @@ def test_the_users_utilization_and_additional_config_are_shared_not_lost():
         (("--gpu-memory-utilization", "1.5"), "must be in \\(0, 1\\]"),
         (("--additional-config", "[1]"), "must be a JSON object"),
         (("--kv-transfer-config", "{}"), "remove one"),
+        (("--api-key", "k" * 40), "--api-key: .* fleet's own --api-key-file"),
+        (("--api-key-file=/k",), "--api-key-file: .*remove --api-key-file"),
     ],
 )
 def test_flags_the_fleet_owns_or_cannot_share_are_refused_with_the_fix(flags, message):
@@ -371,3 +373,41 @@ def test_the_fleet_creates_its_secret_once_and_refuses_one_others_can_read(tmp_p
     assert capsys.readouterr().err == ""
     path.chmod(0o644)
     assert "has mode 0644" in fleet_secret(path)
+
+
+def test_clients_reach_the_gate_and_the_router_listens_on_loopback_only():
+    # The router's own port is on 127.0.0.1: only the gate (fleet/gate.py)
+    # faces --host, and the fleet administers the router on loopback.
+    plan = plan_fleet(ask(host="10.0.0.1", port=8000), [0, 1], ports())
+    argv = list(plan.router_argv)
+    assert flag(argv, "--host") == "127.0.0.1" and flag(argv, "--port") == "9005"
+    assert (plan.gate.host, plan.gate.port) == ("10.0.0.1", 8000)
+    assert plan.router_url == "http://10.0.0.1:8000"
+    assert plan.admin_url == "http://127.0.0.1:9005"
+
+
+def test_every_server_and_the_router_name_the_key_file_never_the_key(tmp_path):
+    from vllm_uma.fleet.api_key import generate_key_file, read_key_file
+
+    key_file = tmp_path / "fleet-api.key"
+    generate_key_file(key_file)
+    key = read_key_file(key_file).sent
+    plan = plan_fleet(ask(api_key_file=key_file), [0, 1], ports())
+    for member in plan.members:
+        assert flag(member.argv, "--api-key-file") == str(key_file)
+        assert "--api-key" not in member.argv
+    assert plan.api_key_file == key_file
+    everything = [*plan.router_argv, *(a for m in plan.members for a in m.argv)]
+    everything += [v for m in plan.members for v in m.env.values()]
+    assert not any(key in word for word in everything)
+    # Without a file (the fleet benchmark) no server is given a key.
+    assert "--api-key-file" not in plan_fleet(ask(), [0, 1], ports()).members[0].argv
+
+
+def test_a_joined_fleet_administers_the_joined_router_and_has_no_clients_of_its_own():
+    joined = ask(servers=1, advertise="10.0.0.2", join="http://10.0.0.1:8000")
+    plan = plan_fleet(joined, [0, 1], ports())
+    assert plan.admin_url == "http://10.0.0.1:8000" and plan.gate is None
+    with pytest.raises(FleetPlanError, match="--client-key-file and --join"):
+        plan_fleet(FleetRequest(**{**joined.__dict__, "client_key_file": Path("/k")}),
+                   [0, 1], ports())  # fmt: skip

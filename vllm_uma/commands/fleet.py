@@ -3,7 +3,7 @@
     vllm-uma fleet [MODEL] [--servers N] [--host H] [--port P]
         [--policy kv_aware] [--kv-store DIR|none] [--kv-network URL [--kv-secret-file PATH]]
         [--advertise ADDR] [--join ROUTER_URL | --peer URL[=EVENTS] ...]
-        [--log-dir DIR] [serve flags]
+        [--api-key-file PATH] [--client-key-file PATH] [--log-dir DIR] [serve flags]
 
 One host of several: ``--advertise`` is this host's address on the network
 the hosts share (its servers and their KV event relays listen there);
@@ -12,6 +12,12 @@ one; ``--peer`` gives this fleet's router the servers of other hosts;
 ``--kv-network`` is the network tier every host reads (docs/fleet.md,
 "Several hosts"); its values are signed with the key in ``--kv-secret-file``
 (created with a new key if missing), which every host must hold.
+
+One API key per fleet, in ``--api-key-file`` (created if missing, the same
+file on every host): every server requires it, the router sends it, and
+only a holder may add or remove the router's workers; ``--client-key-file``
+makes the router's clients need a key too (docs/fleet.md, "Who can steer a
+fleet").
 
 The serve flags are checked once here with vLLM's own parser (as
 ``vllm-uma serve`` does), so that a typo fails before N servers start.
@@ -39,6 +45,8 @@ POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consisten
 DEFAULT_POLICY = "kv_aware"
 # The network tier's secret, in the cache directory, when --kv-secret-file is not given.
 SECRET_NAME = "kv-network.secret"
+# The fleet's API key, in the cache directory, when --api-key-file is not given.
+API_KEY_NAME = "fleet-api.key"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--servers", type=int, default=2, help="servers (default 2)")
-    parser.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="where clients reach the router (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="the router's port for clients (default 8000)"
+    )
     parser.add_argument(
         "--policy",
         choices=POLICIES,
@@ -106,6 +118,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL[=EVENTS]",
         help="a server of another host for this fleet's router, with its KV events "
         "(http://HOST:PORT=tcp://HOST:PORT, as `--join` prints); repeat per server",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the fleet's API key, the same file on every host: every server requires it, "
+        "the router sends it, and only its holders may add or remove the router's workers "
+        f"(default: <cache dir>/{API_KEY_NAME}, created with a new key, mode 0600, if "
+        "missing: copy it to the other hosts)",
+    )
+    parser.add_argument(
+        "--client-key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="clients of the router must send one of this file's keys (one a line, mode "
+        "0600) as Authorization: Bearer KEY for /v1/* and /metrics (default: any client "
+        "that reaches --host)",
     )
     parser.add_argument("--log-dir", type=Path, default=None, help="server and router logs")
     return parser
@@ -228,6 +259,15 @@ def main(argv: list[str]) -> int:
             "remove --kv-secret-file.",
             2,
         )
+    given_key = fleet_args.api_key_file or models.default_cache_root() / API_KEY_NAME
+    api_key_file = given_key.expanduser().resolve()
+    if problem := fleet_api_key(api_key_file):
+        return _fail(problem, 2)
+    client_key_file = None
+    if fleet_args.client_key_file is not None:
+        client_key_file = fleet_args.client_key_file.expanduser().resolve()
+        if problem := checked_key_file(client_key_file, "--client-key-file"):
+            return _fail(problem, 2)
     ask = FleetRequest(
         metrics_port=free_port(),
         events_dir=events_dir,
@@ -243,6 +283,8 @@ def main(argv: list[str]) -> int:
         peers=peers,
         network_url=fleet_args.kv_network,
         network_secret_file=secret_file,
+        api_key_file=api_key_file,
+        client_key_file=client_key_file,
     )
     try:
         plan = plan_fleet(ask, sorted(os.sched_getaffinity(0)), free_port)
@@ -289,6 +331,43 @@ def fleet_secret(path: Path) -> str | None:
             file=sys.stderr,
             flush=True,
         )
+    return None
+
+
+def fleet_api_key(path: Path) -> str | None:
+    """Create the fleet's API key at ``path`` unless it is there, and check
+    it; what is wrong with it, or None. Every server, the router and the
+    gate read the file (fleet/api_key.py): the key never reaches a command line."""
+    from vllm_uma.fleet.api_key import generate_key_file
+
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        created = generate_key_file(path)
+    except OSError as exc:
+        return (
+            f"--api-key-file {path}: cannot be created ({exc.strerror}): name a file in a "
+            f"directory this user may write, or create it with one key, mode 0600."
+        )
+    if problem := checked_key_file(path, "--api-key-file"):
+        return problem
+    if created:
+        print(
+            f"{PROG}: created {path} with a new API key for the fleet's servers and router: "
+            f"copy it (mode 0600) to every other host of the fleet and pass it there as "
+            f"--api-key-file.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return None
+
+
+def checked_key_file(path: Path, flag: str) -> str | None:
+    from vllm_uma.fleet.api_key import ApiKeyError, read_key_file
+
+    try:
+        read_key_file(path, flag)
+    except ApiKeyError as exc:
+        return str(exc)
     return None
 
 

@@ -27,10 +27,18 @@ A server's share:
   (``--kv-secret-file``, commands/fleet.py creates it if missing): a server
   serves no block that a holder of the secret did not write.
 
-The router: this fleet's own (``--host``/``--port``), which also routes to
-``--peer`` servers of other hosts; or, with ``--join URL``, another host's
-router, to which each server is added once it is ready (vllm-router's
-``/add_worker``) and from which it is removed when it stops.
+The router: this fleet's own, which also routes to ``--peer`` servers of
+other hosts; or, with ``--join URL``, another host's router, to which each
+server is added once it is ready (vllm-router's ``/add_worker``) and from
+which it is removed when it stops. This fleet's own router listens on
+127.0.0.1 on a port of its own; clients reach it at ``--host``/``--port``
+through the gate (gate.py), which keeps its worker administration to the
+fleet's hosts.
+
+The fleet's API key (``--api-key-file``, api_key.py): every server requires
+it (``vllm-uma serve --api-key-file``), the router sends it (router_main.py,
+and the gate on each request it passes), and only a holder may add or
+remove the router's workers. Every command line names the file, never the key.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ EVENTS_TOPIC = ""
 TOKEN_POLICIES = ("kv_aware", "cache_aware")
 # Flags the fleet sets per server; given by the user they would be wrong.
 OWNED_FLAGS = ("--port", "--host", "--kv-events-config", "--uds")
+# The servers' key is the fleet's, from its file (api_key.py).
+KEY_FLAGS = ("--api-key", "--api-key-file")
+ROUTER_HOST = "127.0.0.1"  # the router's own address: only the gate faces the network
 
 
 class FleetPlanError(ValueError):
@@ -103,6 +114,19 @@ class Peer:
 
 
 @dataclass(frozen=True)
+class GatePlan:
+    """Where clients reach this fleet's own router (gate.py)."""
+
+    host: str
+    port: int
+    client_key_file: Path | None = None  # None: any client that reaches it
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class FleetPlan:
     members: tuple[MemberPlan, ...]
     router_argv: tuple[str, ...]  # after the `vllm-router` executable; () with join
@@ -111,6 +135,15 @@ class FleetPlan:
     join: bool = False  # the router is another host's: add the servers to it
     # The servers' KV block: the router and the relays must hash the same.
     block_tokens: int = DEFAULT_BLOCK_TOKENS
+    # Where this fleet adds and removes workers: its own router on loopback,
+    # or the joined router's gate; "": router_url.
+    router_admin_url: str = ""
+    api_key_file: Path | None = None  # the fleet's API key; None: servers take none
+    gate: GatePlan | None = None  # with a router of its own
+
+    @property
+    def admin_url(self) -> str:
+        return self.router_admin_url or self.router_url
 
     @property
     def peer_lines(self) -> list[str]:
@@ -137,6 +170,10 @@ class FleetRequest:
     network_url: str | None = None  # the network tier's engine (--kv-network)
     # The file of the MAC keys every host's servers sign with (--kv-secret-file).
     network_secret_file: Path | None = None
+    # The fleet's API key (--api-key-file); None only where nothing leaves
+    # loopback and no server should take a key (the fleet benchmark).
+    api_key_file: Path | None = None
+    client_key_file: Path | None = None  # --client-key-file: the router's clients need a key
 
 
 def cores_for(servers: int, allowed: list[int]) -> list[tuple[int, ...]]:
@@ -193,10 +230,22 @@ def plan_fleet(ask: FleetRequest, allowed_cpus: list[int], free_port) -> FleetPl
                 "--peer and --join: a fleet that joins another host's router has no router "
                 "of its own to give peers to; pass the --peer lines to the joined host's fleet."
             )
-        return FleetPlan(tuple(members), (), ask.join.rstrip("/"), ask.kv_store, True, tokens)
-    router = _router_argv(ask, members, tokens)
-    url = f"http://{ask.host}:{ask.port}"
-    return FleetPlan(tuple(members), tuple(router), url, ask.kv_store, False, tokens)
+        if ask.client_key_file is not None:
+            raise FleetPlanError(
+                "--client-key-file and --join: the router's clients are the joined host's; "
+                "pass --client-key-file to its fleet."
+            )
+        url = ask.join.rstrip("/")
+        return FleetPlan(tuple(members), (), url, ask.kv_store, True, tokens,
+                         api_key_file=ask.api_key_file)  # fmt: skip
+    router_port = free_port()
+    router = _router_argv(ask, members, tokens, router_port)
+    gate = GatePlan(ask.host, ask.port, ask.client_key_file)
+    return FleetPlan(
+        tuple(members), tuple(router), gate.url, ask.kv_store, False, tokens,
+        router_admin_url=f"http://{ROUTER_HOST}:{router_port}",
+        api_key_file=ask.api_key_file, gate=gate,
+    )  # fmt: skip
 
 
 def block_tokens(ask: FleetRequest) -> int:
@@ -227,6 +276,13 @@ def _shared_flags(ask: FleetRequest) -> tuple[list[str], float, dict]:
             raise FleetPlanError(
                 f"{owned} is set by `vllm-uma fleet` for each server; remove it "
                 f"(the router's address is --host/--port of the fleet)."
+            )
+    for key_flag in KEY_FLAGS:
+        if given(flags, key_flag):
+            raise FleetPlanError(
+                f"{key_flag}: the servers of a fleet require the fleet's API key, in the "
+                f"fleet's own --api-key-file (the same file on every host), and the router "
+                f"sends it; remove {key_flag}. For the router's clients: --client-key-file."
             )
     utilization = _utilization(_take(flags, "--gpu-memory-utilization"))
     additional = _additional_config(_take(flags, "--additional-config"))
@@ -333,14 +389,18 @@ def _member_plan(
         "--kv-events-config",
         json.dumps(events),
     ]
+    if ask.api_key_file is not None:  # its path: the key is read by the server
+        argv += ["--api-key-file", str(ask.api_key_file)]
     env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_ranges(cores)}
     return MemberPlan(index, port, cores, events_in, events_out, tuple(argv), env, ask.advertise)
 
 
-def _router_argv(ask: FleetRequest, members: list[MemberPlan], block_tokens: int) -> list[str]:
+def _router_argv(
+    ask: FleetRequest, members: list[MemberPlan], block_tokens: int, port: int
+) -> list[str]:
     argv = [
-        "--host", ask.host,
-        "--port", str(ask.port),
+        "--host", ROUTER_HOST,
+        "--port", str(port),
         "--policy", ask.policy,
         "--worker-urls", *[m.url for m in members], *[p.url for p in ask.peers],
         "--prometheus-host", "127.0.0.1",

@@ -2,8 +2,9 @@
 
 Order matters:
 - servers first, all at once (each waits for its own health), then the
-  router, so that its first routing decisions see every server and its KV
-  event subscriptions find the sockets bound;
+  gate (gate.py: bound at once, so a busy --port fails before the router
+  starts) and the router behind it, so that its first routing decisions see
+  every server and its KV event subscriptions find the sockets bound;
 - a server whose start fails or hangs is stopped before anything else
   happens: nothing stays on its port;
 - a server that exits while the fleet runs is reported in one line and
@@ -19,8 +20,8 @@ Order matters:
   router outlives us: our servers' URLs are recorded on disk before the
   first is added, and a start first removes those of runs that died
   without stopping (worker_record.py);
-- stop (Ctrl-C, SIGTERM, or one of the above): the router first (no new
-  requests), then the servers in parallel, each given the time its disk
+- stop (Ctrl-C, SIGTERM, or one of the above): the gate and the router
+  first (no new requests), then the servers in parallel, each given the time its disk
   tier needs to drain (server_process.Server.stop: SIGTERM, 30 s, SIGKILL).
   A stop asked for while servers start is honoured within a second or two:
   the starts are abandoned and those servers stopped.
@@ -43,6 +44,8 @@ from pathlib import Path
 import requests
 import zmq
 
+from vllm_uma.fleet.api_key import ApiKeyError, ApiKeys, read_key_file
+from vllm_uma.fleet.gate import Gate, GateError
 from vllm_uma.fleet.plan import FleetPlan, MemberPlan
 from vllm_uma.fleet.relay import EventRelay
 from vllm_uma.fleet.worker_record import WorkerRecord
@@ -68,15 +71,19 @@ class FleetError(RuntimeError):
     """The fleet cannot run on; the message says which process and why."""
 
 
-def router_command() -> list[str]:
-    """vllm-router as installed beside this Python (a dependency)."""
+def router_command(api_key_file: Path | None = None) -> list[str]:
+    """vllm-router as installed beside this Python (a dependency); with
+    ``api_key_file``, its launcher reading the fleet's key from that file
+    (router_main.py), which then never appears on a command line."""
     exe = Path(sys.executable).parent / "vllm-router"
     if not exe.exists():
         raise FleetError(
             f"vllm-router is not installed in this environment ({exe} is missing): "
             f"run `make install` (it installs vllm-router with vllm-uma)."
         )
-    return [str(exe)]
+    if api_key_file is None:
+        return [str(exe)]
+    return [sys.executable, "-m", "vllm_uma.fleet.router_main", str(api_key_file)]
 
 
 class Fleet:
@@ -94,6 +101,8 @@ class Fleet:
         self._log_dir = log_dir
         self.servers: dict[int, Server] = {}
         self.router: subprocess.Popen | None = None
+        self.gate: Gate | None = None
+        self._keys: ApiKeys | None = None  # the fleet's API key, read at start
         self.ready_timeout = READY_TIMEOUT_S
         self._router_log = None
         self._exits: dict[int, deque[float]] = {m.index: deque() for m in plan.members}
@@ -129,6 +138,13 @@ class Fleet:
             raise
 
     def start(self) -> None:
+        if self.plan.api_key_file is not None:
+            try:
+                self._keys = read_key_file(self.plan.api_key_file)
+            except ApiKeyError as exc:
+                raise FleetError(str(exc)) from None
+        if self.plan.gate is not None:
+            self._open_gate()
         if self._record is not None:
             self._take_back_leftovers()
             try:
@@ -190,12 +206,25 @@ class Fleet:
                 line,
             )
 
+    def _open_gate(self) -> None:
+        """Where clients will reach the router, bound before anything starts:
+        a busy --port fails in a second, not after the servers' start. Until
+        the router answers, the gate answers 502."""
+        gate = self.plan.gate
+        try:
+            clients = None if gate.client_key_file is None else read_key_file(
+                gate.client_key_file, "--client-key-file")  # fmt: skip
+            self.gate = Gate(gate.host, gate.port, self.plan.admin_url, self._keys, clients)
+        except (ApiKeyError, GateError) as exc:
+            raise FleetError(str(exc)) from None
+
     def _start_router(self) -> None:
+        gate = self.plan.gate  # None: a plan whose router faces its clients itself
         log = self._log_dir / "router.log"
         self._router_log = open(log, "w")
         self.router = subprocess.Popen(
             # Under the lifeline shim: vllm-router cannot watch its parent.
-            shim_command([*router_command(), *self.plan.router_argv]),
+            shim_command([*router_command(self.plan.api_key_file), *self.plan.router_argv]),
             stdout=self._router_log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -209,19 +238,37 @@ class Fleet:
                     f"vllm-router exited with {self.router.returncode} at start-up: {_tail(log)}"
                 )
             try:
-                if requests.get(f"{self.plan.router_url}/health", timeout=2).ok:
+                if requests.get(f"{self.plan.admin_url}/health", timeout=2).ok:
                     logger.info(
                         "fleet: %d servers behind vllm-router (%s) at %s (log %s; its "
                         "metrics at http://127.0.0.1:%s/metrics)",
                         len(self.servers), _policy(self.plan), self.plan.router_url, log,
                         _flag(self.plan, "--prometheus-port"),
                     )  # fmt: skip
+                    if gate is not None:
+                        self._say_who_reaches_the_router()
                     return
             except requests.RequestException:
                 pass
             self._stop.wait(0.5)
         if not self._stop.is_set():
             raise FleetError(f"vllm-router did not answer /health in {ROUTER_READY_S:.0f} s")
+
+    def _say_who_reaches_the_router(self) -> None:
+        gate = self.plan.gate
+        clients = (
+            f"a key of {gate.client_key_file}" if gate.client_key_file is not None
+            else "any client that reaches it (no --client-key-file)"
+        )  # fmt: skip
+        admin = (
+            f"the fleet's API key ({self.plan.api_key_file})" if self._keys is not None
+            else "this process only"
+        )  # fmt: skip
+        logger.info(
+            "fleet: the router serves /v1/*, /health and /metrics at %s to %s; adding or "
+            "removing its workers takes %s.",
+            gate.url, clients, admin,
+        )  # fmt: skip
 
     def watch(self) -> int:
         """Until stopped: restart servers that exit, and (a fleet that joined
@@ -279,7 +326,9 @@ class Fleet:
         list (GET /list_workers): it restarted, or dropped them. A router
         that does not answer is said once until it answers again."""
         try:
-            reply = requests.get(f"{self.plan.router_url}/list_workers", timeout=5)
+            reply = requests.get(
+                f"{self.plan.admin_url}/list_workers", headers=self._auth(), timeout=5
+            )
             reply.raise_for_status()
             # Compared without a trailing slash, in case the router keeps one.
             listed = {url.rstrip("/") for url in reply.json()["urls"]}
@@ -323,16 +372,30 @@ class Fleet:
                 self.plan.router_url, len(record.urls), record.pid, ", ".join(record.urls),
             )  # fmt: skip
 
+    def _auth(self) -> dict[str, str]:
+        return {} if self._keys is None else self._keys.header()
+
     def _router_admin(self, action: str, url: str) -> bool:
         """vllm-router's own worker management (POST /remove_worker,
-        /add_worker), on this fleet's router or the one it joined."""
-        base = self.plan.router_url
-        if not self.plan.join and _flag(self.plan, "--host") in ("0.0.0.0", "::"):
-            base = f"http://127.0.0.1:{_flag(self.plan, '--port')}"  # every address
+        /add_worker), on this fleet's router (its loopback port) or through
+        the gate of the one it joined, with the fleet's API key."""
         try:
-            reply = requests.post(f"{base}/{action}", params={"url": url}, timeout=10)
+            reply = requests.post(
+                f"{self.plan.admin_url}/{action}",
+                params={"url": url},
+                headers=self._auth(),
+                timeout=10,
+            )
             if action == "add_worker" and reply.status_code == 400 and LISTED in reply.text:
                 return True  # the URL is listed: what was asked
+            if reply.status_code == 403:
+                logger.error(
+                    "fleet: the router at %s refused %s %s: it takes worker changes only with "
+                    "the fleet's API key, and this host's (--api-key-file %s) is not its: copy "
+                    "the router host's file here.",
+                    self.plan.router_url, action, url, self.plan.api_key_file,
+                )  # fmt: skip
+                return False
             reply.raise_for_status()
         except requests.RequestException as exc:
             logger.warning("fleet: vllm-router %s %s failed: %s", action, url, exc)
@@ -358,6 +421,8 @@ class Fleet:
                     "the servers it still lists.",
                     self._record.path,
                 )
+        if self.gate is not None:
+            self.gate.stop()
         if self.router is not None:
             _stop_router(self.router)
         if self._router_log is not None:
