@@ -11,6 +11,12 @@ own disk store. float32, so that tokens compare exactly.
   same prompt once to each host, and the second host restores its prefix
   from the network tier (its /metrics), with the first host's tokens.
 
+- Who can steer it: from the client's host, the router refuses to add or
+  list workers (its gate, fleet/gate.py), and host 2's vLLM server refuses
+  /v1/completions and /tokenize without the fleet's API key (vLLM's
+  --api-key and fleet/server_guard.py) and answers with it. Every host
+  names one key file (--api-key-file), as the KV secret.
+
 A stop takes a joined fleet's servers out of the router's rotation
 (vllm-router's /remove_worker): tests/unit/test_fleet_supervisor.py, against
 a stand-in router, to keep this module's time to its one server start per
@@ -67,6 +73,8 @@ def hosts(vllm_uma_exe, default_model_dir, tmp_path_factory):
         shared += ["--gpu-memory-utilization", "0.3", "--kv-network", engine.url]
         # Every host signs with the same key: the file the first fleet creates.
         shared += ["--kv-secret-file", str(work / "kv-network.secret")]
+        # And holds the fleet's API key: the file the first fleet creates.
+        shared += ["--api-key-file", str(work / "fleet-api.key")]
         router = f"http://{address[1]}:{ROUTER_PORT}"
         out = {"net": net, "router": router, "engine": engine, "work": work, "fleets": []}
 
@@ -144,3 +152,24 @@ def test_a_joined_host_restores_what_the_other_stored_with_its_tokens(hosts):
     from_network = [a - b for a, b in zip(each(CACHED, label), before, strict=True)]
     assert sorted(from_network) == [0, full]  # one host computed, the other restored
     assert second["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+
+
+def test_the_client_host_cannot_steer_the_router_nor_call_a_server_without_the_key(hosts):
+    on_client, work = hosts["net"].on(3), hosts["work"]
+    router, server = hosts["router"], server_url(work, 2)
+    key = (work / "fleet-api.key").read_text().split()[0]
+
+    def status(method: str, url: str, key: str | None = None, **kw) -> int:
+        headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+        return requests.request(method, url, headers=headers, timeout=60, **kw).status_code
+
+    mine = f"http://{hosts['net'].host(3).address}:9999"
+    assert on_client.submit(status, "POST", f"{router}/add_worker?url={mine}").result() == 403
+    assert on_client.submit(status, "GET", f"{router}/list_workers").result() == 403
+    assert on_client.submit(status, "POST", f"{router}/tokenize", json={}).result() == 404
+    one = {"model": MODEL, "prompt": "Hello", "max_tokens": 1}
+    tokens = {"model": MODEL, "prompt": "Hello"}
+    for path, body in (("/v1/completions", one), ("/tokenize", tokens)):
+        assert on_client.submit(status, "POST", server + path, json=body).result() == 401, path
+        assert on_client.submit(status, "POST", server + path, key, json=body).result() == 200
+    assert on_client.submit(status, "GET", f"{server}/health").result() == 200
