@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vllm_uma.fleet import supervisor
+from vllm_uma.fleet import router_front, supervisor
 from vllm_uma.fleet.plan import FleetPlan, MemberPlan
 from vllm_uma.fleet.supervisor import Fleet, FleetError, keep_restarting
 from vllm_uma.server_process import free_port
@@ -90,7 +90,7 @@ def test_a_stop_during_a_start_is_honoured_within_seconds(tmp_path):
 def test_a_server_that_will_not_stop_does_not_keep_the_others_running(tmp_path, monkeypatch):
     fleet_plan = plan(tmp_path, False, False)
     fleet = Fleet(fleet_plan, FAKE_SERVE, tmp_path)
-    monkeypatch.setattr(Fleet, "_start_router", lambda self: None)  # no vllm-router here
+    monkeypatch.setattr(router_front.RouterFront, "start", lambda *args: None)  # no vllm-router
     fleet.start()
     assert len(servers_of(fleet_plan)) == 2
     first = fleet.servers[1]
@@ -345,7 +345,7 @@ class RealRouter:
         from vllm_uma.lifeline import shim_command, supervised_env
 
         self.url = f"http://127.0.0.1:{free_port()}"
-        argv = [*supervisor.router_command(), "--host", "127.0.0.1", "--port",
+        argv = [*router_front.router_command(), "--host", "127.0.0.1", "--port",
                 self.url.rsplit(":", 1)[1], "--policy", "round_robin",
                 "--prometheus-port", str(free_port())]  # fmt: skip
         self._log = open(log, "w")
@@ -371,7 +371,7 @@ class RealRouter:
         return sorted(requests.get(f"{self.url}/list_workers", timeout=5).json()["urls"])
 
     def close(self):
-        supervisor._stop_router(self.proc)
+        router_front.stop_router(self.proc)
         self._log.close()
 
 

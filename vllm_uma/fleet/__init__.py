@@ -23,6 +23,7 @@ There is no vLLM extension point for this: a fleet is processes. The
 - gate.py is where clients reach the router (``--host``/``--port``): /v1/*,
   /health and /metrics for clients, the router's worker administration
   for the fleet's hosts only; the router itself listens on 127.0.0.1.
+  router_front.py starts and stops the two for the supervisor.
 - api_key.py: the fleet's API key, one file on every host; every server
   requires it (server_guard.py, on every path but /health and /metrics),
   the router sends it (router_main.py, its launcher reading the file) and

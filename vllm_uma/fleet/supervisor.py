@@ -1,10 +1,11 @@
 """Run a fleet plan: start, watch, restart, stop (the `vllm-uma fleet` process).
 
 Order matters:
-- servers first, all at once (each waits for its own health), then the
-  gate (gate.py: bound at once, so a busy --port fails before the router
-  starts) and the router behind it, so that its first routing decisions see
-  every server and its KV event subscriptions find the sockets bound;
+- the gate where clients will reach the router first (router_front.py: a
+  busy --port fails in a second), then the servers, all at once (each waits
+  for its own health), then the router behind the gate, so that its first
+  routing decisions see every server and its KV event subscriptions find
+  the sockets bound;
 - a server whose start fails or hangs is stopped before anything else
   happens: nothing stays on its port;
 - a server that exits while the fleet runs is reported in one line and
@@ -21,8 +22,9 @@ Order matters:
   first is added, and a start first removes those of runs that died
   without stopping (worker_record.py);
 - stop (Ctrl-C, SIGTERM, or one of the above): the gate and the router
-  first (no new requests), then the servers in parallel, each given the time its disk
-  tier needs to drain (server_process.Server.stop: SIGTERM, 30 s, SIGKILL).
+  first (no new requests), then the servers in parallel, each given the
+  time its disk tier needs to drain (server_process.Server.stop: SIGTERM,
+  30 s, SIGKILL).
   A stop asked for while servers start is honoured within a second or two:
   the starts are abandoned and those servers stopped.
 - if this process dies without stopping (SIGKILL), its servers and the
@@ -31,10 +33,7 @@ Order matters:
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -45,11 +44,10 @@ import requests
 import zmq
 
 from vllm_uma.fleet.api_key import ApiKeyError, ApiKeys, read_key_file
-from vllm_uma.fleet.gate import Gate, GateError
 from vllm_uma.fleet.plan import FleetPlan, MemberPlan
 from vllm_uma.fleet.relay import EventRelay
+from vllm_uma.fleet.router_front import RouterFront, RouterFrontError
 from vllm_uma.fleet.worker_record import WorkerRecord
-from vllm_uma.lifeline import shim_command, supervised_env
 from vllm_uma.log import get_logger
 from vllm_uma.server_process import READY_TIMEOUT_S, Server, StartCancelled
 
@@ -58,7 +56,6 @@ logger = get_logger(__name__)
 RESTART_LIMIT = 3
 RESTART_WINDOW_S = 300.0
 POLL_S = 1.0
-ROUTER_READY_S = 120.0
 # How often a fleet that joined another host's router checks that the router
 # still lists its servers: vllm-router keeps workers added by /add_worker in
 # memory only, so a restarted router has forgotten them.
@@ -69,21 +66,6 @@ LISTED = "already exists"
 
 class FleetError(RuntimeError):
     """The fleet cannot run on; the message says which process and why."""
-
-
-def router_command(api_key_file: Path | None = None) -> list[str]:
-    """vllm-router as installed beside this Python (a dependency); with
-    ``api_key_file``, its launcher reading the fleet's key from that file
-    (router_main.py), which then never appears on a command line."""
-    exe = Path(sys.executable).parent / "vllm-router"
-    if not exe.exists():
-        raise FleetError(
-            f"vllm-router is not installed in this environment ({exe} is missing): "
-            f"run `make install` (it installs vllm-router with vllm-uma)."
-        )
-    if api_key_file is None:
-        return [str(exe)]
-    return [sys.executable, "-m", "vllm_uma.fleet.router_main", str(api_key_file)]
 
 
 class Fleet:
@@ -100,11 +82,9 @@ class Fleet:
         self._serve_exe = serve_exe
         self._log_dir = log_dir
         self.servers: dict[int, Server] = {}
-        self.router: subprocess.Popen | None = None
-        self.gate: Gate | None = None
+        self.front: RouterFront | None = None  # a router of its own, and its gate
         self._keys: ApiKeys | None = None  # the fleet's API key, read at start
         self.ready_timeout = READY_TIMEOUT_S
-        self._router_log = None
         self._exits: dict[int, deque[float]] = {m.index: deque() for m in plan.members}
         self._stop = threading.Event()
         self._stopped = False
@@ -115,6 +95,10 @@ class Fleet:
         if plan.join and record_dir is not None:
             self._record = WorkerRecord(record_dir, plan.router_url)
         self._leftovers = False  # a dead run's URLs the router did not all take back
+
+    @property
+    def router(self) -> subprocess.Popen | None:
+        return None if self.front is None else self.front.proc
 
     def _start_member(self, member: MemberPlan) -> Server:
         log = self._log_dir / f"server-{member.index}.log"
@@ -143,8 +127,9 @@ class Fleet:
                 self._keys = read_key_file(self.plan.api_key_file)
             except ApiKeyError as exc:
                 raise FleetError(str(exc)) from None
-        if self.plan.gate is not None:
-            self._open_gate()
+        if not self.plan.join:  # where clients will reach it, bound first
+            self.front = RouterFront(self.plan, self._keys, self._log_dir)
+            self._front(self.front.open_gate)
         if self._record is not None:
             self._take_back_leftovers()
             try:
@@ -185,7 +170,14 @@ class Fleet:
         if self.plan.join:
             self._join()
         else:
-            self._start_router()
+            self._front(self.front.start, len(self.servers), self._stop)
+
+    @staticmethod
+    def _front(step, *args) -> None:
+        try:
+            step(*args)
+        except RouterFrontError as exc:
+            raise FleetError(str(exc)) from None
 
     def _join(self) -> None:
         """Add every server to the router of another host (--join); each
@@ -205,70 +197,6 @@ class Fleet:
                 self.plan.router_url,
                 line,
             )
-
-    def _open_gate(self) -> None:
-        """Where clients will reach the router, bound before anything starts:
-        a busy --port fails in a second, not after the servers' start. Until
-        the router answers, the gate answers 502."""
-        gate = self.plan.gate
-        try:
-            clients = None if gate.client_key_file is None else read_key_file(
-                gate.client_key_file, "--client-key-file")  # fmt: skip
-            self.gate = Gate(gate.host, gate.port, self.plan.admin_url, self._keys, clients)
-        except (ApiKeyError, GateError) as exc:
-            raise FleetError(str(exc)) from None
-
-    def _start_router(self) -> None:
-        gate = self.plan.gate  # None: a plan whose router faces its clients itself
-        log = self._log_dir / "router.log"
-        self._router_log = open(log, "w")
-        self.router = subprocess.Popen(
-            # Under the lifeline shim: vllm-router cannot watch its parent.
-            shim_command([*router_command(self.plan.api_key_file), *self.plan.router_argv]),
-            stdout=self._router_log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **supervised_env()},
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + ROUTER_READY_S
-        while time.monotonic() < deadline and not self._stop.is_set():
-            if self.router.poll() is not None:
-                raise FleetError(
-                    f"vllm-router exited with {self.router.returncode} at start-up: {_tail(log)}"
-                )
-            try:
-                if requests.get(f"{self.plan.admin_url}/health", timeout=2).ok:
-                    logger.info(
-                        "fleet: %d servers behind vllm-router (%s) at %s (log %s; its "
-                        "metrics at http://127.0.0.1:%s/metrics)",
-                        len(self.servers), _policy(self.plan), self.plan.router_url, log,
-                        _flag(self.plan, "--prometheus-port"),
-                    )  # fmt: skip
-                    if gate is not None:
-                        self._say_who_reaches_the_router()
-                    return
-            except requests.RequestException:
-                pass
-            self._stop.wait(0.5)
-        if not self._stop.is_set():
-            raise FleetError(f"vllm-router did not answer /health in {ROUTER_READY_S:.0f} s")
-
-    def _say_who_reaches_the_router(self) -> None:
-        gate = self.plan.gate
-        clients = (
-            f"a key of {gate.client_key_file}" if gate.client_key_file is not None
-            else "any client that reaches it (no --client-key-file)"
-        )  # fmt: skip
-        admin = (
-            f"the fleet's API key ({self.plan.api_key_file})" if self._keys is not None
-            else "this process only"
-        )  # fmt: skip
-        logger.info(
-            "fleet: the router serves /v1/*, /health and /metrics at %s to %s; adding or "
-            "removing its workers takes %s.",
-            gate.url, clients, admin,
-        )  # fmt: skip
 
     def watch(self) -> int:
         """Until stopped: restart servers that exit, and (a fleet that joined
@@ -421,12 +349,8 @@ class Fleet:
                     "the servers it still lists.",
                     self._record.path,
                 )
-        if self.gate is not None:
-            self.gate.stop()
-        if self.router is not None:
-            _stop_router(self.router)
-        if self._router_log is not None:
-            self._router_log.close()
+        if self.front is not None:
+            self.front.stop()
         with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
             list(pool.map(_stop_server, self.servers.items()))
         for relay in self._relays:
@@ -446,41 +370,9 @@ def keep_restarting(exits: deque[float], now: float) -> bool:
     return len(exits) <= RESTART_LIMIT
 
 
-def _stop_router(router: subprocess.Popen) -> None:
-    """SIGTERM to the router's session (its lifeline shim and vllm-router),
-    SIGKILL 10 s later; never raises, so the servers are stopped after it."""
-    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        if router.poll() is not None:
-            return
-        try:
-            os.killpg(router.pid, sig)
-            router.wait(timeout=wait_s)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-    logger.error("fleet: vllm-router (pid %d) did not exit after SIGKILL.", router.pid)
-
-
 def _stop_server(item: tuple[int, Server]) -> None:
     index, server = item
     try:
         server.stop()
     except Exception as exc:  # noqa: BLE001 - the others are stopped regardless
         logger.error("fleet: server %d did not stop cleanly: %s", index, exc)
-
-
-def _flag(plan: FleetPlan, name: str) -> str:
-    argv = list(plan.router_argv)
-    return argv[argv.index(name) + 1]
-
-
-def _policy(plan: FleetPlan) -> str:
-    return _flag(plan, "--policy")
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
