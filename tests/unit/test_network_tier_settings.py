@@ -385,6 +385,11 @@ def test_a_generated_secret_is_kept_private_and_never_replaced(tmp_path):
     assert len(mac_keys.read_file(path).accepted) == 1
 
 
+def test_a_directory_named_as_the_secret_file_is_refused_in_one_line(tmp_path):
+    with pytest.raises(mac_keys.SecretError, match="is not a regular file"):
+        mac_keys.read_file(str(tmp_path))
+
+
 def test_the_mac_benchmark_times_the_tiers_own_mac():
     # tools/benchmark/mac_cost.py's figures chose the MAC: its candidate of
     # that name must compute what block_mac does, byte for byte.

@@ -106,10 +106,13 @@ def read_file(path: str) -> KeyRing:
             f"{where} cannot be read ({exc.strerror}): create it with one key a line, "
             f"mode 0600 (`(umask 077; {GENERATE_HINT} > {path})`), or fix the path."
         ) from None
+    # fstat before fdopen: Python refuses to open a directory's descriptor
+    # as a file (IsADirectoryError), which would skip our message.
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise SecretError(f"{where} is not a regular file: name the file of the secret.")
     with os.fdopen(fd, encoding="utf-8") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise SecretError(f"{where} is not a regular file: name the file of the secret.")
         if st.st_mode & 0o077:
             raise SecretError(
                 f"{where} has mode {stat.S_IMODE(st.st_mode):04o}: others may read or "
