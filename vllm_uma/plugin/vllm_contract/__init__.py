@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from vllm_uma.plugin import vllm_version
 from vllm_uma.plugin.vllm_contract.entries_core import ENTRIES as _CORE
+from vllm_uma.plugin.vllm_contract.entries_int4 import ENTRIES as _INT4
 from vllm_uma.plugin.vllm_contract.entries_offload import ENTRIES as _OFFLOAD
 from vllm_uma.plugin.vllm_contract.entries_release import ENTRIES as _RELEASE
 from vllm_uma.plugin.vllm_contract.kinds import Entry
 from vllm_uma.plugin.vllm_version import SUPPORTED_VLLM, installed_vllm_version
 
-ENTRIES: tuple[Entry, ...] = _RELEASE + _CORE + _OFFLOAD
+ENTRIES: tuple[Entry, ...] = _RELEASE + _CORE + _OFFLOAD + _INT4
 DOC = "docs/upgrading_vllm.md"
 
 
