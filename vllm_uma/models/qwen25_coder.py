@@ -32,7 +32,7 @@ import shutil
 from pathlib import Path
 
 from vllm_uma.models import chat_check, convert, split_gguf
-from vllm_uma.models.recipe import Progress, Recipe, Source
+from vllm_uma.models.recipe import Int4Check, Progress, Recipe, Source
 
 NAME = "Qwen2.5-Coder-1.5B-Instruct"
 SPLIT = split_gguf.SplitGGUF(
@@ -69,6 +69,13 @@ CHECK = chat_check.ChatCheck(
     tokens=24,
     start="```python\ndef factorial(n):\n    if n == 0:",
     serve_args=("--dtype", "float32", "--enforce-eager"),
+)
+# The 4-bit build's check (int4.py): the same question. Round-to-nearest in
+# groups of 128 still answers the whole recursive function, in bf16; the
+# judged start stops before ":\n" (0.75 logits against " or"), so its 13
+# tokens' narrowest margin is 1.62 (at "0", against "1").
+INT4_CHECK = Int4Check(
+    CHECK.question, start="```python\ndef factorial(n):\n    if n == 0", tokens=13
 )
 
 
@@ -134,4 +141,5 @@ RECIPE = Recipe(
     locate=locate,
     build=build,
     check=check,
+    int4=INT4_CHECK,
 )

@@ -35,6 +35,17 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Int4Check:
+    """How a recipe's 4-bit build (int4.py) is checked: one chat question,
+    whose greedy answer's first ``tokens`` tokens must start with ``start``.
+    Not token for token: the 4-bit weights answer differently, in bfloat16."""
+
+    question: str
+    start: str
+    tokens: int
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str  # the directory name under models/ and the served model name
     version: int  # bumped when build or check changes, so older builds are rebuilt
@@ -43,3 +54,4 @@ class Recipe:
     build: Callable[[Source, Path, Progress], None]
     check: Callable[[Path, Progress], None]
     dtype: str = "bfloat16"  # of the saved weights, recorded in the manifest
+    int4: Int4Check | None = None  # None: no 4-bit build (`prepare-model --int4` refuses)

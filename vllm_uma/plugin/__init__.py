@@ -4,7 +4,9 @@ The platform (platform.py, named by the ``vllm.platform_plugins`` entry
 point) and the worker that wires the weights and allocates the KV cache
 lazily (worker.py, wiring.py, lazy_kv.py), the memory budget and its
 breakdown line (memory.py; the worker measures its figures in
-worker_memory.py), the CPU kernel set-up (cpu_kernels.py), the ``vllm_uma``
+worker_memory.py), the CPU kernel set-up (cpu_kernels.py), what the CPU
+computes in (precision.py; cpu_features.py, read without torch for
+``vllm-uma serve``'s preflight), the ``vllm_uma``
 settings (config.py) and the one vLLM version they are written against
 (vllm_version.py).
 
