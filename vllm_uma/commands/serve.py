@@ -16,6 +16,7 @@ What this adds on top of ``vllm serve``:
 - one clear line, not a traceback, for a missing model, a directory that is
   not a model, a busy port (``preflight.py``), a JSON flag that does not
   parse or offloading settings the plugin refuses (``preflight_config.py``),
+  4-bit weights this CPU or this --dtype cannot run (``preflight_int4.py``),
   in about a second: read from the raw command line (``serve_line.py``)
   before vLLM or torch is imported (10-40 s here); any other start-up error
   is shortened to its message (set VLLM_LOGGING_LEVEL=DEBUG for the traceback);
@@ -37,10 +38,12 @@ from vllm_uma.commands import runtime_preload
 from vllm_uma.commands.argv import FlagValueMissing, given, take
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
-from vllm_uma.commands.preflight_config import check_json_values, check_offloading
+from vllm_uma.commands.preflight_config import check_json_values, check_offloading, plugin_active
+from vllm_uma.commands.preflight_int4 import check_int4
 from vllm_uma.commands.serve_line import read_serve_line
 from vllm_uma.fleet.api_key import ApiKeyError, read_key_file
 from vllm_uma.fleet.server_guard import KEY_FILE_ENV, GuardEveryPath
+from vllm_uma.plugin import cpu_features
 from vllm_uma.plugin.config import NAMESPACE
 from vllm_uma.plugin.vllm_version import UnsupportedVllmError, require_supported_vllm
 
@@ -179,16 +182,21 @@ def is_usage_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, TypeError))
 
 
-def preflight(argv: list[str], environ: Mapping[str, str]) -> bool:
+def preflight(
+    argv: list[str], environ: Mapping[str, str], cpu: cpu_features.CpuFeatures | None = None
+) -> bool:
     """Every refusal the raw command line decides, before vLLM or torch is
     imported; what it leaves undecided (serve_line.py) is checked again once
     vLLM's parser has read the line, and by the platform. Returns whether
-    the line asks for --help (nothing checked then)."""
+    the line asks for --help (nothing checked then). ``cpu``: this CPU's
+    features (None: read them)."""
     line = read_serve_line(argv)
     if line.help:
         return True
     if line.model is not None and not models.is_recipe(line.model):
         check_model(line.model, models.RECIPES)
+        cpu = cpu or cpu_features.read()
+        check_int4(line.model, line.dtype, line.decided_dtype, cpu, plugin_active(environ))
     if line.port is not None:
         check_port(line.host, line.port)
     check_json_values(line)
@@ -302,6 +310,7 @@ def prepare(argv: list[str]) -> tuple[argparse.Namespace, str] | int:
         # Again, for what the preflight left to vLLM's parser (MODEL after
         # other flags, a --config file's values).
         check_model(args.model, models.RECIPES)
+        check_int4(args.model, args.dtype, True, cpu_features.read(), plugin_active(os.environ))
         if not args.uds and not args.headless:
             check_port(args.host, args.port)
     except PreflightError as exc:

@@ -38,6 +38,7 @@ VALUE_FLAGS = frozenset(
         "--kv-offloading-backend",
         "--kv-offloading-size",
         "--weight-transfer-config",
+        "--dtype",
         *JSON_FLAGS,
     }
 )
@@ -66,6 +67,8 @@ class ServeLine:
     # at run time (kv_offload/weight_updates.py); False where a --config file
     # or an abbreviation leaves it to vLLM's parser.
     weight_transfer: bool = False
+    dtype: str | None = None  # --dtype as given (None: not given, vLLM's "auto")
+    decided_dtype: bool = False  # dtype is what vLLM will use
 
 
 def normalized(flag: str) -> str:
@@ -166,6 +169,7 @@ def read_serve_line(argv: list[str]) -> ServeLine:
     )
     ktc, backend, size = (last(f) for f in JSON_FLAGS[:1] + ("--kv-offloading-backend",
                                                              "--kv-offloading-size"))  # fmt: skip
+    dtype = last("--dtype")
     return ServeLine(
         model=_model(argv),
         host=last("--host")[1],
@@ -178,6 +182,8 @@ def read_serve_line(argv: list[str]) -> ServeLine:
         decided_offloading=ktc[0] and backend[0] and size[0],
         weight_transfer="--weight-transfer-config" in scan.given
         or "--weight-transfer-config" in scan.dotted,
+        dtype=dtype[1],
+        decided_dtype=dtype[0],
     )
 
 
