@@ -205,8 +205,12 @@ def children() -> set[int]:
     return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
-def test_a_busy_port_fails_the_start_and_leaves_nothing_running(tmp_path):
+def test_a_busy_port_fails_the_start_and_leaves_nothing_running(tmp_path_factory):
     before = children()  # the module's fleet, if it runs
+    # A short directory: the servers' KV event sockets live in it, and a
+    # Unix socket's path takes at most 107 bytes (this test's own tmp_path,
+    # under an xdist worker's directory, made 108).
+    tmp_path = tmp_path_factory.mktemp("busy")
     key_file = tmp_path / "fleet-api.key"
     generate_key_file(key_file)
     with socket.socket() as taken:
