@@ -320,7 +320,7 @@ def _secret_file(tmp_path, text: str, mode: int = 0o600) -> str:
         ("short-key\n", 0o600, "key 1 of secret_file="),
         (f"{OLD}\nshort\n", 0o600, "key 2 of secret_file="),
         ("\n", 0o600, "holds no key"),
-        (f"{OLD}\n", 0o644, "has mode 0644: others may read or change the fleet's secret"),
+        (f"{OLD}\n", 0o644, "has mode 0644: other users may read the fleet's secret, or change it"),
     ],
 )
 def test_a_secret_file_that_cannot_sign_is_refused_without_showing_it(tmp_path, text, mode, words):

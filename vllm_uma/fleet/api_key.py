@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
-import secrets
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# 32 characters: 128 bits as hex. The key crosses the network in every
-# request; what a guess must face is the same as for the KV secret.
-MIN_KEY_CHARS = 32
-GENERATE_HINT = "openssl rand -hex 32"
+from vllm_uma.plugin import private_key_file
+
+# The file's rules are the KV secret's (private_key_file.py): 32 characters
+# at least, as the key crosses the network in every request.
+from vllm_uma.plugin.private_key_file import GENERATE_HINT, MIN_KEY_CHARS  # noqa: F401
 
 
 class ApiKeyError(ValueError):
@@ -71,57 +69,16 @@ class ApiKeys:
 
 def read_key_file(path: str | Path, flag: str = "--api-key-file") -> ApiKeys:
     """The keys in ``path``; ApiKeyError when it is missing, not a regular
-    file, open to others, or holds no key long enough."""
+    file, open to others, or holds no key long enough (private_key_file.py)."""
     path = str(path)
-    where = f"{flag} {path}"
-    try:
-        # O_NOFOLLOW: a link would let whoever can write the directory name
-        # another file; O_NONBLOCK: a FIFO put there does not hang the start.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        raise ApiKeyError(
-            f"{where} cannot be read ({exc.strerror}): create it with one key a line, mode "
-            f"0600 (`(umask 077; {GENERATE_HINT} > {path})`), or name the file that holds "
-            f"the fleet's key."
-        ) from None
-    st = os.fstat(fd)  # before fdopen, which refuses a directory with its own words
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise ApiKeyError(f"{where} is not a regular file: name the file of the key.")
-    if st.st_mode & 0o077:
-        os.close(fd)
-        raise ApiKeyError(
-            f"{where} has mode {stat.S_IMODE(st.st_mode):04o}: other users may read the "
-            f"fleet's API key (and steer its router, or call its servers). Run chmod 600 "
-            f"{path}."
-        )
-    with os.fdopen(fd, encoding="utf-8") as f:
-        return ApiKeys(path, _parse(f.read(), where))
-
-
-def _parse(text: str, where: str) -> tuple[str, ...]:
-    keys = tuple(text.split())
-    if not keys:
-        raise ApiKeyError(
-            f"{where} holds no key: put one on its first line, e.g. the output of "
-            f"`{GENERATE_HINT}`, the same on every host of the fleet."
-        )
-    for n, key in enumerate(keys, start=1):
-        if len(key) < MIN_KEY_CHARS:
-            raise ApiKeyError(
-                f"key {n} of {where} has {len(key)} characters: a key needs at least "
-                f"{MIN_KEY_CHARS} (`{GENERATE_HINT}` makes one)."
-            )
-    return keys
+    keys = private_key_file.read_keys(
+        path, f"{flag} {path}", ApiKeyError, "the fleet's API key",
+        "name the file that holds the fleet's key",
+    )  # fmt: skip
+    return ApiKeys(path, tuple(keys))
 
 
 def generate_key_file(path: str | Path) -> bool:
     """Create ``path`` with a fresh key (mode 0600) unless it exists; whether
-    it was created. O_EXCL: two fleets started at once keep one key."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(secrets.token_hex(32) + "\n")
-    return True
+    it was created (private_key_file.py)."""
+    return private_key_file.generate(path)

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
-import stat
 import threading
 import time
 from dataclasses import dataclass
 
-# 32 characters: 128 bits as hex, the least a guess of the key must face
-# (the tags of values in the engine let anyone test a guess offline).
-MIN_KEY_CHARS = 32
+from vllm_uma.plugin import private_key_file
+
+# The file's rules (owner-only, keys of 32 characters or more) are shared
+# with the fleet's API key (private_key_file.py).
+from vllm_uma.plugin.private_key_file import GENERATE_HINT
+
 # How often the engine core looks at the file for a rotated secret: a stat
 # per transfer job at most once a second, not a read.
 RELOAD_CHECK_S = 1.0
@@ -43,7 +44,6 @@ KEY_ID_BYTES = 8
 # Domain separation: the id shown in logs is not the MAC key, nor a tag.
 _ID_CONTEXT = b"vllm-uma kv mac key id\0"
 _KEY_CONTEXT = b"vllm-uma kv mac key\0"
-GENERATE_HINT = "openssl rand -hex 32"
 
 
 class SecretError(ValueError):
@@ -78,47 +78,17 @@ def derive(secret: bytes) -> MacKey:
 
 def parse_keys(text: str, where: str) -> KeyRing:
     """``text`` as keys (module docstring); ``where`` names its source in errors."""
-    words = text.split()
-    if not words:
-        raise SecretError(
-            f"{where} holds no key: put one on its first line, e.g. the output of "
-            f"`{GENERATE_HINT}`."
-        )
-    for n, word in enumerate(words, start=1):
-        if len(word) < MIN_KEY_CHARS:
-            raise SecretError(
-                f"key {n} of {where} has {len(word)} characters: a key needs at least "
-                f"{MIN_KEY_CHARS}, anyone who reads a tag can test guesses offline. Generate "
-                f"one with `{GENERATE_HINT}`."
-            )
-    keys = [derive(word.encode()) for word in words]
+    keys = [derive(word.encode()) for word in private_key_file.check_keys(text, where, SecretError)]
     return KeyRing(keys[0], {k.id: k for k in reversed(keys)})
 
 
 def read_file(path: str) -> KeyRing:
     """The keys in ``path``, refused when others may read it (anyone who
-    reads the secret can sign KV every host serves)."""
-    where = f"secret_file={path!r}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        raise SecretError(
-            f"{where} cannot be read ({exc.strerror}): create it with one key a line, "
-            f"mode 0600 (`(umask 077; {GENERATE_HINT} > {path})`), or fix the path."
-        ) from None
-    # fstat before fdopen: Python refuses to open a directory's descriptor
-    # as a file (IsADirectoryError), which would skip our message.
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise SecretError(f"{where} is not a regular file: name the file of the secret.")
-    with os.fdopen(fd, encoding="utf-8") as f:
-        if st.st_mode & 0o077:
-            raise SecretError(
-                f"{where} has mode {stat.S_IMODE(st.st_mode):04o}: others may read or "
-                f"change the fleet's secret. Run chmod 600 {path}."
-            )
-        return parse_keys(f.read(), where)
+    reads the secret can sign KV every host serves): private_key_file.py."""
+    words = private_key_file.read_keys(
+        path, f"secret_file={path!r}", SecretError, "the fleet's secret", "fix the path"
+    )
+    return parse_keys(" ".join(words), f"secret_file={path!r}")
 
 
 def checked_source(path: str | None, env: str | None) -> tuple[str | None, str | None]:
@@ -194,11 +164,5 @@ class KeySource:
 
 def generate_file(path: str) -> bool:
     """Create ``path`` with a fresh key (mode 0600) unless it exists; whether
-    it was created. O_EXCL: two fleets started at once keep one secret."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(secrets.token_hex(32) + "\n")
-    return True
+    it was created (private_key_file.py)."""
+    return private_key_file.generate(path)
