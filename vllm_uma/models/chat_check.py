@@ -71,16 +71,7 @@ def reference(check: ChatCheck, directory: Path, progress: Progress) -> tuple[st
             f"a server would not see the prompt the template makes. Nothing was published."
         )
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=check.tokens,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+    out = greedy(model, torch.tensor([prompt_ids]), check.tokens)
     generated = out.sequences[0][len(prompt_ids) :].tolist()
     answer_text = tokenizer.decode(generated, skip_special_tokens=True)
     answer = Answer(prompt_ids, generated, answer_text, top_two_gaps(out.logits))
@@ -92,6 +83,21 @@ def reference(check: ChatCheck, directory: Path, progress: Progress) -> tuple[st
         )
     progress(f"transformers: {answer_text!r} (narrowest margin {min(answer.margins):.2f} logits)")
     return text, answer
+
+
+def greedy(model, ids, tokens: int):
+    """transformers' greedy answer to ``ids`` (one row), with its logits."""
+    import torch  # torch loads only when a check runs, as above
+
+    with torch.no_grad():
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
 
 
 def top_two_gaps(step_logits: Sequence) -> tuple[float, ...]:

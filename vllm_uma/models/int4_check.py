@@ -75,10 +75,9 @@ def load_model(directory: Path):
 
 
 def in_transformers(check: Int4Check, directory: Path, progress: Progress) -> str:
-    import torch
     from transformers import AutoTokenizer
 
-    from vllm_uma.models.chat_check import top_two_gaps
+    from vllm_uma.models.chat_check import greedy, top_two_gaps
 
     progress(f"checking the 4-bit build in transformers (bfloat16): {check.question!r}")
     tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -87,15 +86,7 @@ def in_transformers(check: Int4Check, directory: Path, progress: Progress) -> st
     ids = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )["input_ids"]
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=check.tokens,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+    out = greedy(model, ids, check.tokens)
     answer = tokenizer.decode(out.sequences[0][ids.shape[1] :], skip_special_tokens=True)
     judge("transformers", check, answer)
     margin = min(top_two_gaps(out.logits))
