@@ -67,6 +67,13 @@ def run(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> None:
     """The child's whole life; never returns (os._exit)."""
     code = 1
     try:
+        # First of all: a server frozen (SIGSTOP) before this line would
+        # outlive a driver killed then, and the driver may freeze one as soon
+        # as it runs (tests/unit/test_crash_campaign.py did, under load). A
+        # stopped process runs no thread, so only the kernel can end it; SIGKILL
+        # wakes it; the driver forks from its only thread, so the parent-death
+        # signal fires when the driver exits.
+        kill_me_with_my_parent(plan.driver_pid)
         _redirect_output(plan.log_path)
         code = _serve(plan, ready_fd, cap_bytes)
     except BaseException as exc:  # the log says what, the exit code that it failed
@@ -100,11 +107,6 @@ def _serve(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> int:
     # driver's pid, taken before the fork: one gone already counts as gone).
     os.environ[lifeline.SUPERVISOR_ENV] = str(plan.driver_pid)
     lifeline.stop_with_supervisor()
-    # A frozen server (SIGSTOP, while the driver checks the store) runs no
-    # thread: if the driver dies then, only the kernel can end it. SIGKILL
-    # wakes a stopped process; the driver forks from its only thread, so the
-    # parent-death signal fires when the driver exits.
-    kill_me_with_my_parent(plan.driver_pid)
     buffer = mmap.mmap(-1, ROWS * ROW_BYTES)
     view = memoryview(buffer).cast("B", (ROWS, ROW_BYTES))
     config = DiskTierConfig(
