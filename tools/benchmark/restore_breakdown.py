@@ -2,7 +2,7 @@
 disk restore, each split into its parts.
 
     .venv/bin/python -m tools.benchmark.restore_breakdown [--prompt-tokens 4000]
-        [--rounds 3] [--model zoo-qwen3-real] [--out bench-out/restore_breakdown.json]
+        [--rounds 3] [--model zoo-qwen3-real] [--signed] [--out bench-out/restore_breakdown.json]
 
 One server (eager, an L1 of about two prompts and a half, a pool of eight
 prompts and at least 2 GiB, both in the model's KV bytes (lib/model_choice.py),
@@ -48,6 +48,7 @@ from tools.benchmark.lib.prompts import MODEL, text
 from tools.benchmark.lib.report import Column, Table, write_json
 from tools.benchmark.lib.servers import disk_tier_args
 from tools.harness.server import Server, metric
+from vllm_uma.kv_offload import mac_keys
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--enforce-eager", "--max-model-len", "8192"]
@@ -129,6 +130,12 @@ def main() -> int:
         default=3.0,
         help="seconds without a request before each measured one",
     )
+    ap.add_argument(
+        "--signed",
+        action="store_true",
+        help="the disk tier signs and checks every block file (a fresh secret_file): "
+        "what the MAC adds to a disk restore",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "restore_breakdown.json")
     model_choice.add_argument(ap)
     args = ap.parse_args()
@@ -141,7 +148,12 @@ def main() -> int:
         tempfile.TemporaryDirectory(prefix="restore-breakdown-") as logs,
         tempfile.TemporaryDirectory(prefix="restore-breakdown-disk-", dir=REPO) as disk,
     ):
-        tier = sizing(choice, args.prompt_tokens) + disk_tier_args(Path(disk) / "kv", cap_gib=0)
+        secret = Path(logs) / "kv.secret" if args.signed else None
+        if secret is not None:
+            mac_keys.generate_file(str(secret))
+        tier = sizing(choice, args.prompt_tokens) + disk_tier_args(
+            Path(disk) / "kv", cap_gib=0, secret_file=secret
+        )
         prompts = [text(700 + r, args.prompt_tokens) for r in range(args.rounds)]
         server = start(tier, Path(logs), "first", choice)
         try:
@@ -166,8 +178,9 @@ def main() -> int:
     result["model"] = choice.describe()
     result["rounds"] = args.rounds
     result["settle_s"] = args.settle
+    result["signed"] = args.signed
     write_json(args.out, result)
-    print(f"model: {result['model']}")
+    print(f"model: {result['model']}; block files {'signed' if args.signed else 'unsigned'}")
     print(_table(result))
     print(f"wrote {args.out}")
     return 0

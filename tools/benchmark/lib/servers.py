@@ -84,12 +84,17 @@ def breakdown(server: Server) -> dict[str, int]:
     return parse_breakdown(line)
 
 
-def disk_tier_args(root_dir: Path, cap_gib: float, auto_pool: bool = False) -> list[str]:
+def disk_tier_args(
+    root_dir: Path, cap_gib: float, auto_pool: bool = False, secret_file: Path | None = None
+) -> list[str]:
     """The `vllm-uma serve` flags of a disk tier (L3) at ``root_dir``.
     ``auto_pool``: the connector named without a size, so the server sizes
     the host pool itself (the disk tier's staging area); else the pool's
-    size comes from ``--kv-offloading-size``."""
+    size comes from ``--kv-offloading-size``. ``secret_file``: block files
+    signed and checked with its key (kv_offload/block_mac.py)."""
     tier = {"type": "fs", "root_dir": str(root_dir), "max_size_gib": cap_gib}
+    if secret_file is not None:
+        tier["secret_file"] = str(secret_file)
     config: dict = {"kv_connector_extra_config": {"secondary_tiers": [tier]}}
     if auto_pool:
         config.update(kv_connector="OffloadingConnector", kv_role="kv_both")
