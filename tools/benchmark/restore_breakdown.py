@@ -49,6 +49,7 @@ from tools.benchmark.lib.report import Column, Table, write_json
 from tools.benchmark.lib.servers import disk_tier_args
 from tools.harness.server import Server, metric
 from vllm_uma.kv_offload import mac_keys
+from vllm_uma.plugin import precision
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--enforce-eager", "--max-model-len", "8192"]
@@ -101,19 +102,22 @@ def measure(
     return parts
 
 
-def sizing(choice: model_choice.ModelChoice, prompt_tokens: int) -> list[str]:
-    """L1 and pool flags in the model's KV bytes."""
-    per_prompt = choice.kv_bytes_per_token() * prompt_tokens
+def sizing(choice: model_choice.ModelChoice, prompt_tokens: int, dtype: str) -> list[str]:
+    """L1 and pool flags in the model's KV bytes at ``dtype``."""
+    per_prompt = choice.kv_bytes_per_token(dtype) * prompt_tokens
     pool_gib = max(2.0, POOL_PROMPTS * per_prompt / 2**30)
     l1 = int(L1_PROMPTS * per_prompt)
-    return ["--kv-cache-memory-bytes", str(l1), "--kv-offloading-size", f"{pool_gib:.2f}"]
+    return [
+        *("--dtype", dtype, "--kv-cache-memory-bytes", str(l1)),
+        *("--kv-offloading-size", f"{pool_gib:.2f}"),
+    ]
 
 
-def start(args: list[str], log_dir: Path, name: str, choice) -> Server:
+def start(args: list[str], log_dir: Path, name: str, choice, dtype: str) -> Server:
     print(f"starting {name} ...", file=sys.stderr, flush=True)
     server = servers.start(choice.serve_args + COMMON + args, log_dir / f"{name}.log")
     try:
-        model_choice.check_breakdown(choice, servers.breakdown(server))
+        model_choice.check_breakdown(choice, servers.breakdown(server), dtype)
     except BaseException:
         server.stop()
         raise
@@ -131,6 +135,13 @@ def main() -> int:
         help="seconds without a request before each measured one",
     )
     ap.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16" if precision.has_bf16_arithmetic() else "float32",
+        help="the server's precision (default: what `vllm-uma serve` picks on this CPU, "
+        "docs/serving.md Precision); the L1 and pool are sized in its KV bytes",
+    )
+    ap.add_argument(
         "--signed",
         action="store_true",
         help="the disk tier signs and checks every block file (a fresh secret_file): "
@@ -140,7 +151,7 @@ def main() -> int:
     model_choice.add_argument(ap)
     args = ap.parse_args()
     choice = model_choice.choose(args.model)
-    print(f"model: {choice.describe()}", file=sys.stderr, flush=True)
+    print(f"model: {choice.describe(args.dtype)}", file=sys.stderr, flush=True)
     model = choice.served_name
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cases: dict[str, list[dict]] = {"recompute": [], "l1_hit": [], "pool": [], "disk": []}
@@ -151,11 +162,11 @@ def main() -> int:
         secret = Path(logs) / "kv.secret" if args.signed else None
         if secret is not None:
             mac_keys.generate_file(str(secret))
-        tier = sizing(choice, args.prompt_tokens) + disk_tier_args(
+        tier = sizing(choice, args.prompt_tokens, args.dtype) + disk_tier_args(
             Path(disk) / "kv", cap_gib=0, secret_file=secret
         )
         prompts = [text(700 + r, args.prompt_tokens) for r in range(args.rounds)]
-        server = start(tier, Path(logs), "first", choice)
+        server = start(tier, Path(logs), "first", choice, args.dtype)
         try:
             measure(server, "Hello", model)  # first-request set-up, unmeasured
             for r, prompt in enumerate(prompts):
@@ -167,7 +178,7 @@ def main() -> int:
         finally:
             server.stop()  # a clean stop: every block file is written
         drop_page_cache(Path(disk))
-        server = start(tier, Path(logs), "restarted", choice)
+        server = start(tier, Path(logs), "restarted", choice, args.dtype)
         try:
             measure(server, "Hello", model)
             cases["disk"] = [measure(server, prompt, model, args.settle) for prompt in prompts]
@@ -175,7 +186,7 @@ def main() -> int:
             server.stop()
     result = {case: _medians(runs) for case, runs in cases.items()}
     result["prompt_tokens"] = args.prompt_tokens
-    result["model"] = choice.describe()
+    result["model"] = choice.describe(args.dtype)
     result["rounds"] = args.rounds
     result["settle_s"] = args.settle
     result["signed"] = args.signed
