@@ -52,7 +52,8 @@ from vllm_uma.kv_offload import mac_keys
 from vllm_uma.plugin import precision
 
 REPO = Path(__file__).resolve().parents[2]
-COMMON = ["--enforce-eager", "--max-model-len", "8192"]
+MAX_MODEL_LEN = 8192
+COMMON = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
 L1_PROMPTS = 2.4  # P and one other stay; three others push P out
 POOL_PROMPTS = 8  # P and the three others stay, with room
 HISTOGRAMS = {
@@ -150,6 +151,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "restore_breakdown.json")
     model_choice.add_argument(ap)
     args = ap.parse_args()
+    if L1_PROMPTS * args.prompt_tokens < MAX_MODEL_LEN:
+        ap.error(
+            f"--prompt-tokens {args.prompt_tokens}: the L1 is sized at {L1_PROMPTS} prompts, "
+            f"{L1_PROMPTS * args.prompt_tokens:.0f} tokens, less than the server's "
+            f"--max-model-len {MAX_MODEL_LEN}, which vLLM refuses; give at least "
+            f"{int(MAX_MODEL_LEN / L1_PROMPTS) + 1}"
+        )
     choice = model_choice.choose(args.model)
     print(f"model: {choice.describe(args.dtype)}", file=sys.stderr, flush=True)
     model = choice.served_name
