@@ -329,7 +329,7 @@ def test_chats_are_asked_turn_by_turn_across_conversations(fake_servers):
     flat = peers_report.flatten(out)
     assert flat["chat_p50_t2"] == sorted(out["chat_ttft_s"][2])[1]
     assert flat["chat_max_t3"] == max(out["chat_ttft_s"][3])
-    keys = [f.key for f in peers_report.figures([64], 1, [1], 3, 3)]
+    keys = [f.key for f in peers_report.figures([64], 1, [1], shape)]
     assert "chat_p50_t1" in keys and "chat_max_t3" in keys
 
 

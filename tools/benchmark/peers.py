@@ -237,11 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = run(args, setup, log_dir, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    chats = args.chats
-    table = report.figures(
-        args.lengths, args.others, args.concurrency, chats.turns if chats else 0,
-        chats.chats if chats else 0,
-    )  # fmt: skip
+    table = report.figures(args.lengths, args.others, args.concurrency, args.chats)
     summary = report.summarize(rounds, args.servers)
     warnings = report.warnings(rounds, args.decode_tokens)
     title = (

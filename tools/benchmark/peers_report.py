@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tools.benchmark.lib.report import Column, GiB, Table
 from tools.benchmark.peers_servers import LLAMA_CPP
+from tools.benchmark.peers_workload import ChatShape
 
 FORMATS = {"s": "{:.3f}", "tok/s": "{:.1f}", "GiB": "{:.2f}"}
 
@@ -29,7 +30,7 @@ class Figure:
 
 
 def figures(
-    lengths: list[int], others: int, concurrency: list[int], turns: int = 0, chats: int = 0
+    lengths: list[int], others: int, concurrency: list[int], chat: ChatShape | None = None
 ) -> list[Figure]:
     """The table's rows, in order."""
     rows = []
@@ -39,10 +40,10 @@ def figures(
             Figure(f"again_{n}", f"{n:,} tokens: same prompt again at once", "s"),
             Figure(f"revisit_{n}", f"{n:,} tokens: again after {others} other prompts", "s"),
         ]
-    for t in range(1, turns + 1):
+    for t in range(1, chat.turns + 1 if chat else 1):
         rows += [
-            Figure(f"chat_p50_t{t}", f"chat turn {t}: median TTFT of {chats}", "s"),
-            Figure(f"chat_max_t{t}", f"chat turn {t}: slowest of {chats}", "s"),
+            Figure(f"chat_p50_t{t}", f"chat turn {t}: median TTFT of {chat.chats}", "s"),
+            Figure(f"chat_max_t{t}", f"chat turn {t}: slowest of {chat.chats}", "s"),
         ]
     longest = max(lengths)
     rows.append(Figure(f"restart_{longest}", f"{longest:,} tokens: after a restart", "s"))
