@@ -9,7 +9,8 @@ kernel's count, smaps Rss of its mapping) are then the warm reserve's.
 (The process's whole RSS also moves with code paged in and Python's heap:
 0.3-0.5% here, too much for an exact claim.) Revisited, the prompts come
 back from the host pool, not from L1, with the L1 hit's tokens exactly: the
-fair reference in bfloat16 (same prefix/tail split; vllm_uma/models/oracles.py).
+fair reference in either precision the test serves (same prefix/tail split;
+tests/e2e/traffic.py, vllm_uma/models/oracles.py).
 
 The warm reserve (memory_release/warm_reserve.py): before the first request
 the KV cache's resident pages are the reserve's blocks.
@@ -23,7 +24,7 @@ import time
 
 import pytest
 
-from tests.e2e.traffic import BF16, BLOCKS_OF_128, EAGER, complete, metrics
+from tests.e2e.traffic import BLOCKS_OF_128, DTYPE, EAGER, complete, metrics
 from tools.harness.server import Server, metric, model_process
 from vllm_uma.memory_release.pages import PAGE
 from vllm_uma.memory_release.resident import kv_resident
@@ -76,7 +77,7 @@ def wait_for_pool_stores(server, blocks: int, timeout_s: float = 60) -> None:
 def run(vllm_uma_exe, default_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("release") / "server.log"
     uma = {"vllm_uma": {"release_idle_seconds": IDLE_SECONDS}}
-    args = [*EAGER, *BLOCKS_OF_128, *BF16, "--kv-offloading-size", "1"]
+    args = [*EAGER, *BLOCKS_OF_128, *DTYPE, "--kv-offloading-size", "1"]
     args += ["--additional-config", json.dumps(uma)]
     srv = Server(vllm_uma_exe, args, log).wait_ready()
     try:

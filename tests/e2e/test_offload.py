@@ -4,8 +4,10 @@ L1 is made small (--kv-cache-memory-bytes: 33 blocks, 4,224 tokens) so that
 six distinct 1,200-token prompts push the first two out of it; revisiting
 them must restore from L2 (vLLM's offload metrics count the bytes).
 
-Same output, judged fairly in bfloat16 (vllm_uma/models/oracles.py): prompts 0 and
-1 are each sent twice in a row first, so the second is an L1 hit, computed
+Same output, judged fairly in the served precision (bfloat16, or float32
+on a CPU without bf16 arithmetic: tests/e2e/traffic.py; the judge is
+vllm_uma/models/oracles.py's): prompts 0 and 1 are each sent twice in a
+row first, so the second is an L1 hit, computed
 from the very KV bytes the pool then stores; their restore after eviction
 must give the L1 hit's tokens exactly (same prefix/tail split, a copy of
 the same bytes). A cold run is compared only with a cold run of the same
@@ -27,18 +29,27 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.traffic import BF16, BLOCKS_OF_128, EAGER, EVICT_AND_REVISIT, complete, metrics
+from tests.e2e.traffic import (
+    BLOCKS_OF_128,
+    DTYPE,
+    EAGER,
+    EVICT_AND_REVISIT,
+    complete,
+    kv_bytes,
+    kv_gib,
+    metrics,
+)
 from tools.harness.server import Server, metric, model_process
 from vllm_uma.kv_offload.streaming_copies import ENV, SETTING, applies
 from vllm_uma.plugin.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow
 
-SMALL_L1 = [*EAGER, *BLOCKS_OF_128, *BF16, "--kv-cache-memory-bytes", "100000000"]
+SMALL_L1 = [*EAGER, *BLOCKS_OF_128, *DTYPE, "--kv-cache-memory-bytes", str(kv_bytes(100_000_000))]
 SMALL_L1 += ["--max-model-len", "2048"]
 ORDER = EVICT_AND_REVISIT
 BYTES_MOVED = "vllm:kv_offload_total_bytes_total"
-BLOCK_BYTES = 2_949_120  # one 128-token block of SmolLM2-135M's KV
+BLOCK_BYTES = kv_bytes(2_949_120)  # one 128-token block of SmolLM2-135M's KV
 BURST = 8  # fresh prompts, four at a time, one token each: they finish at once
 
 
@@ -91,8 +102,8 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
     variants = (
         ("off", []),
         ("pool", ["--kv-offloading-size", "1"]),
-        # 0.035 GiB holds 12 blocks: one 9-block prompt at a time.
-        ("tiny", ["--kv-offloading-size", "0.035"]),
+        # 0.035 GiB (0.07 in float32) holds 12 blocks: one 9-block prompt at a time.
+        ("tiny", ["--kv-offloading-size", kv_gib(0.035)]),
     )
     # Launched at once, so that their start-ups overlap; each serves its
     # traffic alone, one server after another.
@@ -193,7 +204,7 @@ def test_a_pool_too_small_loses_no_request(runs):
     # runs as without offloading, L1 hits as the L1 hits there. A revisit
     # may restore part of a prompt from this tiny pool and recompute the
     # rest, a prefix split no other run shares: bf16 cannot judge it fairly
-    # (test_disk_tier.py does, in float32).
+    # (test_disk_tier.py does, in float32, on every CPU).
     assert tiny["failures"] > 0
     for kind in ("cold", "hit"):
         assert same_kind(tiny["outputs"], kind) == same_kind(runs["off"]["outputs"], kind), kind

@@ -11,7 +11,8 @@ blocks inside the window for the sliding groups.
   twice each (the second run is an L1 hit), four other prompts that push
   them out of L1, then 0 and 1 again: restored from the pool, they must give
   the L1 hit's tokens (same prefix split, the same KV bytes; fair in
-  bfloat16, vllm_uma/models/oracles.py). A stops, writing its blocks to disk.
+  either precision the test serves, tests/e2e/traffic.py, and
+  vllm_uma/models/oracles.py). A stops, writing its blocks to disk.
 - B, a new server on the same disk tier, serves 0 and 1: restored from disk,
   the same tokens again.
 
@@ -25,14 +26,24 @@ import json
 
 import pytest
 
-from tests.e2e.traffic import BF16, BLOCKS_OF_128, EAGER, EVICT_AND_REVISIT, complete, metrics
+from tests.e2e.traffic import (
+    BLOCKS_OF_128,
+    DTYPE,
+    EAGER,
+    EVICT_AND_REVISIT,
+    complete,
+    kv_bytes,
+    metrics,
+)
 from tools.harness.server import Server, metric
 from vllm_uma.plugin.memory import parse_breakdown
 
 pytestmark = pytest.mark.slow
 
 MODEL = "gemma-3-270m"
-GROUP_BLOCK_BYTES = 393_216  # one 128-token block of one group: 3 layers x 128 x 1,024 B
+# One 128-token block of one group: 3 layers x 128 x 1,024 B in bf16.
+GROUP_BLOCK_BYTES = kv_bytes(393_216)
+L1_BYTES = kv_bytes(60_000_000)
 FULL_BLOCKS = 9  # a 1,205-token prompt: 9 full blocks and a tail
 GROUPS = 6
 ORDER = EVICT_AND_REVISIT
@@ -45,13 +56,13 @@ def server_args(root) -> list[str]:
     return [
         *EAGER,
         *BLOCKS_OF_128,
-        *BF16,
+        *DTYPE,
         "--served-model-name",
         MODEL,
-        # 152 blocks of 393,216 B: about two of these prompts across all six
+        # 152 blocks of 393,216 B (twice both in float32): about two of these prompts across all six
         # groups, so four more push the first two out.
         "--kv-cache-memory-bytes",
-        "60000000",
+        str(L1_BYTES),
         "--max-model-len",
         "2048",
         "--kv-offloading-size",
@@ -127,7 +138,7 @@ def test_the_breakdown_counts_six_groups_on_one_set_of_blocks(runs):
     line = next(x for x in runs["a_log"].splitlines() if "memory breakdown:" in x)
     b = parse_breakdown(line)
     assert b["kv_groups"] == GROUPS and b["per_block_bytes"] == GROUP_BLOCK_BYTES
-    assert b["num_blocks"] == 60_000_000 // GROUP_BLOCK_BYTES
+    assert b["num_blocks"] == L1_BYTES // GROUP_BLOCK_BYTES
     # vLLM's group-aware capacity, below blocks x 128 (which counts every
     # block as if one group used it).
     assert b["max_tokens_cached"] < b["num_blocks"] * b["block_size"]
