@@ -6,11 +6,11 @@ import pytest
 
 from tools.benchmark.fleet_death import (
     Turn,
-    block_tokens,
     conversation_turn,
     parse_args,
     round_figures,
 )
+from tools.benchmark.lib.servers import block_tokens
 
 
 def test_each_turn_extends_the_conversation_so_far_and_the_reference_differs():
@@ -48,16 +48,15 @@ def test_block_size_is_read_from_the_serve_flags():
 
 
 def test_figures_count_the_full_blocks_the_killed_server_computed():
-    last = Turn(2.0, prompt_tokens=3300, cached_tokens=3000, completion_tokens=32, text="")
     nxt = Turn(0.5, prompt_tokens=3560, cached_tokens=3296, completion_tokens=32, text="")
     ref = Turn(2.5, prompt_tokens=3561, cached_tokens=0, completion_tokens=32, text="")
     seen = {"device": 0, "host": 0, "disk": 2976, "prompt": 3560}
-    fig = round_figures(0.5, last, nxt, ref, seen, 32)
+    fig = round_figures(0.5, 3300 + 32, nxt, ref, seen, 32)  # a prompt and its reply
     assert fig["conversation_full_block_tokens"] == 3328  # (3300 + 32) // 32 * 32
     assert fig["restored_tokens"] == 2976
     assert fig["restored_share"] == round(2976 / 3328, 3)
     assert fig["ttft_ratio"] == 0.2
     # More found than the killed server computed (the reply's tail block
     # re-tokenised the same): the share is capped at all of it.
-    more = round_figures(0, last, nxt, ref, seen | {"disk": 3360}, 32)
+    more = round_figures(0, 3300 + 32, nxt, ref, seen | {"disk": 3360}, 32)
     assert more["restored_share"] == 1.0

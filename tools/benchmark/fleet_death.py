@@ -3,7 +3,8 @@
     .venv/bin/python -m tools.benchmark.fleet_death --out bench-out/fleet_death.json
         [--rounds 3] [--kill-delays 0,0.5,2] [--document-tokens 3000]
         [--turn-tokens 200] [--turns-before 2] [--max-tokens 32]
-        [--next-turn-delay 0] [--model DIR] [--serve-args "..."]
+        [--next-turn-delay 0] [--kill-during [--decode-tokens 400]]
+        [--model DIR] [--serve-args "..."]
 
 A fleet of two servers (vllm-uma fleet's own plan and supervisor: cores and
 memory split, one shared disk store in a new directory, vllm-router with
@@ -15,7 +16,11 @@ included, and ``--turn-tokens`` more). Then:
 1. the server that answered the last turn (the one whose prompt-token
    counter grew) is killed with SIGKILL to its process group,
    ``--kill-delays`` seconds after the last reply (one value a round, in
-   turn): what its tiers had not written by then is lost;
+   turn): what its tiers had not written by then is lost. With
+   ``--kill-during`` it dies instead ``--kill-delays`` seconds after the
+   last turn's first token, while it decodes (``--decode-tokens``), and the
+   client sends that turn again: how soon after its first token a prompt's
+   blocks are safe in the shared store;
 2. ``--next-turn-delay`` seconds later the next turn goes to the router,
    which must send it to the survivor: its TTFT, and the prompt tokens the
    survivor found in each tier (its /metrics, before and after);
@@ -48,15 +53,14 @@ import requests
 
 from tools.benchmark.lib import client
 from tools.benchmark.lib.log import progress
-from tools.benchmark.lib.prompts import document
+from tools.benchmark.lib.prompts import MODEL, document
 from tools.benchmark.lib.report import write_json
+from tools.benchmark.lib.servers import block_tokens
 from tools.harness.server import free_port, metric
 from vllm_uma.commands.kv_events_endpoint import private_dir
 from vllm_uma.fleet.plan import FleetPlan, FleetRequest, plan_fleet
 from vllm_uma.fleet.supervisor import Fleet
-from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
-REPO = Path(__file__).resolve().parents[2]
 # Eager: a killed server is back in about a minute instead of several, so
 # that rounds follow one another; both servers run the same way, and the
 # reference is taken on the survivor, so the ratio is not affected.
@@ -89,6 +93,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--kill-delays",
         default="0,0.5,2",
         help="seconds between the last reply and the SIGKILL, one a round, in turn",
+    )
+    ap.add_argument(
+        "--kill-during",
+        action="store_true",
+        help="kill during the last turn, --kill-delays after its first token, instead of "
+        "after its reply; the client then sends that turn again",
+    )
+    ap.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=400,
+        help="with --kill-during: the last turn's max_tokens, long enough to outlast the kill",
     )
     ap.add_argument("--next-turn-delay", type=float, default=0.0)
     ap.add_argument("--document-tokens", type=int, default=3000)
@@ -148,26 +164,17 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
     return {k: int(after[k] - before[k]) for k in after}
 
 
-def block_tokens(serve_args: list[str]) -> int:
-    """The servers' block size: --block-size N or --block-size=N, else ours."""
-    for i, flag in enumerate(serve_args):
-        if flag == "--block-size" and i + 1 < len(serve_args):
-            return int(serve_args[i + 1])
-        if flag.startswith("--block-size="):
-            return int(flag.split("=", 1)[1])
-    return DEFAULT_BLOCK_TOKENS
-
-
 def full_block_tokens(tokens: int, block: int) -> int:
     return tokens // block * block
 
 
 def round_figures(
-    kill_delay: float, last: Turn, nxt: Turn, reference: Turn, seen: dict[str, int], block: int
+    kill_delay: float, computed: int, nxt: Turn, reference: Turn, seen: dict[str, int], block: int
 ) -> dict:
     """One round's figures. The conversation's full blocks are those of
-    what the killed server computed: its last prompt and its reply."""
-    computed = full_block_tokens(last.prompt_tokens + last.completion_tokens, block)
+    the ``computed`` tokens whose KV the killed server had computed (its
+    last prompt and its reply, or the prompt of the turn it died in)."""
+    computed = full_block_tokens(computed, block)
     restored = sum(seen[s] for s in client.HIT_SOURCES)
     return {
         "kill_delay_s": kill_delay,
@@ -217,57 +224,124 @@ def wait_healthy(urls: list[str], timeout: float = BACK_TIMEOUT_S) -> None:
     time.sleep(2)  # the supervisor adds it back to the router after /health
 
 
+@dataclass
+class Round:
+    """One conversation's round: where it runs and what it has said so far."""
+
+    index: int
+    urls: list[str]  # the fleet's servers
+    router: str
+    block: int  # the servers' block size, in tokens
+    delay: float  # seconds to the kill
+    replies: list[str]
+
+    @property
+    def seed(self) -> int:
+        return 6000 + self.index
+
+    @property
+    def reference_seed(self) -> int:
+        return 9000 + self.index
+
+
 def one_round(index: int, args, plan: FleetPlan, block: int) -> dict:
-    urls = [m.url for m in plan.members]
-    router = plan.router_url
-    seed, other = 6000 + index, 9000 + index
-    replies: list[str] = []
-    for turn in range(1, args.turns_before + 1):
-        before = [counters(u) for u in urls]
-        last = send(
-            router, args.model, conversation_turn(seed, turn, replies, args), args.max_tokens
-        )
-        replies.append(last.text)
-        progress(
-            f"round {index}: turn {turn}, {last.prompt_tokens} tokens, TTFT {last.ttft_s:.2f} s"
-        )
-    victim = server_of_last_turn(urls, before, last.prompt_tokens)
-    survivor = next(u for u in urls if u != victim)
     delay = args.kill_delays[index % len(args.kill_delays)]
+    r = Round(index, [m.url for m in plan.members], plan.router_url, block, delay, [])
+    for turn in range(1, args.turns_before + 1):
+        before = [counters(u) for u in r.urls]
+        prompt = conversation_turn(r.seed, turn, r.replies, args)
+        if turn == args.turns_before and args.kill_during:
+            victim, survivor = kill_while_decoding(r, args, prompt, before)
+            progress(f"round {index}: {victim} killed {delay:g} s after its first token")
+            # The client sends the turn again: its prompt is what the
+            # killed server had computed before its first token.
+            return next_turn(r, args, survivor, turn, computed=None)
+        last = send(r.router, args.served_name, prompt, args.max_tokens)
+        r.replies.append(last.text)
+        progress(f"round {index}: turn {turn}, {last.prompt_tokens} tokens, {last.ttft_s:.2f} s")
+    victim = server_of_last_turn(r.urls, before, last.prompt_tokens)
     time.sleep(delay)
     kill_server(victim)
     progress(f"round {index}: {victim} killed {delay:g} s after its last reply")
+    survivor = next(u for u in r.urls if u != victim)
+    computed = last.prompt_tokens + last.completion_tokens
+    return next_turn(r, args, survivor, args.turns_before + 1, computed)
+
+
+def kill_while_decoding(r: Round, args, prompt: str, before: list[dict]) -> tuple[str, str]:
+    """Stream ``prompt`` (--decode-tokens long), kill its server ``r.delay``
+    seconds after the first token; (victim, survivor)."""
+    first_token = threading.Event()
+    payload = {"model": args.served_name, "prompt": prompt, "temperature": 0, "stream": True}
+    payload["max_tokens"] = args.decode_tokens
+
+    def stream() -> None:
+        try:
+            with requests.post(
+                f"{r.router}/v1/completions", json=payload, stream=True, timeout=REQUEST_TIMEOUT_S
+            ) as reply:
+                for line in reply.iter_lines():
+                    if line.startswith(b"data: {") and b'"choices"' in line:
+                        first_token.set()
+        except requests.RequestException:
+            pass  # the server died under it: what this benchmark does
+        finally:
+            first_token.set()
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    if not first_token.wait(REQUEST_TIMEOUT_S):
+        raise RuntimeError("no first token")
+    time.sleep(r.delay)
+    victim = server_of_last_turn(r.urls, before, 0)
+    if not reader.is_alive():
+        raise RuntimeError(
+            f"the turn ended before the kill {r.delay:g} s after its first token: raise "
+            f"--decode-tokens ({args.decode_tokens})"
+        )
+    kill_server(victim)
+    reader.join(60)
+    return victim, next(u for u in r.urls if u != victim)
+
+
+def next_turn(r: Round, args, survivor: str, turn: int, computed: int | None) -> dict:
+    """Turn ``turn`` on the survivor and its reference; the round's figures.
+    ``computed``: the tokens whose KV the killed server had computed (None:
+    the turn's own prompt, for a kill during it)."""
     time.sleep(args.next_turn_delay)
     start = counters(survivor)
-    prompt = conversation_turn(seed, args.turns_before + 1, replies, args)
-    nxt = send(router, args.model, prompt, args.max_tokens)
+    prompt = conversation_turn(r.seed, turn, r.replies, args)
+    nxt = send(r.router, args.served_name, prompt, args.max_tokens)
     seen = delta(counters(survivor), start)
     if seen["prompt"] != nxt.prompt_tokens:
         raise RuntimeError(f"the next turn was not served by the survivor {survivor} alone")
     # The reference: the same shape, never seen (its own document, and
     # replies of the same length taken from this conversation).
-    ref_prompt = conversation_turn(other, args.turns_before + 1, replies, args)
-    reference = send(router, args.model, ref_prompt, args.max_tokens)
-    figures = round_figures(delay, last, nxt, reference, seen, block)
+    ref_prompt = conversation_turn(r.reference_seed, turn, r.replies, args)
+    reference = send(r.router, args.served_name, ref_prompt, args.max_tokens)
+    computed = nxt.prompt_tokens if computed is None else computed
+    figures = round_figures(r.delay, computed, nxt, reference, seen, r.block)
+    figures["killed"] = "during the turn" if args.kill_during else "after the reply"
     progress(
-        f"round {index}: next turn {nxt.ttft_s:.2f} s, recompute {reference.ttft_s:.2f} s "
+        f"round {r.index}: next turn {nxt.ttft_s:.2f} s, recompute {reference.ttft_s:.2f} s "
         f"({figures['ttft_ratio']:.2f}x), restored {figures['restored_tokens']} of "
         f"{figures['conversation_full_block_tokens']} tokens"
     )
-    wait_healthy(urls)
+    wait_healthy(r.urls)  # the killed one back (the fleet restarts it) before the next round
     return figures
 
 
 def table(rounds: list[dict]) -> str:
     rows = [
-        "| kill delay (s) | next turn TTFT (s) | recompute TTFT (s) | ratio (bound 1.0) | "
+        "| killed | delay (s) | next turn TTFT (s) | recompute TTFT (s) | ratio (bound 1.0) | "
         "full-block tokens / restored (L1, pool, disk) | share (bound 0.9) |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rounds:
         t = r["restored_by_tier"]
         rows.append(
-            f"| {r['kill_delay_s']:g} | {r['next_turn_ttft_s']:.3f} | {r['reference_ttft_s']:.3f} "
+            f"| {r['killed']} | {r['kill_delay_s']:g} | {r['next_turn_ttft_s']:.3f} "
+            f"| {r['reference_ttft_s']:.3f} "
             f"| {r['ttft_ratio']:.2f} | {r['conversation_full_block_tokens']} / "
             f"{r['restored_tokens']} ({t['device']}, {t['host']}, {t['disk']}) "
             f"| {r['restored_share']} |"
@@ -277,13 +351,18 @@ def table(rounds: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.model is None:
+    flags = args.serve_args.split()
+    if args.model is None:  # the servers' default model, served under its name
         from vllm_uma import models
 
-        args.model = str(models.prepare())
-    work = Path(tempfile.mkdtemp(prefix="uma-fleet-death-", dir=REPO))
+        model_dir, args.served_name = str(models.prepare()), MODEL
+    else:  # served under the name the user gave it, as vLLM does
+        model_dir, args.served_name = args.model, args.model
+        flags.insert(0, args.model)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fleet-death-", dir=args.out.parent))
     ask = FleetRequest(
-        servers=2, model=args.model, serve_flags=tuple(args.serve_args.split()),
+        servers=2, model=model_dir, serve_flags=tuple(flags),
         host="127.0.0.1", port=free_port(), policy="kv_aware", kv_store=work / "kv",
         metrics_port=free_port(), events_dir=private_dir(),
     )  # fmt: skip

@@ -5,7 +5,8 @@ host its own disk tier, as docs/fleet.md's several hosts were before).
     .venv/bin/python -m tools.benchmark.hosts_benchmark --out bench-out/hosts.json
         [--model M] [--conversations 4] [--turns 4] [--kill-after 2]
         [--system-tokens 3000] [--turn-tokens 300] [--link-mbit 10000]
-        [--variants network,local] [--server-args "..."]
+        [--variants network,local] [--death kill|cut] [--no-router]
+        [--server-args "..."]
 
 The hosts are Linux network namespaces on one switch (tools/hosts), every
 link shaped to --link-mbit in both directions:
@@ -13,7 +14,8 @@ link shaped to --link-mbit in both directions:
     host 1  vllm-uma server A (its own disk tier; + the network tier)
     host 2  vllm-uma server B (its own, empty disk tier; + the network tier)
     host 3  the Valkey engine (allkeys-lru; 'network' only)
-    host 4  the client, where a router would be
+    host 4  the client, and vllm-router (round_robin over A and B, the
+            health checks every fleet sets: fleet/plan.py)
 
 Per variant, fresh servers, disk directories and engine, then:
 
@@ -22,17 +24,26 @@ Per variant, fresh servers, disk directories and engine, then:
    each then the next. A turn's prompt is the whole conversation so far and
    --turn-tokens more (a completions prompt: the KV of every earlier turn is
    its prefix).
-2. A dies: SIGKILL to its whole process group, right after the last reply
-   (its RAM is gone; what its tiers had not written is lost too).
-3. The remaining turns go to B, as a router sends them once A is gone.
+2. A dies right after the last reply: SIGKILL to its whole process group
+   (--death kill: its RAM is gone, what its tiers had not written is lost
+   too, and its host's kernel refuses new connections), or host A drops
+   off the network (--death cut: its link cut at the switch, so a
+   connection to it gets no answer at all, as when a host loses power).
+3. The remaining turns go through the router, which lists A and B and
+   must find out that A is gone (--no-router: straight to B, as a router
+   that already knew would send them).
 
 Printed and written to --out (a PNG beside it): TTFT p50 and p99 of the
 turns on B and of B's first turn of each conversation (the one whose
 prefix is elsewhere or nowhere), B's prompt tokens by source (device = L1,
-host = pool, disk, network) and recomputed, from B's /metrics; the network
-restores' bandwidth (vLLM's per-tier read bytes over read time, on B)
-against the link's, measured between hosts 3 and 2 (tools/hosts/probe.py)
-before the run. One run, same traffic: compare the variants' ratios.
+host = pool, disk, network) and recomputed, from B's /metrics; the share
+of the full blocks A computed for the conversations' last turns that B
+restored in its first turns; the network restores' bandwidth (vLLM's
+per-tier read bytes over read time, on B) against the link's, measured
+between hosts 3 and 2 (tools/hosts/probe.py) before the run. One run, same
+traffic: compare the variants' ratios. The 'local' variant's first turn on
+B is a recompute (B has nothing of A's): with both variants, the network
+variant's first turn against it is a death's cost against a recompute.
 """
 
 from __future__ import annotations
@@ -49,19 +60,26 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import requests
+
 from tools.benchmark.lib import client, model_choice
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.prompts import MODEL, document, text
 from tools.benchmark.lib.report import percentile, write_json
-from tools.benchmark.lib.servers import EXE, OFFLINE
+from tools.benchmark.lib.servers import EXE, OFFLINE, block_tokens
 from tools.harness.server import metric
 from tools.harness.valkey_engine import Engine
 from tools.hosts import LinkShape, Network
+from vllm_uma.fleet.plan import ROUTER_HEALTH_FLAGS
+from vllm_uma.fleet.router_front import router_command
 from vllm_uma.server_process import Server
 
 HOST_A, HOST_B, HOST_ENGINE, HOST_CLIENT = 1, 2, 3, 4
 VARIANTS = ("network", "local")
+DEATHS = ("kill", "cut")
+ROUTER_PORT = 8800
+ROUTER_READY_S = 60
 NETWORK_SOURCE = "external_unspecified"  # vLLM's cache-hit source for our network tier
 COMPUTED = "vllm:prompt_tokens_by_source_total"
 READ_BYTES = "vllm:kv_offload_tiering_read_bytes_total"
@@ -90,6 +108,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--link-mbit", type=float, default=10_000, help="every link, both ways")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument(
+        "--death",
+        choices=DEATHS,
+        default="kill",
+        help="kill: SIGKILL to A's server; cut: host A's link cut (no answer at all)",
+    )
+    ap.add_argument(
+        "--no-router",
+        dest="router",
+        action="store_false",
+        help="send B's turns straight to B instead of through vllm-router",
+    )
     ap.add_argument("--engine-maxmemory", default="4gb")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument(
@@ -115,6 +145,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"{args.max_model_len}: lower --turns, --system-tokens or --turn-tokens"
         )
     args.model = model_choice.served_model(ap, args.model)
+    args.block = block_tokens(args.server_args.split())
     return args
 
 
@@ -202,8 +233,46 @@ def run_turns(args, url: str, turns: range) -> list[dict]:
     return replies
 
 
+def start_router(net: Network, work: Path, workers: list[str]) -> tuple[str, subprocess.Popen]:
+    """vllm-router on the client's host, over A and B, with the health checks
+    every fleet sets; its URL once it answers, and its process."""
+    address = net.host(HOST_CLIENT).address
+    argv = [
+        *router_command(), "--host", address, "--port", str(ROUTER_PORT),
+        "--policy", "round_robin", "--worker-urls", *workers, *ROUTER_HEALTH_FLAGS,
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_PORT + 1),
+    ]  # fmt: skip
+    log = (work.parent / "router.log").open("wb")
+    proc = net.popen(HOST_CLIENT, argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://{address}:{ROUTER_PORT}"
+
+    def ready() -> None:
+        deadline = time.monotonic() + ROUTER_READY_S
+        while True:
+            try:
+                if requests.get(f"{url}/health", timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm-router did not answer /health in {ROUTER_READY_S} s")
+            time.sleep(0.5)
+
+    net.on(HOST_CLIENT).submit(ready).result()
+    progress(f"vllm-router on the client's host at {url}, over {', '.join(workers)}")
+    return url, proc
+
+
+def restored_share(seen: dict, computed_prompts: list[int], block: int) -> float | None:
+    """B's restored prompt tokens (every tier) in its first turns, over the
+    full-block tokens of A's last prompts (what A computed and stored)."""
+    full = sum(t // block * block for t in computed_prompts)
+    restored = sum(seen[s] for s in SOURCES)
+    return round(min(restored, full) / full, 3) if full else None
+
+
 def run_variant(args, net: Network, variant: str, work: Path) -> dict:
-    engine = None
+    engine = router = None
     servers: list[Server] = []
     try:
         network_tier = None
@@ -225,22 +294,39 @@ def run_variant(args, net: Network, variant: str, work: Path) -> dict:
             servers.append(net.on(index).submit(start).result())
         a, b = servers
         on_client = net.on(HOST_CLIENT)
+        b_url = b.url
+        if args.router:
+            b_url, router = start_router(net, work, [a.url, b.url])
         before_a = on_client.submit(run_turns, args, a.url, range(1, 2)).result()
         rest = range(2, args.kill_after + 1)
         on_a = before_a + on_client.submit(run_turns, args, a.url, rest).result()
-        os.killpg(a.proc.pid, signal.SIGKILL)  # host A dies, right after its last reply
-        progress(f"{variant}: server A killed after turn {args.kill_after}")
+        if args.death == "kill":
+            os.killpg(a.proc.pid, signal.SIGKILL)  # A dies, right after its last reply
+        else:
+            net.cut(HOST_A)  # host A drops off the network, right after its last reply
+        progress(f"{variant}: server A {'killed' if args.death == 'kill' else 'cut off'}")
         start = on_client.submit(counters, b.url).result()
-        later = range(args.kill_after + 1, args.turns + 1)
-        on_b = on_client.submit(run_turns, args, b.url, later).result()
+        first = args.kill_after + 1
+        on_b = on_client.submit(run_turns, args, b_url, range(first, first + 1)).result()
+        after_first = on_client.submit(counters, b.url).result()
+        later = range(first + 1, args.turns + 1)
+        on_b += on_client.submit(run_turns, args, b_url, later).result()
         end = on_client.submit(counters, b.url).result()
         seen = {k: end[k] - start[k] for k in end}
-        return summarize(args, on_a, on_b, seen)
+        seen_first = {k: after_first[k] - start[k] for k in end}
+        computed = [r["prompt_tokens"] for r in on_a if r["turn"] == args.kill_after]
+        fig = summarize(args, on_a, on_b, seen)
+        fig["b_first_turn_restored_share"] = restored_share(seen_first, computed, args.block)
+        return fig
     finally:
+        if router is not None:
+            router.terminate()
+            router.wait(30)
         for server in servers:
             server.stop()
         if engine is not None:
             engine.stop()
+        net.restore(HOST_A)  # for the next variant (a no-op unless cut)
 
 
 def summarize(args, on_a: list[dict], on_b: list[dict], seen: dict) -> dict:
@@ -305,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                         log.replace(args.out.with_name(f"{args.out.stem}-{log.name}"))
     result["title"] = (
         f"{args.model}: {args.conversations} conversations, turns 1-{args.kill_after} on A, "
-        f"A killed, {args.kill_after + 1}-{args.turns} on B; link {args.link_mbit:g} Mbit/s"
+        f"A {'killed' if args.death == 'kill' else 'cut off'}, {args.kill_after + 1}-"
+        f"{args.turns} on B{' through vllm-router' if args.router else ''}; link "
+        f"{args.link_mbit:g} Mbit/s"
     )
     write_json(args.out, result)
     chart(result, args.out.with_suffix(".png"))
@@ -317,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
 def table(result: dict) -> str:
     rows = [
         "| variant | B first turn p50 / p99 (s) | B all turns p50 / p99 (s) | B hits: L1 / pool / "
-        "disk / network | recomputed | network read (Gbit/s) |",
-        "|---|---|---|---|---|---|",
+        "disk / network | recomputed | A's full blocks restored in B's first turns | network "
+        "read (Gbit/s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, v in result["variants"].items():
         h = v["b_hit_tokens"]
@@ -326,7 +415,16 @@ def table(result: dict) -> str:
             f"| {name} | {v['b_first_turn_ttft_p50_s']:.3f} / {v['b_first_turn_ttft_p99_s']:.3f} "
             f"| {v['b_ttft_p50_s']:.3f} / {v['b_ttft_p99_s']:.3f} | {h['device']} / {h['host']} "
             f"/ {h['disk']} / {h[NETWORK_SOURCE]} | {v['b_computed_tokens']} | "
-            f"{v['b_network_read_gbit_s']} |"
+            f"{v.get('b_first_turn_restored_share')} | {v['b_network_read_gbit_s']} |"
+        )
+    variants = result["variants"]
+    if {"network", "local"} <= set(variants):  # a death's cost against a recompute
+        ratio = variants["network"]["b_first_turn_ttft_p50_s"] / max(
+            variants["local"]["b_first_turn_ttft_p50_s"], 1e-9
+        )
+        rows.append(
+            f"B's first turn with the network tier: {ratio:.2f}x its recompute ('local'); "
+            "bounds: at most 1.0x, at least 0.9 of A's full blocks restored"
         )
     rows.append(f"link: {result['link_mbit_measured']} Mbit/s measured (engine -> B)")
     return "\n".join(rows)

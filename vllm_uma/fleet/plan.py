@@ -395,6 +395,11 @@ def _member_plan(
     return MemberPlan(index, port, cores, events_in, events_out, tuple(argv), env, ask.advertise)
 
 
+# vllm-router's health checks, as every fleet sets them: a dead server
+# leaves the rotation within seconds, not vllm-router's default minute.
+ROUTER_HEALTH_FLAGS = ("--health-check-interval-secs", "5", "--health-failure-threshold", "2")
+
+
 def _router_argv(
     ask: FleetRequest, members: list[MemberPlan], block_tokens: int, port: int
 ) -> list[str]:
@@ -405,9 +410,7 @@ def _router_argv(
         "--worker-urls", *[m.url for m in members], *[p.url for p in ask.peers],
         "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(ask.metrics_port),
-        # A dead server leaves the rotation within seconds, not a minute.
-        "--health-check-interval-secs", "5",
-        "--health-failure-threshold", "2",
+        *ROUTER_HEALTH_FLAGS,
     ]  # fmt: skip
     if ask.policy == "kv_aware":
         for m in members:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 from vllm_uma.plugin.memory import BREAKDOWN_PREFIX, parse_breakdown
 from vllm_uma.server_process import READY_TIMEOUT_S, Server
 
@@ -99,3 +100,13 @@ def disk_tier_args(
     if auto_pool:
         config.update(kv_connector="OffloadingConnector", kv_role="kv_both")
     return ["--kv-transfer-config", json.dumps(config)]
+
+
+def block_tokens(serve_args: list[str]) -> int:
+    """The servers' block size: --block-size N or --block-size=N, else ours."""
+    for i, flag in enumerate(serve_args):
+        if flag == "--block-size" and i + 1 < len(serve_args):
+            return int(serve_args[i + 1])
+        if flag.startswith("--block-size="):
+            return int(flag.split("=", 1)[1])
+    return DEFAULT_BLOCK_TOKENS
