@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tools.benchmark.hosts_benchmark import NETWORK_SOURCE, parse_args, summarize, turn_prompt
+from tools.benchmark.hosts_benchmark import (
+    NETWORK_SOURCE,
+    parse_args,
+    restored_share,
+    summarize,
+    turn_prompt,
+)
 
 
 def test_each_turn_extends_the_one_before_and_conversations_differ():
@@ -47,3 +53,21 @@ def test_the_figures_of_b_come_from_its_own_turns_and_counters():
     assert (
         summarize(args, [], on_b, seen | {"network_read_s": 0.0})["b_network_read_gbit_s"] is None
     )
+
+
+def test_the_restored_share_counts_a_full_blocks_of_a_last_prompts():
+    seen = {s: 0.0 for s in ("device", "host", "disk", NETWORK_SOURCE)}
+    seen[NETWORK_SOURCE] = 2 * 3296.0  # two conversations, every full block of each
+    # A's last prompts: 3,300 tokens each, 103 full blocks of 32 (3,296 tokens).
+    assert restored_share(seen, [3300, 3300], 32) == 1.0
+    assert restored_share(seen | {NETWORK_SOURCE: 3296.0}, [3300, 3300], 32) == 0.5
+    assert restored_share(seen, [], 32) is None
+
+
+@pytest.mark.parametrize("death", ["kill", "cut"])
+def test_the_death_and_the_router_are_flags(death):
+    args = parse_args(["--out", "/tmp/x.json", "--death", death, "--no-router"])
+    assert args.death == death and args.router is False
+    assert parse_args(["--out", "/tmp/x.json"]).router is True
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "/tmp/x.json", "--death", "poison"])
