@@ -233,7 +233,9 @@ def run_turns(args, url: str, turns: range) -> list[dict]:
     return replies
 
 
-def start_router(net: Network, work: Path, workers: list[str]) -> tuple[str, subprocess.Popen]:
+def start_router(
+    net: Network, work: Path, name: str, workers: list[str]
+) -> tuple[str, subprocess.Popen]:
     """vllm-router on the client's host, over A and B, with the health checks
     every fleet sets; its URL once it answers, and its process."""
     address = net.host(HOST_CLIENT).address
@@ -242,7 +244,7 @@ def start_router(net: Network, work: Path, workers: list[str]) -> tuple[str, sub
         "--policy", "round_robin", "--worker-urls", *workers, *ROUTER_HEALTH_FLAGS,
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_PORT + 1),
     ]  # fmt: skip
-    log = (work.parent / "router.log").open("wb")
+    log = (work.parent / f"{name}-router.log").open("wb")
     proc = net.popen(HOST_CLIENT, argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://{address}:{ROUTER_PORT}"
 
@@ -296,7 +298,7 @@ def run_variant(args, net: Network, variant: str, work: Path) -> dict:
         on_client = net.on(HOST_CLIENT)
         b_url = b.url
         if args.router:
-            b_url, router = start_router(net, work, [a.url, b.url])
+            b_url, router = start_router(net, work, variant, [a.url, b.url])
         before_a = on_client.submit(run_turns, args, a.url, range(1, 2)).result()
         rest = range(2, args.kill_after + 1)
         on_a = before_a + on_client.submit(run_turns, args, a.url, rest).result()

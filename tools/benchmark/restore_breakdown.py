@@ -2,7 +2,8 @@
 disk restore, each split into its parts.
 
     .venv/bin/python -m tools.benchmark.restore_breakdown [--prompt-tokens 4000]
-        [--rounds 3] [--model zoo-qwen3-real] [--signed] [--out bench-out/restore_breakdown.json]
+        [--rounds 3] [--model zoo-qwen3-real] [--signed] [--network]
+        [--out bench-out/restore_breakdown.json]
 
 One server (eager, an L1 of about two prompts and a half, a pool of eight
 prompts and at least 2 GiB, both in the model's KV bytes (lib/model_choice.py),
@@ -10,7 +11,13 @@ a disk tier in a temporary directory on the project's disk). Each round: prompt 
 (recompute), P again (L1 hit), three other prompts (P leaves L1), P again
 (restored from the pool). Then the server stops, the block files are
 dropped from the page cache and a new server on the same disk tier serves
-every round's P (restored from the disk). One request at a time,
+every round's P (restored from the disk). With ``--network``, both
+servers also have the network tier on a Valkey engine on loopback
+(tools/harness/valkey_engine.py; the disk tier first, so the restarted
+server still restores from disk), and a third server with the network
+tier alone and no disk serves every round's P (restored from the engine);
+``--signed`` signs and checks its values too, else it runs with
+``"unsigned": true``. One request at a time,
 max_tokens 1, streamed, each after ``--settle`` seconds without a request
 (default 3): the server's warm reserve (docs/memory.md) refills in about a
 second after a restore, so each request finds it as a request after a pause
@@ -35,6 +42,8 @@ Medians over the rounds, printed as a table and written as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import re
 import statistics
 import sys
@@ -46,8 +55,8 @@ from tools.benchmark.lib import client, model_choice, servers
 from tools.benchmark.lib.floors import drop_page_cache
 from tools.benchmark.lib.prompts import MODEL, text
 from tools.benchmark.lib.report import Column, Table, write_json
-from tools.benchmark.lib.servers import disk_tier_args
 from tools.harness.server import Server, metric
+from tools.harness.valkey_engine import Engine
 from vllm_uma.kv_offload import mac_keys
 from vllm_uma.plugin import precision
 
@@ -59,6 +68,7 @@ MAX_MODEL_LEN = 8192
 COMMON = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--block-size", "128"]
 L1_PROMPTS = 2.4  # P and one other stay; three others push P out
 POOL_PROMPTS = 8  # P and the three others stay, with room
+NETWORK_SOURCE = "external_unspecified"
 HISTOGRAMS = {
     "queue": "vllm:request_queue_time_seconds_sum",
     "prefill": "vllm:request_prefill_time_seconds_sum",
@@ -103,6 +113,9 @@ def measure(
     hit_before, hit_after = client.cached_by_source(before), client.cached_by_source(after)
     for source, tokens in hit_after.items():
         parts[f"hit_{source}"] = tokens - hit_before[source]
+    network = f'source="{NETWORK_SOURCE}"'  # vLLM's cache-hit source for our network tier
+    found = metric(after, client.CACHED_BY_SOURCE, network)
+    parts[f"hit_{NETWORK_SOURCE}"] = found - metric(before, client.CACHED_BY_SOURCE, network)
     return parts
 
 
@@ -148,8 +161,13 @@ def main() -> int:
     ap.add_argument(
         "--signed",
         action="store_true",
-        help="the disk tier signs and checks every block file (a fresh secret_file): "
-        "what the MAC adds to a disk restore",
+        help="the disk tier signs and checks every block file (a fresh secret_file), and "
+        "the network tier every value: what the MAC adds to a restore",
+    )
+    ap.add_argument(
+        "--network",
+        action="store_true",
+        help="a network tier on a loopback Valkey engine too, and a restore from it",
     )
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "restore_breakdown.json")
     model_choice.add_argument(ap)
@@ -169,13 +187,22 @@ def main() -> int:
     with (
         tempfile.TemporaryDirectory(prefix="restore-breakdown-") as logs,
         tempfile.TemporaryDirectory(prefix="restore-breakdown-disk-", dir=REPO) as disk,
+        contextlib.ExitStack() as stack,
     ):
         secret = Path(logs) / "kv.secret" if args.signed else None
         if secret is not None:
             mac_keys.generate_file(str(secret))
-        tier = sizing(choice, args.prompt_tokens, args.dtype) + disk_tier_args(
-            Path(disk) / "kv", cap_gib=0, secret_file=secret
-        )
+        disk_tier = {"type": "fs", "root_dir": str(Path(disk) / "kv"), "max_size_gib": 0}
+        if secret is not None:
+            disk_tier["secret_file"] = str(secret)
+        network_tier = None
+        if args.network:
+            engine = Engine(Path(logs), "--maxmemory", "4gb", "--maxmemory-policy", "allkeys-lru")
+            stack.callback(engine.stop)
+            network_tier = {"type": "valkey", "url": engine.url}
+            network_tier |= {"secret_file": str(secret)} if secret else {"unsigned": True}
+        sized = sizing(choice, args.prompt_tokens, args.dtype)
+        tier = sized + tiers_args([disk_tier, network_tier])
         prompts = [text(700 + r, args.prompt_tokens) for r in range(args.rounds)]
         server = start(tier, Path(logs), "first", choice, args.dtype)
         try:
@@ -195,6 +222,15 @@ def main() -> int:
             cases["disk"] = [measure(server, prompt, model, args.settle) for prompt in prompts]
         finally:
             server.stop()
+        if network_tier is not None:
+            server = start(
+                sized + tiers_args([network_tier]), Path(logs), "network", choice, args.dtype
+            )
+            try:
+                measure(server, "Hello", model)
+                cases["network"] = [measure(server, p, model, args.settle) for p in prompts]
+            finally:
+                server.stop()
     result = {case: _medians(runs) for case, runs in cases.items()}
     result["prompt_tokens"] = args.prompt_tokens
     result["model"] = choice.describe(args.dtype)
@@ -202,7 +238,8 @@ def main() -> int:
     result["settle_s"] = args.settle
     result["signed"] = args.signed
     write_json(args.out, result)
-    print(f"model: {result['model']}; block files {'signed' if args.signed else 'unsigned'}")
+    signed = "signed" if args.signed else "unsigned"
+    print(f"model: {result['model']}; block files and network values {signed}")
     print(_table(result))
     print(f"wrote {args.out}")
     return 0
@@ -213,11 +250,18 @@ def _medians(runs: list[dict]) -> dict[str, float]:
     return {k: statistics.median(run.get(k, 0.0) for run in runs) for k in keys}
 
 
+def tiers_args(tiers: list[dict | None]) -> list[str]:
+    """--kv-transfer-config with these secondary tiers (None: left out)."""
+    config = {"kv_connector_extra_config": {"secondary_tiers": [t for t in tiers if t]}}
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
 def _table(result: dict) -> str:
-    cases = ("recompute", "l1_hit", "pool", "disk")
+    cases = [c for c in ("recompute", "l1_hit", "pool", "disk", "network") if c in result]
     keys = ["tokenize", "queue", "prefill", "server", "client"]
     keys += sorted({k for c in cases for k in result[c] if k.startswith("load_")})
     keys += ["hit_device", "hit_host", "hit_disk"]
+    keys += [f"hit_{NETWORK_SOURCE}"] if "network" in cases else []
     table = Table([Column("part", 44, left=True)] + [Column(c, 11, gap=0) for c in cases])
     lines = [table.header()]
     for key in keys:
