@@ -75,3 +75,10 @@ def test_an_x86_cpu_is_told_by_avx512_bf16_or_amx(monkeypatch):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
         assert precision.has_bf16_arithmetic() is expected
     precision.has_bf16_arithmetic.cache_clear()
+
+
+def test_no_note_when_the_command_line_chose_the_dtype():
+    assert precision.dtype_given(["vllm-uma", "serve", "--dtype", "float32"])
+    assert precision.dtype_given(["serve", "--dtype=float32"])
+    assert not precision.dtype_given(["serve", "--max-model-len", "2048", "--dtype-x"])
+    assert precision.auto_note(torch.float32, False, given=True) is None

@@ -44,6 +44,7 @@ What changes from the CPU platform, and why:
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 import psutil
@@ -60,7 +61,7 @@ from vllm_uma.plugin import block_size, precision, vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 from vllm_uma.plugin.cpu_kernels import check_onednn_cap
 from vllm_uma.plugin.memory import fmt_gib
-from vllm_uma.plugin.settings import settings_for_hook
+from vllm_uma.plugin.settings import settings_attached, settings_for_hook
 from vllm_uma.plugin.vllm_version import require_supported_vllm
 
 # Every vLLM process imports this module first (through the entry point):
@@ -193,7 +194,13 @@ class UmaPlatform(CpuPlatform):
         if vllm_config.model_config is not None:
             check_onednn_cap(vllm_config.model_config.dtype)
             dtype = vllm_config.model_config.dtype
-            if note := precision.auto_note(dtype, precision.has_bf16_arithmetic()):
+            # Once, in the API server: the engine core runs this hook again
+            # on the config the API server settled (settings.py).
+            if not settings_attached(vllm_config) and (
+                note := precision.auto_note(
+                    dtype, precision.has_bf16_arithmetic(), precision.dtype_given(sys.argv)
+                )
+            ):
                 logger.info_once(note)
         # From here until vLLM serves, a stop in vllm-uma serve is honoured
         # at once (vLLM's own start-up handler is lost in its zmq polls).

@@ -22,7 +22,9 @@ weights' and the KV cache's memory, at the speed above. vLLM then logs its
 own "doesn't support torch.bfloat16. Falling back to torch.float32" for
 ``auto``, and for an explicit bf16 a once-only warning that the head dtype
 falls back to the model's (the same dtype: nothing changes); the
-platform's config hook adds one line that says why (:func:`auto_note`).
+platform's config hook adds one line that says why (:func:`auto_note`), in
+the API server only (the engine core runs the hook again), and not when
+the command line gave ``--dtype``.
 
 Process: every vLLM process (API server, engine core) builds its config
 and reads its own CPU; nothing crosses a process boundary. On aarch64,
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import platform
+from collections.abc import Sequence
 
 import torch
 
@@ -56,9 +59,18 @@ def supported_dtypes(vllm_list: list[torch.dtype], bf16_arithmetic: bool) -> lis
     return list(vllm_list) if bf16_arithmetic else list(FLOAT32_ONLY)
 
 
-def auto_note(dtype: torch.dtype, bf16_arithmetic: bool) -> str | None:
-    """The line that says why a model is served in float32, or None."""
-    if bf16_arithmetic or dtype != torch.float32:
+def dtype_given(argv: Sequence[str]) -> bool:
+    """Whether a command line names the dtype (``--dtype X`` or ``--dtype=X``):
+    vLLM's config keeps only the dtype it resolved, not whether the user
+    asked for it, and the API server's argv is the user's."""
+    return any(arg == "--dtype" or arg.startswith("--dtype=") for arg in argv)
+
+
+def auto_note(dtype: torch.dtype, bf16_arithmetic: bool, given: bool = False) -> str | None:
+    """The line that says why a model is served in float32, or None: none
+    where the CPU computes in bf16, where another dtype is served, or where
+    the user gave ``--dtype`` (``given``) and so chose it."""
+    if bf16_arithmetic or dtype != torch.float32 or given:
         return None
     return (
         "Serving in float32: this CPU has no bfloat16 arithmetic (no AVX512_BF16, no AMX), "

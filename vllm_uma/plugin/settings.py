@@ -117,12 +117,18 @@ def build_settings(vllm_config, total_ram: int) -> Settings:
     return Settings(uma=uma, offload=translate(vllm_config, total_ram))
 
 
+def settings_attached(vllm_config) -> bool:
+    """Whether the API server already settled this config (the hook runs
+    again in the engine core on it)."""
+    additional = vllm_config.additional_config
+    return isinstance(additional, dict) and PLAN_KEY in additional
+
+
 def settings_for_hook(vllm_config, total_ram: int) -> Settings:
     """The plan in the platform hook: built and attached the first time,
     read back when vLLM runs the hook again on a config it already went
     through (the engine core, ``dataclasses.replace``)."""
-    additional = vllm_config.additional_config
-    if isinstance(additional, dict) and PLAN_KEY in additional:
+    if settings_attached(vllm_config):
         return read_settings(vllm_config)
     settings = build_settings(vllm_config, total_ram)
     attach(vllm_config, settings)
