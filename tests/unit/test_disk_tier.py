@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import stat
 import threading
-import time
 
 import pytest
 from disk_tier_kit import (
@@ -36,7 +34,6 @@ from vllm.v1.kv_offload.base import (
 )
 
 from vllm_uma.kv_offload.disk import metrics as m
-from vllm_uma.kv_offload.disk.io_threads import IOPool, Priority
 from vllm_uma.kv_offload.disk.tier import DiskTier
 
 
@@ -78,31 +75,6 @@ def test_a_stop_writes_every_store_queued_before_it(tmp_path, primary, monkeypat
         tier.shutdown()
     assert len(block_files(tmp_path)) == 6
     assert any("6 block(s) written" in line and "0 store(s)" in line for line in log.messages)
-
-
-def test_a_stop_gives_up_queued_stores_at_its_deadline(tmp_path):
-    """The pool's stop waits ``timeout_s`` at most: stores still queued then
-    are dropped and counted; queued loads are dropped at once."""
-    ran = []
-
-    def slow_store(io):
-        time.sleep(0.1)
-        ran.append(io)  # 20 of them take 2 s: past the stop's deadline
-
-    pool = IOPool(1, queue.SimpleQueue(), "test-io")
-    go = threading.Event()
-    pool.submit(Priority.STORE, lambda io: go.wait(5), "in hand")  # holds the thread
-    time.sleep(0.05)
-    for i in range(20):
-        pool.submit(Priority.STORE, slow_store, i)
-    pool.submit(Priority.LOAD, lambda io: ran.append(io), "a load")
-    threading.Timer(0.1, go.set).start()  # the stop is under way by then
-    started = time.monotonic()
-    stopped = pool.shutdown(timeout_s=1.0)
-    assert time.monotonic() - started < 1.5
-    time.sleep(0.2)  # a store in hand at the deadline ends (a thread left behind)
-    assert "a load" not in ran and stopped.dropped[Priority.LOAD] == 1
-    assert len(ran) >= 2 and stopped.dropped[Priority.STORE] == 20 - len(ran)
 
 
 def test_a_block_still_being_written_is_a_miss(tmp_path, primary, monkeypatch):

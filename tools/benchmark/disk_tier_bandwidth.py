@@ -42,7 +42,7 @@ from tools.benchmark.lib.floors import disk_tier_read_gbps, drop_page_cache
 from tools.benchmark.lib.geometry import kv_row_bytes
 from tools.benchmark.lib.report import write_json
 from vllm_uma.kv_offload.disk.config import DiskTierConfig
-from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
+from vllm_uma.kv_offload.disk.io_tasks import DEFAULT_IO_THREADS
 from vllm_uma.kv_offload.disk.tier import DiskTier
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ from tools.benchmark.lib.geometry import kv_row_bytes
 from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.report import GiB, missing_chart_library, write_json
 from vllm_uma import models
-from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
+from vllm_uma.kv_offload.disk.io_tasks import DEFAULT_IO_THREADS
 from vllm_uma.kv_offload.pool_size import staging_tokens
 
 PROBE_SETTLE_S = 5.0

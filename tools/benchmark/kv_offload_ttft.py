@@ -35,7 +35,7 @@ from tools.benchmark.lib.floors import disk_tier_read_gbps, drop_page_cache, mem
 from tools.benchmark.lib.prompts import MODEL, text
 from tools.benchmark.lib.report import Column, Table
 from tools.benchmark.lib.servers import disk_tier_args
-from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS
+from vllm_uma.kv_offload.disk.io_tasks import DEFAULT_IO_THREADS
 from vllm_uma.server_process import Server
 
 COMMON = ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(220 * 10**6)]

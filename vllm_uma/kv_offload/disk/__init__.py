@@ -3,14 +3,15 @@
 Engine-core process. vLLM's tiering (``vllm/v1/kv_offload/tiering/``) loads
 :class:`tier.DiskTier` as a secondary tier behind the host pool (L2) and
 hands it the pool's memory; blocks move between pool rows and files on the
-tier's own I/O threads, so serving never waits on the disk.
+tier's own I/O threads (the lower tier's skeleton, ../lower_tier/), so
+serving never waits on the disk.
 
 The tier vLLM calls (scheduler thread):
     tier.py              DiskTier: lookups, store and load submission, life cycle
     tier_startup.py      open the store, load what it holds (once, before serving)
     tier_settle.py       the start-up's settling, when a full disk put it off
     completion.py        the I/O's outcomes applied to the index; jobs finished
-    jobs.py              one vLLM transfer job in flight, until its JobResult
+    jobs.py              one vLLM transfer job in flight (../lower_tier/jobs.py), its pins
     index.py             which blocks are on disk, for lookups without a syscall
     block_state.py       WRITING / PRESENT / DELETING, for the index and the ledger
     full_disk.py         a full volume: stores paused, retried, resumed
@@ -25,8 +26,8 @@ The files (I/O threads, start-up):
     layout.py            directories under root_dir, walked without following a link
     store_scan.py        the start-up scan: block files found, stale temp files removed
     pids.py              whether a temp file's or a ledger row's writer is alive
-    io_threads.py        the I/O threads: tasks run by priority (loads first)
-    io_tasks.py          one block file stored, loaded or deleted, the ledger kept
+    io_tasks.py          one block file stored, loaded or deleted, the ledger kept; the
+                         I/O threads that run them (../lower_tier/threads.py: loads first)
     io_descriptors.py    what is submitted (BlockIO) and what comes back (Outcome)
     trust.py             who could have written the store, checked at start-up
     progress.py          a long start-up step that says how far it got

@@ -1,6 +1,6 @@
 """L3: the I/O's outcomes applied on the scheduler thread, and jobs finished.
 
-Scheduler thread of the engine-core process. The I/O threads (io_threads.py)
+Scheduler thread of the engine-core process. The I/O threads (io_tasks.py)
 and the ledger feed (ledger/feed.py) only report; vLLM's
 ``get_finished_jobs`` drains their reports here, so the index changes on one
 thread and needs no lock. Every job vLLM submitted ends in exactly one
@@ -31,6 +31,8 @@ from vllm_uma.kv_offload.disk.ledger.feed import FeedBatch
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 from vllm_uma.kv_offload.disk.reports import TierReports
+from vllm_uma.kv_offload.lower_tier.jobs import JobBook
+from vllm_uma.kv_offload.lower_tier.threads import drain
 
 
 class Completion:
@@ -57,22 +59,21 @@ class Completion:
         self._load_deadline_s = load_deadline_s
         self._touch = touch  # restored blocks, in prefix order
         self._delete_file = delete_file  # a bad block's file and row
-        self._jobs: dict[int, PendingJob] = {}
-        self._results: list[JobResult] = []  # finished, not yet returned
+        self._jobs: JobBook[PendingJob] = JobBook()
         self._loads_by_deadline: collections.deque[PendingJob] = collections.deque()
         self.deleting: dict[BlockRef, int] = {}  # deletes in flight per block
         self.used_bytes = 0  # the store's, all servers: the feed's last figure
         self.written_this_run = 0
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs or self._results or self.deleting)
+        return self._jobs.has_pending_work() or bool(self.deleting)
 
     def track(self, job: PendingJob) -> None:
         """A submitted job; a load with blocks to read gets its deadline."""
         if job.is_load and job.pending:
             job.deadline = time.monotonic() + self._load_deadline_s
             self._loads_by_deadline.append(job)
-        self._jobs[job.job_id] = job
+        self._jobs.track(job)
         if job.pending == 0:  # nothing to wait for: all skipped or failed
             self._finish(job)
 
@@ -82,15 +83,10 @@ class Completion:
 
     def finished_jobs(self, outcomes: queue.SimpleQueue) -> list[JobResult]:
         """Apply every report queued so far; the results of the jobs that ended."""
-        while True:
-            try:
-                outcome = outcomes.get_nowait()
-            except queue.Empty:
-                break
+        for outcome in drain(outcomes):
             self._apply(outcome)
         self._give_up_late_loads()
-        results, self._results = self._results, []
-        return results
+        return self._jobs.take_results()
 
     def _give_up_late_loads(self) -> None:
         """A load still queued past its deadline is a miss (recomputed), so
@@ -227,10 +223,9 @@ class Completion:
             self._delete_file(ref, outcome.seen)
 
     def _finish(self, job: PendingJob) -> None:
-        del self._jobs[job.job_id]
         if job.is_load:
             failed = set(job.failed)
             self._touch([key for key in job.keys if key not in failed])
         written = set(job.written)  # announced in the job's (prefix) order
         self._reports.event([key for key in job.keys if key in written], removed=False)
-        self._results.append(job.result())
+        self._jobs.finish(job)

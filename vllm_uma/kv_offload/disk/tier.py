@@ -3,9 +3,10 @@
 Runs in the engine-core process. vLLM's TieringOffloadingManager calls every
 method on the scheduler thread, and none may block: lookups answer from the
 in-memory DiskIndex, stores and loads become one task per block on a few
-I/O threads (io_threads.py, io_tasks.py), and ``get_finished_jobs`` applies their outcomes
-to the index on the scheduler thread (completion.py), so the index needs no
-lock. Start-up (tier_startup.py) opens the store and loads what it holds.
+I/O threads (io_tasks.py, on the lower tier's threads: lower_tier/), and
+``get_finished_jobs`` applies their outcomes to the index on the scheduler
+thread (completion.py), so the index needs no lock. Start-up
+(tier_startup.py) opens the store and loads what it holds.
 
 Several servers may share one store: the cap, the eviction order and which
 blocks exist are kept in a SQLite ledger beside the files (ledger/). The
@@ -54,8 +55,13 @@ from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
 from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Outcome, Shared, StoreFailure, Ticket
-from vllm_uma.kv_offload.disk.io_tasks import delete_task, load_task, store_task
-from vllm_uma.kv_offload.disk.io_threads import DEFAULT_IO_THREADS, IOPool, Priority
+from vllm_uma.kv_offload.disk.io_tasks import (
+    DEFAULT_IO_THREADS,
+    delete_task,
+    load_task,
+    start_io_threads,
+    store_task,
+)
 from vllm_uma.kv_offload.disk.jobs import PendingJob
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.feed import LedgerFeed
@@ -64,6 +70,7 @@ from vllm_uma.kv_offload.disk.messages import DiskWarnings
 from vllm_uma.kv_offload.disk.reports import TierReports
 from vllm_uma.kv_offload.disk.tier_settle import DeferredSettle
 from vllm_uma.kv_offload.disk.tier_startup import load_existing, open_store, settle
+from vllm_uma.kv_offload.lower_tier.threads import Priority
 from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
@@ -141,7 +148,7 @@ class DiskTier(SecondaryTierManager):
             self._delete_file,
         )
 
-    def _start(self, io_threads: int) -> None:
+    def _start(self, num_threads: int) -> None:
         """The I/O threads, what the store holds, then the feed from there."""
         store, config, namespace_id = self._store, self._config, self._ns
         ledger, writer = store.ledger, store.writer
@@ -149,9 +156,9 @@ class DiskTier(SecondaryTierManager):
             store.layout, ledger, writer, config.cap_bytes, self._protected, _key_source(config)
         )
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
-        self._pool = IOPool(io_threads, self._outcomes, "uma-kv-disk")
+        self._pool = start_io_threads(num_threads, self._outcomes)
         found = load_existing(
-            store, config, namespace_id, self._index, self._reports, self._warnings, io_threads
+            store, config, namespace_id, self._index, self._reports, self._warnings, num_threads
         )
         self._done.used_bytes = found.used_bytes
         self._feed = LedgerFeed(ledger, namespace_id, writer, found.seq, self._outcomes)
