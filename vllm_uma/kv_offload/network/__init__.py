@@ -26,8 +26,8 @@ nodes each hold their slots' blocks.
     reply_bounds.py      what replies may cost: a deadline for every read and send, their bytes
     bounded_replies.py   the reply parser and the connection that honour those bounds
     probes.py            whether the engine holds a key, asked off the scheduler thread
-    transfers.py         one job's blocks: pipelined SETs, MGETs, checked values
-    transfer_threads.py  the threads that run them: a load never waits behind a store
+    transfers.py         one job's blocks: pipelined SETs, MGETs, checked values; the
+                         threads that run them (../lower_tier/): one for loads only
     metrics.py           the /metrics counters
     tier.py              NetworkTier: what vLLM calls, on the scheduler thread
 

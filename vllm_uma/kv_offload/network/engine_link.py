@@ -1,7 +1,7 @@
 """The network tier's link to its engine: its nodes' health, episodes, reconnects.
 
 Engine-core process. The link serves the tier's transfer threads and its
-lookup thread (transfer_threads.py, probes.py); the scheduler thread only
+lookup thread (transfers.py, probes.py); the scheduler thread only
 reads ``up`` (bools, atomic under the GIL) and never waits on a socket.
 
 The engine is one node (standalone) or the primaries of a cluster

@@ -7,9 +7,10 @@ method on the scheduler thread, and none may block on the network:
   not asked yet is RETRY for one step while one pipelined EXISTS per batch
   asks the engine; a gone engine is a MISS at once (engine_link.py);
 - stores and loads become one ``Transfer`` per vLLM job, run on two
-  transfer threads (transfer_threads.py; a load never waits behind a
-  store) as pipelined SETs and MGETs (transfers.py); a load has one
-  deadline, a timeout from its submission;
+  transfer threads (the lower tier's, lower_tier/threads.py; one runs
+  loads only, so a load never waits behind a store) as pipelined SETs and
+  MGETs (transfers.py); a load has one deadline, a timeout from its
+  submission;
 - ``get_finished_jobs`` applies what came back, on the scheduler thread, and
   returns exactly one JobResult per job.
 
@@ -44,6 +45,8 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from vllm_uma.kv_offload.lower_tier.jobs import Job, JobBook
+from vllm_uma.kv_offload.lower_tier.threads import Priority, drain
 from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network.engine_check import (
@@ -57,8 +60,13 @@ from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
 from vllm_uma.kv_offload.network.probes import EngineProbes
 from vllm_uma.kv_offload.network.settings import NetworkTierConfig
 from vllm_uma.kv_offload.network.tls import wrong_transport
-from vllm_uma.kv_offload.network.transfer_threads import TransferThreads
-from vllm_uma.kv_offload.network.transfers import Miss, Transfer, TransferDone, run_transfer
+from vllm_uma.kv_offload.network.transfers import (
+    Miss,
+    Transfer,
+    TransferDone,
+    run_transfer,
+    start_transfer_threads,
+)
 from vllm_uma.kv_offload.network.value_format import value_name
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
@@ -120,11 +128,9 @@ class NetworkTier(SecondaryTierManager):
             raise
         self._probes = EngineProbes(self._link, self._name, tier_type)
         self._done: queue.SimpleQueue[TransferDone] = queue.SimpleQueue()
-        self._threads = TransferThreads(
-            functools.partial(run_transfer, self._link, namespace_id, self._keys), self._done
-        )
-        self._in_flight: dict[int, Transfer] = {}
-        self._results: list[JobResult] = []  # jobs that needed no transfer
+        self._move = functools.partial(run_transfer, self._link, namespace_id, self._keys)
+        self._threads = start_transfer_threads(self._done)
+        self._jobs: JobBook[Job] = JobBook()
         self._recent: collections.OrderedDict[OffloadKey, None] = collections.OrderedDict()
         self._bad_warned: dict[str, float] = {}
         # KV events (vLLM's --kv-events-config): this server can restore
@@ -247,39 +253,40 @@ class NetworkTier(SecondaryTierManager):
         self._submit(job_metadata.job_id, True, pairs)
 
     def _submit(self, job_id: int, is_load: bool, pairs: list) -> None:
+        keys = tuple(key for key, _ in pairs)
+        job = Job(job_id, list(keys), is_load, pending=1 if pairs else 0)
+        self._jobs.track(job)
         if not pairs:  # every block skipped: done at once
-            self._results.append(JobResult(job_id, True, None, None, 0))
+            self._jobs.finish(job)
             return
         row_bytes = self.block_size_bytes
         transfer = Transfer(
             job_id,
             is_load,
-            tuple(key for key, _ in pairs),
+            keys,
             tuple(self._name(key) for key, _ in pairs),
             tuple(self._rows[int(c) * row_bytes : (int(c) + 1) * row_bytes] for _, c in pairs),
             # A request waits for its load from now: a timeout, then recomputed.
             time.monotonic() + self._link.timeout_s if is_load else None,
         )
-        self._in_flight[job_id] = transfer
-        self._threads.submit(transfer)
+        self._threads.submit(Priority.LOAD if is_load else Priority.STORE, self._move, transfer)
 
     # -- completion (scheduler thread) -----------------------------------------
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        results, self._results = self._results, []
-        while True:
-            try:
-                done = self._done.get_nowait()
-            except queue.Empty:
-                return results
-            transfer = self._in_flight.pop(done.job_id)
-            results.append(self._apply(transfer, done))
+        for done in drain(self._done):
+            job = self._jobs[done.job_id]
+            self._apply(done)
+            job.failed.extend(done.failed)
+            job.part_done(done.nbytes, done.start, done.end)  # its one part
+            self._jobs.finish(job)
+        return self._jobs.take_results()
 
-    def _apply(self, transfer: Transfer, done: TransferDone) -> JobResult:
+    def _apply(self, done: TransferDone) -> None:
         stats = self._stats
         for key in done.moved:
             self._remember(key)
-        if transfer.is_load:
+        if done.is_load:
             stats.count(m.READ_BLOCKS, len(done.moved))
             stats.count(m.READ_BYTES, done.nbytes)
             for reason in done.failed.values():
@@ -301,14 +308,6 @@ class NetworkTier(SecondaryTierManager):
             removed=True,
         )
         self._report_bad(done)
-        seconds = done.seconds if done.nbytes else None
-        if not done.failed:
-            return JobResult(done.job_id, True, None, seconds, done.nbytes)
-        loaded = [key for key in transfer.keys if key not in done.failed]
-        if not transfer.is_load or not loaded:
-            return JobResult(done.job_id, False, None, seconds, done.nbytes)
-        # A partly failed load keeps the blocks it did restore.
-        return JobResult(done.job_id, False, loaded, seconds, done.nbytes)
 
     def _event(self, keys: list[OffloadKey], *, removed: bool) -> None:
         if self._events is None or not keys:
@@ -364,7 +363,7 @@ class NetworkTier(SecondaryTierManager):
         return self._stats.take()
 
     def has_pending_work(self) -> bool:
-        return bool(self._in_flight or self._results)
+        return self._jobs.has_pending_work()
 
     def drain_jobs(self) -> None:
         self._threads.wait_idle()
@@ -373,7 +372,7 @@ class NetworkTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        stuck = self._threads.shutdown()
+        stuck = self._threads.shutdown().stuck_threads
         self.get_finished_jobs()  # none comes after this; the counts are kept
         self._probes.shutdown()
         self._link.close()

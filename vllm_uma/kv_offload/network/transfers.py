@@ -19,13 +19,25 @@ timeout: it is down then, and the rest fail at once. A value is read only
 up to one block's value bytes: a longer one is refused unread (its
 connection dropped), counted as a bad value, and deleted from the engine.
 
-A function here never raises and never touches the tier's state: it says
-what happened in a ``TransferDone`` that the scheduler thread applies
-(tier.py), one per job.
+A function here never touches the tier's state: it says what happened in
+a ``TransferDone`` that the scheduler thread applies (tier.py), one per
+job; one that raises (a bug) ends its job as misses all the same.
+
+The threads are the lower tier's (lower_tier/threads.py), two of them,
+``uma-kv-net-{i}``: the first runs loads only, the other a load first
+whenever one waits, else a store. A store to a slow engine holds its
+thread for up to a timeout per batch (round_trips.py), so a priority alone
+would let a load wait behind it; with a thread of its own, a load waits
+only for the loads before it, and its deadline runs from its submission:
+a load queued too long is a miss at once, not a late one. Two threads, not
+more: a load can overlap a store, or another load, and the sockets release
+the GIL; more would fight the server for this machine's two cores. A job a
+stop drops ends as misses (``engine_down``).
 """
 
 from __future__ import annotations
 
+import queue
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -33,6 +45,7 @@ from enum import Enum
 from valkey.exceptions import OutOfMemoryError
 
 from vllm_uma.kv_offload.disk.block_file import BadBlock
+from vllm_uma.kv_offload.lower_tier.threads import TierThreads
 from vllm_uma.kv_offload.mac_keys import KeyRing, KeySource
 from vllm_uma.kv_offload.network import round_trips
 from vllm_uma.kv_offload.network.engine_link import (
@@ -46,6 +59,7 @@ from vllm_uma.kv_offload.network.round_trips import TooSlow, Unread
 from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value, value_bytes
 
 BATCH_BLOCKS = 8
+TRANSFER_THREADS = 2
 
 
 class Miss(Enum):
@@ -82,7 +96,8 @@ class TransferDone:
     failed: dict[bytes, str] = field(default_factory=dict)  # key -> Miss or BadReason value
     moved: list[bytes] = field(default_factory=list)
     nbytes: int = 0
-    seconds: float = 0.0
+    start: float = float("inf")  # perf_counter at the start and end of the round trips
+    end: float = 0.0
     bad: list[str] = field(default_factory=list)  # what was wrong with each bad value
 
 
@@ -92,20 +107,35 @@ def failed_all(transfer: Transfer, reason: Miss) -> TransferDone:
     return done
 
 
+def start_transfer_threads(
+    done: queue.SimpleQueue, num_threads: int = TRANSFER_THREADS
+) -> TierThreads[Transfer]:
+    """The tier's transfer threads: each job's ``TransferDone`` on ``done``."""
+    return TierThreads(
+        "uma-kv-net",
+        num_threads,
+        done,
+        failed=_failed_by_bug,
+        dropped=lambda transfer: failed_all(transfer, Miss.ENGINE_DOWN),
+        load_only=1,
+    )
+
+
+def _failed_by_bug(transfer: Transfer, exc: Exception) -> TransferDone:
+    done = failed_all(transfer, Miss.ERROR)
+    done.bad.append(f"{type(exc).__name__}: {exc}")
+    return done
+
+
 def run_transfer(
     link: EngineLink, namespace: bytes, keys: KeySource | None, transfer: Transfer
 ) -> TransferDone:
     """``keys`` None: values unsigned, by the user's choice (value_format.py)."""
     if link.fail_fast():
         return failed_all(transfer, Miss.ENGINE_DOWN)
-    try:
-        move = load_blocks if transfer.is_load else store_blocks
-        # One key ring per job: a rotation lands between jobs, never inside one.
-        return move(link, namespace, transfer, None if keys is None else keys.keys())
-    except Exception as exc:  # a bug must still end its job, as misses
-        done = failed_all(transfer, Miss.ERROR)
-        done.bad.append(f"{type(exc).__name__}: {exc}")
-        return done
+    move = load_blocks if transfer.is_load else store_blocks
+    # One key ring per job: a rotation lands between jobs, never inside one.
+    return move(link, namespace, transfer, None if keys is None else keys.keys())
 
 
 def _batches(transfer: Transfer):
@@ -148,7 +178,7 @@ def load_blocks(
                 done.nbytes += row.nbytes
             else:
                 bad_names.append(name)
-    done.seconds = time.perf_counter() - start
+    done.start, done.end = start, time.perf_counter()
     _forget(link, bad_names, transfer.deadline)
     return done
 
@@ -217,5 +247,5 @@ def store_blocks(
                 done.moved.append(key)
                 done.nbytes += row.nbytes
                 link.took_write(link.node_of(name))  # ends a full node's episode, if one was on
-    done.seconds = time.perf_counter() - start
+    done.start, done.end = start, time.perf_counter()
     return done
