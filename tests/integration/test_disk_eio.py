@@ -18,19 +18,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from disk_tier_kit import (
-    CTX,
-    Jobs,
-    Primary,
-    block_files,
-    counters,
-    ext4_loop_mount,
-    key,
-    make_tier,
-    run_tool,
-)
 from vllm.v1.kv_offload.base import LookupResult
+from volume_kit import ext4_loop_mount, run_tool
 
+from tests.unit.disk_tier_kit import CTX, Jobs, Primary, block_files, counters, key, make_tier
 from vllm_uma.kv_offload.disk import metrics as m
 
 

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from disk_tier_kit import Jobs, Primary, counters, ext4_loop_mount, key, make_tier, run_tool
+from volume_kit import ext4_loop_mount, run_tool
 
+from tests.unit.disk_tier_kit import Jobs, Primary, counters, key, make_tier
 from vllm_uma.kv_offload.disk import metrics as m
 from vllm_uma.kv_offload.disk.ledger.db import LedgerError
 
