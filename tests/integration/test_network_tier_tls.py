@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from disk_tier_kit import NS, Jobs, Primary, key
 from network_tier_kit import make_tier, settled_lookup, started_engine, started_tls_engine
 from vllm.v1.kv_offload.base import LookupResult
 
+from tests.unit.disk_tier_kit import NS, Jobs, Primary, key
 from tools.harness.certificates import make_certificates
 from vllm_uma.commands import main as cli
 from vllm_uma.kv_offload.network.engine_check import EngineRefused

@@ -1,5 +1,7 @@
 """`vllm-uma kv-store URL ls|du|clear` on a real engine the real tier wrote,
-shared with another application's keys, which must survive every clear."""
+shared with another application's keys, which must survive every clear.
+What it refuses before it connects, and which names are ours:
+tests/unit/test_kv_store_network_names.py."""
 
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ import subprocess
 import sys
 
 import pytest
-from disk_tier_kit import NS, OTHER_NS, Jobs, Primary, key
 from network_tier_kit import make_tier, settled_lookup, started_engine
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
+from tests.unit.disk_tier_kit import NS, OTHER_NS, Jobs, Primary, key
 from vllm_uma.commands import main as cli
-from vllm_uma.kv_offload.network.key_names import descriptor_name, namespace_of
+from vllm_uma.kv_offload.network.key_names import descriptor_name
 from vllm_uma.kv_offload.network.value_format import value_name
 
 MAXMEMORY = 4 << 20
@@ -210,21 +212,6 @@ def test_a_frozen_engine_exits_3_within_the_timeout(start_engine, capsys):
     assert status == 3 and "did not answer within 0.3 s" in err and "--timeout-s" in err
 
 
-@pytest.mark.parametrize(
-    "url, message",
-    [
-        ("valkey://kv:secret@127.0.0.1:6390/0", "holds a password"),
-        ("http://127.0.0.1:6390/0", "has the scheme 'http'"),
-        ("valkey://127.0.0.1:6390/zero", "it is the database number"),
-    ],
-)
-def test_a_bad_url_exits_2_with_the_rule_and_no_secret(capsys, url, message):
-    status, out, err = run(capsys, url, "ls")
-    assert status == 2 and out == ""
-    assert message in err and "secret" not in err
-    assert "--password-env NAME" in err  # the tier's keys, as this command's flags
-
-
 def test_a_password_missing_or_wrong_exits_3_with_the_fix(start_engine, capsys, monkeypatch):
     engine = start_engine(*LRU)
     engine.client().config_set("requirepass", "right")
@@ -254,32 +241,9 @@ def test_an_acl_that_forbids_a_command_exits_3_naming_what_it_needs(
     assert "pw-of-kv" not in err
 
 
-def test_kv_store_help_names_the_engine_form(capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["kv-store", "--help"])
-    assert "URL ls|du|clear" in capsys.readouterr().out
-
-
 def test_the_tier_writes_its_descriptor_without_what_is_not_kept(engine_with_two):
     descriptor = json.loads(engine_with_two.client().get(descriptor_name(NS)))
     assert descriptor == {"model": "org/model-one", "kv_dtype": "bfloat16", "vllm": "0.x"}
-
-
-@pytest.mark.parametrize(
-    "name, ours",
-    [
-        (f"vllm-uma:kv:{NS.hex()}:{{{'ab' * 32}}}:0".encode(), (NS.hex(), True)),
-        (f"vllm-uma:kv:{NS.hex()}:{{{'ab' * 32}}}:1f".encode(), (NS.hex(), True)),
-        (f"vllm-uma:kv:{NS.hex()}:namespace".encode(), (NS.hex(), False)),
-        (f"vllm-uma:kv:{NS.hex()}:namespace2".encode(), None),
-        (f"vllm-uma:kv:{NS.hex()}:{{zz}}:0".encode(), None),
-        (f"vllm-uma:kv:{NS.hex()[:-1]}:{{ab}}:0".encode(), None),
-        (b"vllm-uma:kv:other", None),
-        (b"app:vllm-uma:kv:" + NS.hex().encode() + b":namespace", None),
-    ],
-)
-def test_only_names_of_our_two_shapes_are_ours(name, ours):
-    assert namespace_of(name) == ours
 
 
 def test_the_command_does_not_import_vllm():

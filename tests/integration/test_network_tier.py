@@ -8,10 +8,11 @@ import struct
 
 import crc32c
 import pytest
-from disk_tier_kit import CTX, NS, OTHER_NS, Jobs, Primary, WarningLog, counters, key
-from network_tier_kit import KEYS, make_tier, settled_lookup, started_engine
+from network_tier_kit import make_tier, settled_lookup, started_engine
 from vllm.v1.kv_offload.base import Locality, LookupResult, ReqContext
 
+from tests.unit.disk_tier_kit import CTX, NS, OTHER_NS, Jobs, Primary, WarningLog, counters, key
+from tests.unit.kv_secret_kit import KEYS
 from vllm_uma.kv_offload import block_mac, mac_keys
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, MAGIC
 from vllm_uma.kv_offload.mac_keys import parse_keys

@@ -11,11 +11,11 @@ import time
 import tracemalloc
 
 import pytest
-from disk_tier_kit import CTX, NS, Jobs, Primary, counters, key
 from engine_proxy import EngineProxy, Mode
 from network_tier_kit import make_tier, settled_lookup, started_engine, wait_for
 from vllm.v1.kv_offload.base import LookupResult
 
+from tests.unit.disk_tier_kit import CTX, NS, Jobs, Primary, counters, key
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network.value_format import value_name
 

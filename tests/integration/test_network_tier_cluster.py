@@ -15,11 +15,11 @@ import time
 
 import pytest
 import valkey
-from disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
 from network_tier_kit import make_tier, settled_lookup, started_cluster, wait_for
 from valkey.crc import key_slot
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
+from tests.unit.disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES
 from vllm_uma.kv_offload.network import engine_link
 from vllm_uma.kv_offload.network import metrics as m

@@ -8,43 +8,28 @@ TLS engine tools/harness/tls_engine.py's (Debian's ``redis-server``),
 stopped by the fixture that started it. A missing binary fails the test
 with the fix; it never skips.
 
-Tiers sign their values with ``SECRET`` from the variable ``SECRET_ENV``
-(set in this process on first use) unless a test names another secret or
-``unsigned``: as a user's tier must (settings.py refuses neither).
+Tiers sign their values with tests/unit/kv_secret_kit.py's secret unless a
+test names another secret or ``unsigned``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from disk_tier_kit import CTX, Primary
 from vllm.v1.kv_offload.base import LookupResult
 
+from tests.unit.disk_tier_kit import CTX, Primary
+from tests.unit.kv_secret_kit import signed
 from tools.harness.certificates import Certificates
 from tools.harness.tls_engine import TlsEngine
 from tools.harness.valkey_cluster import Cluster
 from tools.harness.valkey_engine import Engine, EngineError
-from vllm_uma.kv_offload.mac_keys import parse_keys
 from vllm_uma.kv_offload.network.settings import parse_network_tier
 from vllm_uma.kv_offload.network.tier import NetworkTier
-
-SECRET_ENV = "VLLM_UMA_TEST_KV_SECRET"
-SECRET = "a3f1" * 16  # 64 characters, as `openssl rand -hex 32` gives
-SIGNING = ("secret_file", "secret_env", "unsigned")
-KEYS = parse_keys(SECRET, "the kit's secret")  # what a tier of the kit signs with
-
-
-def signed(settings: dict) -> dict:
-    """``settings`` with the kit's secret unless they say how to sign."""
-    if any(k in settings for k in SIGNING):
-        return settings
-    os.environ.setdefault(SECRET_ENV, SECRET)
-    return {**settings, "secret_env": SECRET_ENV}
 
 
 def started_engine(workdir: Path, *args: str) -> Engine:

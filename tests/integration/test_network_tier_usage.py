@@ -1,12 +1,13 @@
 """The network tier's share of its engine, in its start-up line: counted,
-bounded, and never a failed start."""
+bounded, and never a failed start, on a real valkey-server. A SCAN that
+returns a name twice: tests/unit/test_network_tier_usage_scan.py."""
 
 from __future__ import annotations
 
 import pytest
-from disk_tier_kit import NS, OTHER_NS, InfoLog, Primary, WarningLog, key
 from network_tier_kit import make_tier, started_engine
 
+from tests.unit.disk_tier_kit import NS, OTHER_NS, InfoLog, Primary, WarningLog, key
 from vllm_uma.kv_offload.mac_keys import parse_keys
 from vllm_uma.kv_offload.network import engine_check, engine_link, engine_usage
 from vllm_uma.kv_offload.network import tier as tier_module
@@ -99,34 +100,6 @@ def test_an_acl_that_may_not_count_is_a_phrase_in_the_line(engine, monkeypatch):
     line = start_line(engine, url=url, password_env="TEST_KV_PASSWORD")
     assert "its blocks not counted (User kv has no permissions" in line
     assert "+scan +memory|usage" in line
-
-
-class PagedScan:
-    """A client whose SCAN returns these pages (a name twice, as SCAN may
-    while the engine resizes its table), each name 100 bytes."""
-
-    def __init__(self, pages: list[list[bytes]]):
-        self._pages = pages
-
-    def scan(self, cursor: int, match: bytes, count: int):
-        following = cursor + 1 if cursor + 1 < len(self._pages) else 0
-        return following, list(self._pages[cursor])
-
-    def pipeline(self, transaction: bool):
-        return self
-
-    def memory_usage(self, name: bytes) -> None:
-        self._asked = getattr(self, "_asked", 0) + 1
-
-    def execute(self) -> list[int]:
-        asked, self._asked = self._asked, 0
-        return [100] * asked
-
-
-def test_a_name_scan_returns_twice_is_counted_once():
-    names = [value_name(NS, key(i)) for i in range(3)]
-    usage = engine_usage.namespace_usage(PagedScan([names[:2], names[1:], [names[0]]]), NS)
-    assert (usage.blocks, usage.bytes, usage.complete) == (3, 300, True)
 
 
 def test_the_start_up_line_says_which_key_signs_and_never_the_secret(engine, tmp_path):

@@ -8,10 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
-from disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
-from network_tier_kit import make_tier, settled_lookup, signed, started_engine, wait_for
+from network_tier_kit import make_tier, settled_lookup, started_engine, wait_for
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
+from tests.unit.disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
+from tests.unit.kv_secret_kit import signed
 from vllm_uma.kv_offload.network import engine_link
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network import tier as tier_module

@@ -16,11 +16,11 @@ import socket
 import threading
 
 import pytest
-from disk_tier_kit import NS, Jobs, Primary, WarningLog, counters, key
 from network_tier_kit import make_tier, settled_lookup, started_cluster, wait_for
 from valkey.crc import key_slot
 from vllm.v1.kv_offload.base import LookupResult
 
+from tests.unit.disk_tier_kit import NS, Jobs, Primary, WarningLog, counters, key
 from vllm_uma.kv_offload.network import cluster_map
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network.value_format import value_name
