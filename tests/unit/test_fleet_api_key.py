@@ -4,7 +4,7 @@ hands it over: a file's path on every command line, never the key.
 
 In one process: the key file's rules on real files, the guard on a Starlette
 app through vLLM's own middleware registration. What crosses processes and
-hosts is tests/unit/test_fleet_gate.py and test_fleet_hosts_admin.py.
+hosts is tests/integration/test_fleet_gate.py and test_fleet_hosts_admin.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ included); other routers' and other hosts' records and damaged files are
 left alone; the directory is this user's only.
 
 What the supervisor does with the records, against a stand-in router and
-vllm-router itself: tests/unit/test_fleet_supervisor.py.
+vllm-router itself: tests/integration/test_fleet_supervisor.py.
 """
 
 from __future__ import annotations

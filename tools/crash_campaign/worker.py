@@ -69,7 +69,7 @@ def run(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> None:
     try:
         # First of all: a server frozen (SIGSTOP) before this line would
         # outlive a driver killed then, and the driver may freeze one as soon
-        # as it runs (tests/unit/test_crash_campaign.py did, under load). A
+        # as it runs (tests/integration/test_crash_campaign.py did, under load). A
         # stopped process runs no thread, so only the kernel can end it; SIGKILL
         # wakes it; the driver forks from its only thread, so the parent-death
         # signal fires when the driver exits.

@@ -1,7 +1,7 @@
 """The fleet's gate and API key on one host (vllm_uma/fleet/gate.py,
 router_main.py, the supervisor), with vllm-router itself: a fleet of the
-supervisor's own making, its servers tests/unit/keyed_serve.py (the real
-server guard in front of a stand-in app, no vLLM), everything on loopback.
+supervisor's own making, its servers tests/integration/keyed_serve.py (the
+real server guard in front of a stand-in app, no vLLM), everything on loopback.
 
 - a client reaches /v1/*, /health and /metrics, and its request reaches a
   server with the fleet's key in place of its own;
@@ -9,18 +9,14 @@ server guard in front of a stand-in app, no vLLM), everything on loopback.
   else; other paths never reach a server;
 - the router's own calls carry the key, which no process shows on its
   command line or in its environment;
-- with --client-key-file, a client needs a key; a streamed reply passes
-  event by event; a busy --port fails the start and leaves nothing running.
-The same across simulated hosts: test_fleet_hosts_admin.py.
+- with --client-key-file, a client needs a key.
+The same across simulated hosts: test_fleet_hosts_admin.py. The gate alone
+(a streamed reply, a busy --port): tests/unit/test_fleet_gate_alone.py.
 """
 
 from __future__ import annotations
 
-import http.server
-import socket
 import sys
-import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -28,9 +24,9 @@ import pytest
 import requests
 
 from vllm_uma.fleet.api_key import generate_key_file, read_key_file
-from vllm_uma.fleet.gate import Gate, GateError
+from vllm_uma.fleet.gate import Gate
 from vllm_uma.fleet.plan import FleetRequest, plan_fleet
-from vllm_uma.fleet.supervisor import Fleet, FleetError
+from vllm_uma.fleet.supervisor import Fleet
 from vllm_uma.server_process import Server, free_port
 
 KEYED_SERVE = [sys.executable, str(Path(__file__).with_name("keyed_serve.py"))]
@@ -157,74 +153,3 @@ def test_with_client_keys_a_client_needs_one(fleet, tmp_path):
         assert reply.status_code == 403  # a client's key is not the fleet's
     finally:
         gate.stop()
-
-
-class SlowEvents(http.server.BaseHTTPRequestHandler):
-    """Streams one event, waits until the test has read it, then a second."""
-
-    protocol_version = "HTTP/1.1"
-    release = threading.Event()
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers["content-length"]))
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
-        for event, wait in ((b"data: first\n\n", True), (b"data: [DONE]\n\n", False)):
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-            self.wfile.flush()
-            if wait:
-                self.release.wait(10)
-        self.wfile.write(b"0\r\n\r\n")
-
-    def log_message(self, *args):
-        pass
-
-
-def test_a_streamed_reply_passes_event_by_event():
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowEvents)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    gate = Gate("127.0.0.1", free_port(), f"http://127.0.0.1:{upstream.server_port}", None)
-    try:
-        started = time.monotonic()
-        with requests.post(f"{gate.url}/v1/chat/completions", json={"stream": True},
-                           stream=True, timeout=20) as reply:  # fmt: skip
-            lines = reply.iter_lines()
-            first = next(line for line in lines if line)
-            # Read while the server still holds the rest: the gate did not wait for it.
-            assert first == b"data: first" and time.monotonic() - started < 5
-            SlowEvents.release.set()
-            assert [line for line in lines if line] == [b"data: [DONE]"]
-    finally:
-        gate.stop()
-        upstream.shutdown()
-
-
-def children() -> set[int]:
-    return {child.pid for child in psutil.Process().children(recursive=True)}
-
-
-def test_a_busy_port_fails_the_start_and_leaves_nothing_running(tmp_path_factory):
-    before = children()  # the module's fleet, if it runs
-    # A short directory: the servers' KV event sockets live in it, and a
-    # Unix socket's path takes at most 107 bytes (this test's own tmp_path,
-    # under an xdist worker's directory, made 108).
-    tmp_path = tmp_path_factory.mktemp("busy")
-    key_file = tmp_path / "fleet-api.key"
-    generate_key_file(key_file)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(GateError, match=f"cannot listen for clients at 127.0.0.1:{port}"):
-            Gate("127.0.0.1", port, "http://127.0.0.1:1", None)
-        plan = plan_fleet(fleet_request(tmp_path, key_file, port), [0], free_port)
-        fleet = Fleet(plan, KEYED_SERVE, tmp_path)
-        try:
-            with pytest.raises(FleetError, match="choose another --port"):
-                fleet.start()
-            assert fleet.router is None and fleet.servers == {}  # failed before any start
-        finally:
-            fleet.stop()
-    assert children() <= before

@@ -1,10 +1,10 @@
 """The fleet supervisor's joins (vllm_uma/fleet/supervisor.py), with real
 processes: a start that fails or hangs leaves nothing behind, a stop asked
-for during a start is honoured within seconds, each server has its own
-restart budget, and a stop never stops half-way.
+for during a start is honoured within seconds, and a stop never stops
+half-way. Each server's restart budget: tests/unit/test_fleet_supervisor_rules.py.
 
-The servers are tests/unit/fake_serve.py (the real port check, then /health,
-or a start that hangs); the relays are the real ones, on loopback.
+The servers are tests/integration/fake_serve.py (the real port check, then
+/health, or a start that hangs); the relays are the real ones, on loopback.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import psutil
@@ -22,7 +21,7 @@ import pytest
 
 from vllm_uma.fleet import router_front, supervisor
 from vllm_uma.fleet.plan import FleetPlan, MemberPlan
-from vllm_uma.fleet.supervisor import Fleet, FleetError, keep_restarting
+from vllm_uma.fleet.supervisor import Fleet, FleetError
 from vllm_uma.server_process import free_port
 
 FAKE_SERVE = [sys.executable, str(Path(__file__).with_name("fake_serve.py"))]
@@ -103,25 +102,6 @@ def test_a_server_that_will_not_stop_does_not_keep_the_others_running(tmp_path, 
     monkeypatch.setattr(first, "stop", broken_stop)
     fleet.stop()  # logs server 1's failure, stops server 2 regardless
     assert servers_of(fleet_plan) == []
-
-
-def test_a_stop_removes_the_event_sockets_killed_servers_left(tmp_path):
-    fleet_plan = plan(tmp_path, False, False)
-    left = [Path(m.events_in.removeprefix("ipc://")) for m in fleet_plan.members]
-    for path in left:  # what a server killed with SIGKILL leaves behind
-        path.touch()
-    Fleet(fleet_plan, FAKE_SERVE, tmp_path).stop()
-    assert [path for path in left if path.exists()] == []
-
-
-def test_each_server_has_its_own_restart_budget():
-    window = supervisor.RESTART_WINDOW_S
-    one, two = deque(), deque()
-    for t in range(supervisor.RESTART_LIMIT):  # each dies 3 times: both restart
-        assert keep_restarting(one, float(t))
-        assert keep_restarting(two, float(t))
-    assert not keep_restarting(one, 10.0)  # server 1's 4th exit in the window
-    assert keep_restarting(deque([0.0, 1.0, 2.0]), window + 5.0)  # old exits expire
 
 
 class FakeRouter:

@@ -3,7 +3,7 @@ hosts (tools/hosts: network namespaces on a bridge) with vllm-router itself.
 
 Host 1 runs a fleet with its router (the supervisor's own, gate included);
 host 2 a fleet that joins it with the fleet's API key; host 3 is a client.
-The servers are tests/unit/keyed_serve.py: the real server guard in front
+The servers are tests/integration/keyed_serve.py: the real server guard in front
 of a stand-in app (no vLLM), on each host's address.
 
 - the fleet's host adds its server, and removes it when it stops;

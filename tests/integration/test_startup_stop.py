@@ -15,8 +15,6 @@ import time
 import psutil
 import pytest
 
-from vllm_uma import lifeline, startup_stop
-
 STAND_IN = textwrap.dedent(
     """
     import multiprocessing, os, signal, sys, time
@@ -125,15 +123,3 @@ def test_without_it_pyzmq_drops_the_stop_and_the_wait_goes_on(tmp_path):
     finally:
         kill_group(proc)
         psutil.wait_procs([psutil.Process(core)] if not gone(core) else [], timeout=5)
-
-
-def test_it_arms_only_in_vllm_uma_serves_api_server(monkeypatch):
-    # (In the stand-in above it arms inside asyncio.run, as in vLLM.)
-    before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setenv(lifeline.API_SERVER_ENV, str(os.getpid() + 1))
-    assert startup_stop.arm() is False  # a plain `vllm serve`, or the engine core
-    monkeypatch.delenv(lifeline.API_SERVER_ENV)
-    assert startup_stop.arm() is False  # the LLM class in a user's program
-    monkeypatch.setenv(lifeline.API_SERVER_ENV, str(os.getpid()))
-    assert startup_stop.arm() is False  # no event loop: headless, several API servers
-    assert signal.getsignal(signal.SIGTERM) is before

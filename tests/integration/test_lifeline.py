@@ -187,12 +187,3 @@ def test_a_parent_gone_before_the_child_looked_still_stops_it(tmp_path):
     shim = lifeline.shim_command([sys.executable, "-c", "import time; time.sleep(30)"])
     started = subprocess.run(shim, env=env, timeout=30, capture_output=True, text=True)
     assert started.returncode == 1 and "not starting" in started.stderr
-
-
-def test_the_api_server_itself_does_not_follow_itself(monkeypatch):
-    monkeypatch.setenv(lifeline.API_SERVER_ENV, str(os.getpid()))
-    assert not lifeline.follow_api_server()
-
-
-def test_a_supervisor_names_itself():
-    assert lifeline.supervised_env() == {lifeline.SUPERVISOR_ENV: str(os.getpid())}
