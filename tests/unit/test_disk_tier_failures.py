@@ -1,13 +1,13 @@
 """L3 disk tier failure paths: bad block files, a full disk, write errors,
 pins under eviction, leftovers of a crash. A bad block is never served and
-never crashes the tier: vLLM sees a failed key and recomputes it."""
+never crashes the tier: vLLM sees a failed key and recomputes it. Temp
+files of live and dead writers: tests/integration/test_disk_tier_failures_processes.py."""
 
 from __future__ import annotations
 
 import errno
 import os
 import shutil
-import subprocess
 import time
 
 import pytest
@@ -16,7 +16,6 @@ from disk_tier_kit import (
     NS,
     OTHER_NS,
     ROW,
-    InfoLog,
     Jobs,
     Primary,
     WarningLog,
@@ -163,36 +162,6 @@ def test_leftover_temp_files_are_deleted_at_startup(tmp_path, primary):
     assert unrelated.exists() and block.exists()
     assert tier.lookup(key(0), CTX) is LookupResult.HIT
     tier.shutdown()
-
-
-def test_a_live_writers_temp_file_is_kept_a_dead_or_stale_ones_removed(tmp_path, primary):
-    """A server starting while another still writes (a restart while the old
-    one drains, or two servers on one root) must not delete its writes."""
-    tier = make_tier(tmp_path, primary)
-    Jobs(tier).stored([key(0)], [0])
-    tier.shutdown()
-    block = path_of(tmp_path, key(0))
-    sleeper = subprocess.Popen(["sleep", "60"])  # a live process, not us
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    try:
-        live = block.with_name(f"{block.name}.{sleeper.pid}-0123456789ab.tmp")
-        gone = block.with_name(f"{block.name}.{dead.pid}-0123456789ab.tmp")
-        stale = block.with_name(f"{block.name}.{sleeper.pid}-ba9876543210.tmp")
-        for temp in (live, gone, stale):
-            temp.write_bytes(b"a write")
-        two_hours_ago = time.time() - 7200
-        os.utime(stale, (two_hours_ago, two_hours_ago))
-        with InfoLog() as log:
-            tier = make_tier(tmp_path, primary)
-        assert live.exists()
-        assert not gone.exists() and not stale.exists()
-        # Only what was removed is counted as removed.
-        assert any("2 leftover temp files removed" in m for m in log.messages), log.messages
-        tier.shutdown()
-    finally:
-        sleeper.kill()
-        sleeper.wait()
 
 
 def test_a_file_with_a_name_no_key_makes_is_left_alone(tmp_path, primary):

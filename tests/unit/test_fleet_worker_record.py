@@ -1,8 +1,9 @@
 """The record of the workers a joined fleet added to a router
 (vllm_uma/fleet/worker_record.py): written atomically and privately, read
-back; a dead run's record is a leftover, a live run's never (a reused pid
-included); other routers' and other hosts' records and damaged files are
-left alone; the directory is this user's only.
+back; a live run's record is never a leftover; the directory is this
+user's only. Dead runs' records (a real process that has exited), and
+other routers' and hosts' records and damaged files left alone:
+tests/integration/test_fleet_worker_record_dead_runs.py.
 
 What the supervisor does with the records, against a stand-in router and
 vllm-router itself: tests/integration/test_fleet_supervisor.py.
@@ -15,7 +16,6 @@ import os
 import stat
 import subprocess
 
-import psutil
 import pytest
 
 from vllm_uma.commands.preflight import PreflightError
@@ -51,35 +51,6 @@ def test_a_record_is_written_privately_and_read_back(tmp_path):
     record.remove()
     record.remove()  # twice: no error
     assert list(tmp_path.iterdir()) == []
-
-
-def test_the_records_of_dead_runs_are_leftovers_oldest_first(tmp_path):
-    newer = left_by(tmp_path, gone_pid(), 2000.0, ["http://10.0.0.5:2"])
-    older = left_by(tmp_path, gone_pid(), 1000.0, ["http://10.0.0.5:1"])
-    # A pid that a younger process reuses is not the run that wrote the record.
-    reused = left_by(tmp_path, os.getpid(), psutil.Process().create_time() - 60, ["u"])
-    live = left_by(tmp_path, os.getpid(), psutil.Process().create_time(), ["v"])
-    found = WorkerRecord(tmp_path, ROUTER).leftovers()
-    assert [r.path for r in found] == [older, newer, reused]
-    assert live.exists()
-
-
-def test_other_routers_records_and_damaged_files_are_left_alone(tmp_path):
-    dead = gone_pid()
-    left_by(tmp_path, dead, 1.0, ["a"], router="http://10.0.0.2:8000",
-            name=f"joined-10.0.0.2-8000-{dead}-x.json")  # fmt: skip
-    # The same file name for another router's URL (names are sanitized).
-    left_by(tmp_path, dead, 1.0, ["b"], router="http://10.0.0.1:8000/other")
-    (tmp_path / "joined-10.0.0.1-8000-1-cut.json").write_text('{"router": ')
-    left_by(tmp_path, dead, 1.0, "http://10.0.0.5:1")  # urls not a list
-    (tmp_path / "joined-10.0.0.1-8000-2-link.json").symlink_to(
-        left_by(tmp_path, dead, 1.0, ["c"], name="elsewhere.json")
-    )
-    # Another host's, in a cache directory they share: its pid means nothing here.
-    left_by(tmp_path, dead, 1.0, ["d"], host="another machine")
-    os.mkfifo(tmp_path / "joined-10.0.0.1-8000-3-fifo.json")  # never waited on
-    (tmp_path / "joined-10.0.0.1-8000-4-x.json.4-ab.tmp").write_text("{}")  # a write in flight
-    assert WorkerRecord(tmp_path, ROUTER).leftovers() == []
 
 
 def test_the_directory_is_made_private_and_refused_when_open(tmp_path):

@@ -2,7 +2,8 @@
 
 scripts/install.sh is the one install path of every make target (serve,
 test, bench, bench-memory, bench-offload); it ends by running
-``python -m vllm_uma.commands.venv_check``. These tests run in the venv that path
+``python -m vllm_uma.commands.venv_check`` (run so by
+tests/integration/test_venv_check.py). These tests run in the venv that path
 built, so they also show that `make bench`'s dependencies (matplotlib) are
 there without a second pip install bringing the CUDA packages back.
 """
@@ -10,21 +11,11 @@ there without a second pip install bringing the CUDA packages back.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 
 import pytest
 
 from vllm_uma.commands import venv_check
 from vllm_uma.plugin import vllm_version
-
-
-def test_this_venv_passes_the_check():
-    assert venv_check.problems() == []
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_uma.commands.venv_check"], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
 
 
 def test_this_venv_has_what_make_bench_needs():

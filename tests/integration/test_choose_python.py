@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -45,11 +44,6 @@ def _choose(bin_dir: Path, python: str = "") -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
     )
-
-
-def test_the_range_is_pyprojects_requires_python():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["requires-python"] == f">=3.{LOW},<3.{HIGH + 1}"
 
 
 def test_the_oldest_supported_interpreter_on_path_is_chosen(tmp_path):
