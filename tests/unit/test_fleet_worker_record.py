@@ -11,31 +11,15 @@ vllm-router itself: tests/integration/test_fleet_supervisor.py.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import subprocess
 
 import pytest
 
 from vllm_uma.commands.preflight import PreflightError
-from vllm_uma.fleet.worker_record import WorkerRecord, read_record, record_dir, this_host
+from vllm_uma.fleet.worker_record import WorkerRecord, read_record, record_dir
 
 ROUTER = "http://10.0.0.1:8000"
-
-
-def gone_pid() -> int:
-    child = subprocess.Popen(["true"])
-    child.wait()  # reaped: the pid names no process now
-    return child.pid
-
-
-def left_by(directory, pid, started, urls, router=ROUTER, name=None, host=None):
-    path = directory / (name or f"joined-10.0.0.1-8000-{pid}-{os.urandom(2).hex()}.json")
-    host = this_host() if host is None else host
-    record = {"router": router, "host": host, "pid": pid, "started": started, "urls": urls}
-    path.write_text(json.dumps(record))
-    return path
 
 
 def test_a_record_is_written_privately_and_read_back(tmp_path):
