@@ -10,12 +10,13 @@ import stat
 
 import pytest
 
-from vllm_uma.kv_offload.disk.config import DiskTierConfigError, parse_disk_tier
+from vllm_uma.kv_offload.disk.config import DiskTierConfig, DiskTierConfigError, parse_disk_tier
 
 
-def parse(root) -> None:
+def parse(root) -> DiskTierConfig:
     tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
-    parse_disk_tier([tier], kv_events_enabled=False)
+    config, _ = parse_disk_tier([tier], kv_events_enabled=False)
+    return config
 
 
 def refusal(root) -> str:
@@ -36,13 +37,15 @@ def test_a_root_of_ours_readable_by_others_is_accepted(tmp_path):
     root = tmp_path / "kv"
     root.mkdir(mode=0o755)
     os.chmod(root, 0o755)
-    parse(root)
+    assert parse(root).root_dir == root
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755  # taken as it is, not tightened
 
 
 def test_a_root_reached_through_the_users_own_symlink_is_accepted(tmp_path):
     (tmp_path / "real").mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    parse(tmp_path / "link")
+    assert parse(tmp_path / "link").root_dir == tmp_path / "link"  # the path as given
+    assert (tmp_path / "link").readlink() == tmp_path / "real"  # the link left as it was
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])

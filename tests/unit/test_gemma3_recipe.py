@@ -206,8 +206,10 @@ def test_prompt_ids_without_bos_are_refused():
     assert "<bos> (id 2)" in str(err.value)
 
 
-def test_equal_token_ids_pass():
+def test_equal_token_ids_pass_and_one_changed_id_does_not():
     gemma3.require_same_tokens("the greedy token ids", [1, 2, 3], [1, 2, 3])
+    with pytest.raises(PrepareError, match="differ at position 2"):
+        gemma3.require_same_tokens("the greedy token ids", [1, 2, 3], [1, 2, 4])
 
 
 @pytest.mark.parametrize(
@@ -248,7 +250,9 @@ def fake_check(monkeypatch):
 
 
 def test_the_check_passes_when_the_server_agrees(fake_check, tmp_path):
-    gemma3.check(tmp_path, lambda m: None)
+    said = []
+    gemma3.check(tmp_path, said.append)
+    assert said[-1] == "server: the same 3 tokens, ' five, six'"
 
 
 def test_the_check_fails_when_the_server_generates_other_tokens(fake_check, tmp_path):

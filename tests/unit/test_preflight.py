@@ -115,10 +115,33 @@ def test_host_that_is_not_ours():
 # -- vllm_uma.commands.serve.preflight: the raw command line, before vLLM
 
 
-def serve_preflight(argv):
+def serve_preflight(argv) -> bool:
+    """Whether the line asks for --help (then nothing is checked)."""
     from vllm_uma.commands.serve import preflight
 
-    preflight(argv, {})
+    return preflight(argv, {})
+
+
+@pytest.fixture
+def checked(monkeypatch) -> list[tuple[str, object]]:
+    """The model and port checks serve's preflight makes, in order (each
+    still made: a refusal still raises)."""
+    from vllm_uma.commands import serve
+
+    made = []
+    real_model, real_port = serve.check_model, serve.check_port
+
+    def model(name, recipes):
+        made.append(("model", name))
+        real_model(name, recipes)
+
+    def port(host, number):
+        made.append(("port", number))
+        real_port(host, number)
+
+    monkeypatch.setattr(serve, "check_model", model)
+    monkeypatch.setattr(serve, "check_port", port)
+    return made
 
 
 def test_preflight_refuses_a_missing_model_named_first(tmp_path):
@@ -126,8 +149,9 @@ def test_preflight_refuses_a_missing_model_named_first(tmp_path):
         serve_preflight([str(tmp_path / "nope"), "--port", "0"])
 
 
-def test_preflight_leaves_a_recipe_to_be_prepared():
-    serve_preflight(["gemma-3-270m", "--port", "0"])  # nothing built, nothing refused
+def test_preflight_leaves_a_recipe_to_be_prepared(checked):
+    assert serve_preflight(["gemma-3-270m", "--port", "0"]) is False  # not --help: checked
+    assert checked == [("port", 0)]  # a recipe's name is no path to check: built later
 
 
 def test_preflight_refuses_a_busy_port():
@@ -140,5 +164,6 @@ def test_preflight_refuses_a_busy_port():
         serve_preflight(["--host", "127.0.0.1", "--port", str(port), "--uds", "/tmp/x.sock"])
 
 
-def test_preflight_checks_nothing_for_help(tmp_path):
-    serve_preflight([str(tmp_path / "nope"), "--help"])
+def test_preflight_checks_nothing_for_help(tmp_path, checked):
+    assert serve_preflight([str(tmp_path / "nope"), "--help", "--port", "0"]) is True
+    assert checked == []

@@ -154,7 +154,9 @@ def fake_check(monkeypatch):
 
 
 def test_the_check_passes_when_both_endpoints_agree(fake_check, tmp_path):
-    qwen25_coder.check(tmp_path, lambda m: None)
+    said = []
+    qwen25_coder.check(tmp_path, said.append)
+    assert said[-1] == "server: the same 4 tokens on both endpoints, '```python\\ndef'"
 
 
 def test_other_greedy_ids_fail_the_check_with_the_margin_there(fake_check, tmp_path):

@@ -77,7 +77,10 @@ def test_a_missing_member_fails_in_one_line_naming_it(entry, named):
 def test_an_entry_for_another_module_is_not_checked_by_this_one():
     broken = InstanceAttribute(MANAGER, "_free_lst", ("tests.other",), "scratch")
     good = InstanceAttribute(MANAGER, "_free_list", SCRATCH, "scratch")
+    assert vllm_contract.entries_of(SCRATCH[0], (broken, good)) == [good]
     require(SCRATCH[0], entries=(broken, good))
+    with pytest.raises(ContractError, match="_free_lst"):  # its own module's check fails
+        require("tests.other", entries=(broken, good))
 
 
 def test_a_module_without_entries_is_told_so():

@@ -69,15 +69,20 @@ def test_a_weight_transfer_config_refuses_a_lower_tier():
 
 
 @pytest.mark.parametrize(
-    "tiers, environ, transfer",
+    "tiers, environ, transfer, refused_with",
     [
-        (None, {DEV_MODE_ENV: "1"}, True),  # no lower tier: the pool dies with the process
-        ("the disk tier", {DEV_MODE_ENV: "0"}, False),
-        ("the disk tier", {}, False),
+        # no lower tier: the pool dies with the process
+        (None, {DEV_MODE_ENV: "1"}, True, {"tiers": "the disk tier"}),
+        ("the disk tier", {DEV_MODE_ENV: "0"}, False, {"environ": {DEV_MODE_ENV: "1"}}),
+        ("the disk tier", {}, False, {"weight_transfer": True}),
     ],
 )
-def test_nothing_is_refused_otherwise(tiers, environ, transfer):
+def test_nothing_is_refused_otherwise(tiers, environ, transfer, refused_with):
     refuse_weight_updates(tiers, environ, transfer, TURN_OFF_TIERS)
+    # The one setting that would make it a refusal: passed for the right reason.
+    changed = {"tiers": tiers, "environ": environ, "weight_transfer": transfer, **refused_with}
+    with pytest.raises(OffloadingConfigError):
+        refuse_weight_updates(**changed, turn_off=TURN_OFF_TIERS)
 
 
 def worker(disk: bool, network: bool = False):
