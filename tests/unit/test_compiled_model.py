@@ -1,6 +1,8 @@
-"""vllm_uma/plugin/compiled_model.py: the backend's name carries this CPU's
-vector ISA, a name of another ISA is refused, and the platform names the
-backend only where vLLM CPU chose torch's inductor by string."""
+"""vllm_uma/plugin/compiled_model.py without this CPU's vector ISA: a name
+that is no backend is refused, and the platform leaves every configuration
+but vLLM CPU's inductor trace alone. What needs the ISA (torch's inductor
+finds it by running g++ and a test program in processes of their own):
+tests/integration/test_compiled_model_isa.py."""
 
 from __future__ import annotations
 
@@ -13,23 +15,6 @@ from vllm_uma.plugin import compiled_model
 from vllm_uma.plugin.platform import load_compiled_model_on_restart
 
 
-def test_the_backend_name_carries_this_cpus_isa():
-    isa = compiled_model.vector_isa()
-    assert isa and isa.replace("_", "").isalnum()
-    assert compiled_model.backend_qualname() == (f"vllm_uma.plugin.compiled_model.inductor_{isa}")
-
-
-def test_a_backend_of_another_isa_is_refused_with_both_names():
-    here = compiled_model.vector_isa()
-    other = "amx" if here != "amx" else "avx2"
-    with pytest.raises(compiled_model.ForeignIsaError) as err:
-        getattr(compiled_model, f"inductor_{other}")
-    message = str(err.value)
-    assert f"for the {other} vector ISA" in message
-    assert f"this CPU's is {here}" in message
-    assert compiled_model.backend_qualname(here) in message
-
-
 def test_other_names_are_not_backends():
     with pytest.raises(AttributeError):
         compiled_model.no_such_thing  # noqa: B018
@@ -37,12 +22,6 @@ def test_other_names_are_not_backends():
 
 def _config(mode, backend):
     return SimpleNamespace(mode=mode, backend=backend)
-
-
-def test_the_platform_names_our_backend_for_vllm_cpus_inductor_trace():
-    config = _config(CompilationMode.DYNAMO_TRACE_ONCE, "inductor")
-    load_compiled_model_on_restart(config)
-    assert config.backend == compiled_model.backend_qualname()
 
 
 @pytest.mark.parametrize(
@@ -58,12 +37,3 @@ def test_every_other_configuration_is_left_alone(mode, backend):
     config = _config(mode, backend)
     load_compiled_model_on_restart(config)
     assert config.backend == backend
-
-
-def test_a_second_run_of_the_hook_keeps_the_name():
-    # vLLM runs the platform hook again in the engine core on the same config.
-    config = _config(CompilationMode.DYNAMO_TRACE_ONCE, "inductor")
-    load_compiled_model_on_restart(config)
-    first = config.backend
-    load_compiled_model_on_restart(config)
-    assert config.backend == first
