@@ -32,6 +32,11 @@ DTYPE = ["--dtype", SERVED_DTYPE]
 KV_SCALE = 1 if SERVED_DTYPE == "bfloat16" else 2
 
 
+# bfloat16 on every CPU, for the servers whose point is bf16 serving itself
+# (tests/e2e/test_serve.py: its kernel paths, judged by its own oracles).
+BF16 = ["--dtype", "bfloat16"]
+
+
 def kv_bytes(bf16_bytes: int) -> int:
     """A KV size written for bf16 (an L1, a pool, a block), in the served precision."""
     return bf16_bytes * KV_SCALE

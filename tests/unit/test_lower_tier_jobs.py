@@ -43,3 +43,12 @@ def test_the_book_hands_each_result_over_once_in_the_order_jobs_finished():
     book.finish(first)
     assert [r.job_id for r in book.take_results()] == [2, 1]
     assert book.take_results() == [] and not book.has_pending_work() and 1 not in book
+
+
+def test_a_part_that_moved_nothing_does_not_stretch_the_span():
+    # A disk store whose block another server already wrote ends with no
+    # bytes and a start of 0.0: counted, it made the span the clock itself.
+    job = Job(1, ["a", "b"], is_load=False, pending=2)
+    job.part_done(0, 0.0, 0.0)
+    assert job.part_done(1000, 50.0, 50.5)
+    assert job.result().transfer_time == 0.5

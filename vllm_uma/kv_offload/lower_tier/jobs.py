@@ -38,8 +38,9 @@ class Job:
         """One part's end counted in, with what it moved; True when it was
         the last."""
         self.nbytes += nbytes
-        self.start = min(self.start, start)
-        self.end = max(self.end, end)
+        if nbytes:  # a part that moved nothing (a block already held) has no span
+            self.start = min(self.start, start)
+            self.end = max(self.end, end)
         self.pending -= 1
         return self.pending == 0
 
