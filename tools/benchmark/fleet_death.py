@@ -210,17 +210,8 @@ def kill_server(url: str) -> None:
 
 
 def wait_healthy(urls: list[str], timeout: float = BACK_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
     for url in urls:
-        while True:
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not come back within {timeout:.0f} s")
-            time.sleep(1)
+        client.wait_healthy(url, timeout)
     time.sleep(2)  # the supervisor adds it back to the router after /health
 
 

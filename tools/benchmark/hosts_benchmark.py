@@ -60,8 +60,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
-
 from tools.benchmark.lib import client, model_choice
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.log import progress
@@ -248,19 +246,7 @@ def start_router(
     proc = net.popen(HOST_CLIENT, argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://{address}:{ROUTER_PORT}"
 
-    def ready() -> None:
-        deadline = time.monotonic() + ROUTER_READY_S
-        while True:
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm-router did not answer /health in {ROUTER_READY_S} s")
-            time.sleep(0.5)
-
-    net.on(HOST_CLIENT).submit(ready).result()
+    net.on(HOST_CLIENT).submit(client.wait_healthy, url, ROUTER_READY_S, 0.5).result()
     progress(f"vllm-router on the client's host at {url}, over {', '.join(workers)}")
     return url, proc
 

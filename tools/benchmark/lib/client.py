@@ -68,3 +68,17 @@ def metrics(url: str, timeout: float = 30) -> str:
 def cached_by_source(body: str) -> dict[str, float]:
     """Prompt tokens found cached, by the tier that supplied them."""
     return {s: metric(body, CACHED_BY_SOURCE, f'source="{s}"') for s in HIT_SOURCES}
+
+
+def wait_healthy(url: str, timeout: float, interval: float = 1.0) -> None:
+    """Until ``url``/health answers 200; RuntimeError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if requests.get(f"{url}/health", timeout=2).ok:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url}/health did not answer within {timeout:.0f} s")
+        time.sleep(interval)
