@@ -7,22 +7,12 @@ a pyenv shim for an unselected version does.
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-LIBRARY = ROOT / "scripts" / "choose_python.sh"
-
-
-def _range() -> tuple[int, int]:
-    text = LIBRARY.read_text()
-    low = int(re.search(r"^MIN_MINOR=(\d+)$", text, re.M).group(1))
-    high = int(re.search(r"^MAX_MINOR=(\d+)$", text, re.M).group(1))
-    return low, high
-
+from tests.unit.test_choose_python_range import LIBRARY, _range
 
 LOW, HIGH = _range()
 

@@ -14,23 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.ledger_kit import NS, Unlinks, never, ref
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
-
-NS = b"\x11" * 16
-
-
-def ref(i: int, ns: bytes = NS) -> BlockRef:
-    return BlockRef(ns, i.to_bytes(4, "big"))
-
-
-def never(_: BlockRef) -> bool:
-    return False
-
-
-class Unlinks(list):
-    def __call__(self, r: BlockRef) -> None:
-        self.append(r)
 
 
 @pytest.fixture

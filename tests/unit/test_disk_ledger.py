@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.ledger_kit import NS, Unlinks, never, ref
 from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
@@ -19,21 +20,7 @@ from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 from vllm_uma.kv_offload.disk.store_scan import FoundBlock
 
-NS = b"\x11" * 16
 OTHER = b"\x22" * 16
-
-
-def ref(i: int, ns: bytes = NS) -> BlockRef:
-    return BlockRef(ns, i.to_bytes(4, "big"))
-
-
-def never(_: BlockRef) -> bool:
-    return False
-
-
-class Unlinks(list):
-    def __call__(self, r: BlockRef) -> None:
-        self.append(r)
 
 
 @pytest.fixture
