@@ -49,6 +49,13 @@ def test_a_bad_command_line_is_refused_with_the_rule(argv, says, capsys):
     assert says in capsys.readouterr().err
 
 
+def test_gguf_published_asks_for_a_recipe_s_source_file():
+    args = peers.parse_args(
+        ["--model", "Qwen2.5-Coder-1.5B-Instruct-int4-rtn", "--gguf", "published"]
+    )
+    assert args.gguf == peers.PUBLISHED
+
+
 def test_every_vllm_server_serves_in_the_run_s_precision(tmp_path):
     setup = Setup(tmp_path, "m", [], tmp_path / "m.gguf", tmp_path, 8192, 2, "float32")
     flags = vllm_flags(setup)

@@ -44,11 +44,13 @@ from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.report import missing_chart_library, write_json
 from tools.benchmark.peers_servers import DEFAULT_KINDS, KINDS, LLAMA_CPP, Setup, cores, factory
 from tools.benchmark.peers_workload import ChatShape, Plan, session, token_id_range
-from tools.peers import llama_cpp
+from tools.peers import llama_cpp, published_gguf
 from tools.peers.errors import PeerError
 from tools.peers.gguf_convert import OUTTYPES, ensure_gguf
+from vllm_uma import models
 
 REPO = Path(__file__).resolve().parents[2]
+PUBLISHED = "published"  # --gguf: the quantized file a recipe was built from
 
 
 def _chat_shape(text: str) -> ChatShape | None:
@@ -113,9 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--context", type=int, default=8192, help="every server's context length")
     ap.add_argument(
         "--gguf",
-        type=Path,
         default=None,
-        help="llama.cpp's model file (default: the model directory converted to --dtype)",
+        help="llama.cpp's model file; 'published': the quantized GGUF a recipe was built "
+        "from (Qwen2.5-Coder's Q4_K_M, ...), as llama.cpp's users run it (default: the "
+        "model directory converted to --dtype)",
     )
     ap.add_argument(
         "--jobs",
@@ -147,8 +150,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--chats: the last turn's {args.chats.longest()} tokens do not fit --context "
             f"{args.context}; fewer turns or tokens, or raise --context"
         )
-    if args.gguf is not None and not args.gguf.is_file():
-        ap.error(f"--gguf {args.gguf}: no such file; give a GGUF, or leave --gguf out to convert")
+    if args.gguf not in (None, PUBLISHED) and not Path(args.gguf).is_file():
+        ap.error(
+            f"--gguf {args.gguf}: no such file; give a GGUF, '{PUBLISHED}' (a recipe's "
+            f"source), or leave --gguf out to convert"
+        )
     return args
 
 
@@ -158,14 +164,20 @@ def prepare(args: argparse.Namespace, choice, log_dir: Path) -> Setup:
     binary = gguf = Path()
     if LLAMA_CPP in args.servers:
         binary = llama_cpp.ensure_server(jobs=args.jobs, say=progress)
-        gguf = args.gguf or ensure_gguf(
-            choice.directory,
-            llama_cpp.source_dir(llama_cpp.peer_root()),
-            llama_cpp.BUILD,
-            log_dir,
-            say=progress,
-            outtype=OUTTYPES[args.dtype],
-        )
+        if args.gguf == PUBLISHED:
+            recipe = args.model or models.DEFAULT_MODEL_NAME
+            gguf = published_gguf.ensure(recipe, llama_cpp.peer_root(), say=progress)
+        elif args.gguf is not None:
+            gguf = Path(args.gguf)
+        else:
+            gguf = ensure_gguf(
+                choice.directory,
+                llama_cpp.source_dir(llama_cpp.peer_root()),
+                llama_cpp.BUILD,
+                log_dir,
+                say=progress,
+                outtype=OUTTYPES[args.dtype],
+            )
     return Setup(
         choice.directory,
         choice.served_name,

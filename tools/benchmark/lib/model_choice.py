@@ -8,6 +8,8 @@ for one model and run on another's KV.
 - no ``--model``: the default model (SmolLM2-135M-Instruct), bfloat16;
 - ``zoo-...``: a model zoo build (tools/model_zoo), built in bfloat16 if
   missing; its figures are of synthetic weights, and the report says so;
+- a recipe's name (vllm-uma prepare-model's), or ``NAME-int4-rtn`` for its
+  4-bit build: prepared if missing;
 - anything else: a Hugging Face directory, served by path.
 """
 
@@ -55,11 +57,27 @@ def choose(model: str | None) -> ModelChoice:
 
         directory = build.build(model, dtype="bfloat16")
         return ModelChoice(model, [str(directory), "--served-model-name", model], directory, True)
+    built = _recipe_directory(model)
+    if built is not None:
+        return ModelChoice(model, [str(built), "--served-model-name", model], built, False)
     directory = Path(model).expanduser()
     if not (directory / "config.json").is_file():
         raise SystemExit(f"--model {model}: no config.json in that directory")
     name = directory.name
     return ModelChoice(name, [str(directory), "--served-model-name", name], directory, False)
+
+
+def _recipe_directory(model: str) -> Path | None:
+    """A recipe's build, or its 4-bit build (NAME-int4-rtn), made if missing;
+    None when ``model`` names neither."""
+    from vllm_uma import models
+    from vllm_uma.models.int4 import SUFFIX
+
+    if models.is_recipe(model):
+        return models.prepare(model)
+    if model.endswith(SUFFIX) and models.is_recipe(model[: -len(SUFFIX)]):
+        return models.prepare_int4(model[: -len(SUFFIX)])
+    return None
 
 
 def served_model(ap: argparse.ArgumentParser, model: str) -> str:
