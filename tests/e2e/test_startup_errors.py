@@ -81,7 +81,7 @@ def test_an_offloading_refusal_is_one_line(vllm_uma_exe, default_model_dir):
     # The platform refuses in the API server, before vLLM starts its engine
     # (a root_dir that cannot be created is left to it by the preflight).
     # Each refusal's own message is a unit test (test_offload_config.py:
-    # --kv-offloading-backend, pipeline parallelism; test_disk_config.py:
+    # --kv-offloading-backend, pipeline parallelism; test_disk_settings.py:
     # tier types, root_dir; test_disk_trust.py: the store's trust rules);
     # this one shows the path from the platform to the command's one line.
     result = run_serve(vllm_uma_exe, "--kv-offloading-size", "1", *disk_tier_flags("/proc/kv"))

@@ -72,7 +72,7 @@ def make_tier(
         SimpleNamespace(),
         primary.view,
         "valkey",
-        config=config,
+        settings=config,
         namespace_id=ns,
         namespace_info=namespace_info,
         retry_interval_s=0.1,

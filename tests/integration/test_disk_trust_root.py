@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from vllm_uma.kv_offload.disk.config import DiskTierConfigError, parse_disk_tier
+from vllm_uma.kv_offload.disk.settings import DiskTierSettingsError, parse_disk_tier
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
@@ -21,7 +21,7 @@ def parse(root) -> None:
 
 
 def refusal(root) -> str:
-    with pytest.raises(DiskTierConfigError) as caught:
+    with pytest.raises(DiskTierSettingsError) as caught:
         parse(root)
     message = str(caught.value)
     assert "\n" not in message

@@ -230,14 +230,14 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
     start_engine, tmp_path, monkeypatch
 ):
     from vllm_uma.kv_offload.config import OffloadPlan
-    from vllm_uma.kv_offload.disk.config import DiskTierConfig
+    from vllm_uma.kv_offload.disk.settings import DiskTierSettings
     from vllm_uma.kv_offload.host_pool import SHARED_POOLS
     from vllm_uma.kv_offload.network.settings import parse_network_tier
     from vllm_uma.kv_offload.pool_size import PoolSize
 
     engine = start_engine(*LRU)
     network = parse_network_tier(signed({"type": "valkey", "url": engine.url}))
-    disk = DiskTierConfig(tmp_path / "kv", None, False, "test")
+    disk = DiskTierSettings(tmp_path / "kv", None, False, "test")
     monkeypatch.setenv("VLLM_UMA_CACHE_DIR", str(tmp_path / "cache"))
     SHARED_POOLS.open("engine-network-spec", 2, 8192)  # as the worker does
     try:

@@ -23,7 +23,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 
 from vllm_uma.kv_offload.disk import io_tasks, messages
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, file_bytes
-from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.tier import DiskTier
 
 ROWS, ROW = 8, 8192
@@ -69,7 +69,7 @@ def make_tier(
     secret_file: str | None = None,
     **tier_kw,
 ) -> DiskTier:
-    config = DiskTierConfig(
+    config = DiskTierSettings(
         root_dir=root,
         cap_bytes=None if cap_blocks is None else cap_blocks * FILE,
         enable_kv_events=events,
@@ -80,7 +80,7 @@ def make_tier(
         SimpleNamespace(),
         primary.view,
         "fs",
-        config=config,
+        settings=config,
         namespace_id=ns,
         namespace_info={"model": "test-model", "kv_dtype": "bfloat16"},
         io_threads=io_threads,

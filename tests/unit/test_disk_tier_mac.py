@@ -16,7 +16,7 @@ from vllm_uma.kv_offload import block_mac
 from vllm_uma.kv_offload.disk import block_file as bf
 from vllm_uma.kv_offload.disk import metrics as m
 from vllm_uma.kv_offload.disk import tier as tier_module
-from vllm_uma.kv_offload.disk.config import DiskTierConfigError, check_disk_tier
+from vllm_uma.kv_offload.disk.settings import DiskTierSettingsError, check_disk_tier
 from vllm_uma.kv_offload.mac_keys import parse_keys
 
 SECRET = "c0ffee" * 11  # 66 characters
@@ -116,6 +116,6 @@ def test_a_secret_that_cannot_sign_is_refused_with_the_fix(tmp_path):
         ({"secret_env": "NOT_SET_ANYWHERE_42"}, "export NOT_SET_ANYWHERE_42="),
         ({"secret_file": "/a", "secret_env": "B"}, "both secret_file and secret_env"),
     ):
-        with pytest.raises(DiskTierConfigError) as err:
+        with pytest.raises(DiskTierSettingsError) as err:
             check_disk_tier([{**tier, **given}])
         assert str(err.value).startswith("fs tier: ") and words in str(err.value)

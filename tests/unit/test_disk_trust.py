@@ -10,17 +10,21 @@ import stat
 
 import pytest
 
-from vllm_uma.kv_offload.disk.config import DiskTierConfig, DiskTierConfigError, parse_disk_tier
+from vllm_uma.kv_offload.disk.settings import (
+    DiskTierSettings,
+    DiskTierSettingsError,
+    parse_disk_tier,
+)
 
 
-def parse(root) -> DiskTierConfig:
+def parse(root) -> DiskTierSettings:
     tier = {"type": "fs", "root_dir": str(root), "max_size_gib": 1}
     config, _ = parse_disk_tier([tier], kv_events_enabled=False)
     return config
 
 
 def refusal(root) -> str:
-    with pytest.raises(DiskTierConfigError) as caught:
+    with pytest.raises(DiskTierSettingsError) as caught:
         parse(root)
     message = str(caught.value)
     assert "\n" not in message

@@ -17,7 +17,7 @@ from vllm_uma.kv_offload.mac_keys import parse_keys
 from vllm_uma.kv_offload.network.settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
-    NetworkTierConfigError,
+    NetworkTierSettingsError,
     parse_network_tier,
 )
 from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value, value_name
@@ -50,7 +50,7 @@ def test_an_ipv6_host_is_shown_bracketed():
 
 
 def test_a_password_in_the_url_is_refused_and_never_repeated():
-    with pytest.raises(NetworkTierConfigError) as err:
+    with pytest.raises(NetworkTierSettingsError) as err:
         parse_network_tier(tier(url="valkey://kv:hunter2@h:6379/0"))
     message = str(err.value)
     assert "hunter2" not in message and "kv:***@h" in message
@@ -88,7 +88,7 @@ def test_a_password_in_the_url_is_refused_and_never_repeated():
     ],
 )
 def test_refusals_name_the_value_the_rule_and_the_fix(given, words):
-    with pytest.raises(NetworkTierConfigError) as err:
+    with pytest.raises(NetworkTierSettingsError) as err:
         parse_network_tier(given)
     assert words in str(err.value)
     assert "\n" not in str(err.value)
@@ -116,7 +116,7 @@ def test_tls_files_are_loaded_before_the_engine_core_starts(certs, tmp_path):
         ),
         ({**tls, "tls_key_file": str(certs.client_key)}, "without tls_cert_file"),
     ]:
-        with pytest.raises(NetworkTierConfigError, match=words):
+        with pytest.raises(NetworkTierSettingsError, match=words):
             parse_network_tier(given)
 
 
@@ -296,7 +296,7 @@ def test_an_unsigned_tier_reads_signed_and_unsigned_values():
 
 def test_a_tier_without_a_secret_is_refused_with_the_fix():
     raw = {"type": "valkey", "url": "valkey://10.0.0.5:6379/0"}
-    with pytest.raises(NetworkTierConfigError) as err:
+    with pytest.raises(NetworkTierSettingsError) as err:
         parse_network_tier(raw)
     message = str(err.value)
     assert "has no secret to sign its values" in message and "\n" not in message
@@ -325,7 +325,7 @@ def _secret_file(tmp_path, text: str, mode: int = 0o600) -> str:
 )
 def test_a_secret_file_that_cannot_sign_is_refused_without_showing_it(tmp_path, text, mode, words):
     path = _secret_file(tmp_path, text, mode)
-    with pytest.raises(NetworkTierConfigError) as err:
+    with pytest.raises(NetworkTierSettingsError) as err:
         parse_network_tier(tier(secret_file=path))
     assert words in str(err.value)
     assert "short" not in str(err.value) and OLD not in str(err.value)
@@ -343,7 +343,7 @@ def test_a_secret_file_that_cannot_sign_is_refused_without_showing_it(tmp_path, 
     ],
 )
 def test_signing_settings_name_the_value_the_rule_and_the_fix(given, words):
-    with pytest.raises(NetworkTierConfigError) as err:
+    with pytest.raises(NetworkTierSettingsError) as err:
         parse_network_tier(tier(**given))
     assert words in str(err.value) and "\n" not in str(err.value)
 

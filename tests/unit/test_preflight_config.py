@@ -1,6 +1,6 @@
 """JSON flags and offloading settings refused before vLLM is imported
 (vllm_uma/commands/preflight_config.py). The messages are the platform's
-(tests/unit/test_offload_config.py, test_disk_config.py,
+(tests/unit/test_offload_config.py, test_disk_settings.py,
 test_network_tier_settings.py): these tests show which reach the preflight."""
 
 import json

@@ -119,18 +119,18 @@ def _time_the_tiers_calls() -> dict[str, list[float]]:
 def _open_tier(root: Path, index: int, cap_bytes: int):
     """The real DiskTier on ``root`` over a pool of ROWS rows, each byte of
     them ``index + 1``."""
-    from vllm_uma.kv_offload.disk.config import DiskTierConfig
+    from vllm_uma.kv_offload.disk.settings import DiskTierSettings
     from vllm_uma.kv_offload.disk.tier import DiskTier
 
     buffer = mmap.mmap(-1, ROWS * ROW)
     np.frombuffer(buffer, dtype=np.uint8)[:] = index + 1
-    config = DiskTierConfig(root, cap_bytes, False, "benchmark")
+    config = DiskTierSettings(root, cap_bytes, False, "benchmark")
     ns = bytes.fromhex("be" * 16)
     return DiskTier(
         SimpleNamespace(),
         memoryview(buffer).cast("B", (ROWS, ROW)),
         "fs",
-        config=config,
+        settings=config,
         namespace_id=ns,
         namespace_info={"model": "benchmark"},
     )

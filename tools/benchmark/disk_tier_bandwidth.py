@@ -41,8 +41,8 @@ from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.floors import disk_tier_read_gbps, drop_page_cache
 from tools.benchmark.lib.geometry import kv_row_bytes
 from tools.benchmark.lib.report import write_json
-from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.io_tasks import DEFAULT_IO_THREADS
+from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.tier import DiskTier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,12 +88,12 @@ def read_sequential(path: Path) -> float:
 
 
 def make_tier(root: Path, view: memoryview, threads: int) -> DiskTier:
-    config = DiskTierConfig(root, None, False, "benchmark: no cap")
+    config = DiskTierSettings(root, None, False, "benchmark: no cap")
     return DiskTier(
         SimpleNamespace(),
         view,
         "fs",
-        config=config,
+        settings=config,
         namespace_id=NS,
         namespace_info={"benchmark": "disk_tier_bandwidth"},
         io_threads=threads,

@@ -123,7 +123,7 @@ def _tier(engine, view, signing: dict):
     # The longest timeout: a loaded machine must not turn blocks into misses.
     raw = {"type": "valkey", "url": engine.url, "timeout_s": 60, **signing}
     config = parse_network_tier(raw)
-    return NetworkTier(SimpleNamespace(), view, "valkey", config=config, namespace_id=bytes(16))
+    return NetworkTier(SimpleNamespace(), view, "valkey", settings=config, namespace_id=bytes(16))
 
 
 def part_two(size: int, blocks: int, rounds: int, work: Path) -> None:

@@ -33,7 +33,7 @@ from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from tools.harness.parent_death import kill_me_with_my_parent
 from vllm_uma import lifeline
-from vllm_uma.kv_offload.disk.config import DiskTierConfig
+from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.tier import DiskTier
 
 ROW_BYTES = 4096  # one block's KV bytes (small: many blocks, many evictions)
@@ -109,14 +109,14 @@ def _serve(plan: WorkerPlan, ready_fd: int, cap_bytes: int) -> int:
     lifeline.stop_with_supervisor()
     buffer = mmap.mmap(-1, ROWS * ROW_BYTES)
     view = memoryview(buffer).cast("B", (ROWS, ROW_BYTES))
-    config = DiskTierConfig(
+    config = DiskTierSettings(
         root_dir=plan.root, cap_bytes=cap_bytes, enable_kv_events=False, cap_reason="campaign"
     )
     tier = DiskTier(
         SimpleNamespace(),  # the offloading spec: the base class only keeps it
         view,
         "fs",
-        config=config,
+        settings=config,
         namespace_id=NAMESPACE,
         namespace_info={"model": "crash-campaign", "kv_dtype": "bytes"},
         io_threads=IO_THREADS,

@@ -109,7 +109,7 @@ def _fail(message: str, status: int) -> int:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from vllm_uma.kv_offload.network.key_names import is_namespace_id
-    from vllm_uma.kv_offload.network.settings import NetworkTierConfigError
+    from vllm_uma.kv_offload.network.settings import NetworkTierSettingsError
 
     if args.command == "clear":
         if args.namespace is not None and not is_namespace_id(args.namespace):
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
             return _fail(f"clear deletes the keys of {what} at {args.url}; add --yes", USAGE_ERROR)
     try:
         config = _settings(args)
-    except NetworkTierConfigError as exc:
+    except NetworkTierSettingsError as exc:
         return _fail(f"{exc} {FLAGS_FOR_KEYS}.", USAGE_ERROR)
     import valkey.exceptions as errors
 

@@ -13,7 +13,7 @@ config; everything is checked again where it is today.
 - with the plugin active (vLLM loads it): the offloading flags
   (refusals.py's ``refuse_flags``), the keys of ``kv_connector_extra_config``,
   ``secondary_tiers`` without the pool, the tier list, the fs tier's
-  settings and an existing root_dir's trust (disk/config.py's
+  settings and an existing root_dir's trust (disk/settings.py's
   ``check_disk_tier``), the valkey tier's settings (network/settings.py),
   and either lower tier with weights that can change at run time
   (``VLLM_SERVER_DEV_MODE``, --weight-transfer-config: weight_updates.py).
@@ -29,8 +29,8 @@ from typing import Any
 
 from vllm_uma.commands.preflight import PreflightError
 from vllm_uma.commands.serve_line import ServeLine
-from vllm_uma.kv_offload.disk.config import DiskTierConfigError, check_disk_tier
-from vllm_uma.kv_offload.network.settings import NetworkTierConfigError, parse_network_tier
+from vllm_uma.kv_offload.disk.settings import DiskTierSettingsError, check_disk_tier
+from vllm_uma.kv_offload.network.settings import NetworkTierSettingsError, parse_network_tier
 from vllm_uma.kv_offload.refusals import (
     CONNECTOR,
     OffloadingConfigError,
@@ -124,7 +124,7 @@ def check_offloading(line: ServeLine, environ: Mapping[str, str]) -> None:
         return  # vLLM's config refuses it
     try:
         _translate_refusals(line, size, transfer.get("kv_connector"), extra, environ)
-    except (OffloadingConfigError, DiskTierConfigError, NetworkTierConfigError) as exc:
+    except (OffloadingConfigError, DiskTierSettingsError, NetworkTierSettingsError) as exc:
         raise PreflightError(str(exc)) from None
 
 

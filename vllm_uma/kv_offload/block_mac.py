@@ -2,7 +2,7 @@
 
 Used by the network tier's transfer threads (engine-core process) on every
 value written and read, and by the disk tier's I/O threads on every block
-file when its own secret is set (disk/config.py: an option). A block's
+file when its own secret is set (disk/settings.py: an option). A block's
 CRC-32C and namespace (block_file.py) catch honest damage, but anyone can
 compute them: the key is vLLM's sha256 chain from a public seed, so a known
 prefix (a system prompt) has a known name, and whoever can write to the

@@ -22,13 +22,13 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from vllm_uma.kv_offload.disk.config import DiskTierConfig, parse_disk_tier
 from vllm_uma.kv_offload.disk.namespace_inputs import (
     NamespaceInputs,
     NamespaceInputsError,
     namespace_inputs,
 )
-from vllm_uma.kv_offload.network.settings import NetworkTierConfig, parse_network_tier
+from vllm_uma.kv_offload.disk.settings import DiskTierSettings, parse_disk_tier
+from vllm_uma.kv_offload.network.settings import NetworkTierSettings, parse_network_tier
 from vllm_uma.kv_offload.pool_size import PoolSize, auto_pool_size, kv_bytes_per_token
 from vllm_uma.kv_offload.refusals import (
     CONNECTOR,
@@ -63,11 +63,11 @@ TIERED_SPEC = "UmaTieredOffloadingSpec"  # L2 + the disk tier, the network tier 
 class OffloadPlan:
     spec_name: str  # POOL_SPEC or TIERED_SPEC
     pool: PoolSize
-    disk: DiskTierConfig | None
+    disk: DiskTierSettings | None
     # What of the server's configuration shapes its KV (with a lower tier).
     namespace_inputs: NamespaceInputs | None
     warnings: tuple[str, ...]  # for the log
-    network: NetworkTierConfig | None = None
+    network: NetworkTierSettings | None = None
 
     @property
     def lower_tier(self) -> str | None:

@@ -37,7 +37,7 @@ KNOWN_EXTRA_KEYS = frozenset(
         # vLLM's: host-pool and disk KV events carry their tokens, block
         # size and parent, so a router can place them (docs/fleet.md).
         "self_describing_kv_events",
-        # The disk and network tiers: tier_list.py, disk/config.py, network/settings.py.
+        # The disk and network tiers: tier_list.py, disk/settings.py, network/settings.py.
         "secondary_tiers",
     }
 )

@@ -235,7 +235,7 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
             self,
             primary.get_kv_memoryview(),
             "fs",
-            config=disk,
+            settings=disk,
             namespace_id=namespace.id,
             namespace_info=namespace.info,
         )
@@ -251,7 +251,7 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
             self,
             primary.get_kv_memoryview(),
             "valkey",
-            config=offload.network,
+            settings=offload.network,
             namespace_id=namespace.id,
             namespace_info=namespace.info,
         )

@@ -1,7 +1,7 @@
 """``secondary_tiers``: which lower tiers the user asked for, in which order.
 
 API-server process, from config.py's ``translate``, before either tier's
-own settings are read (disk/config.py, network/settings.py). vLLM asks its
+own settings are read (disk/settings.py, network/settings.py). vLLM asks its
 secondary tiers in the list's order and stops at the first hit, so the
 order is a choice: the disk tier, when there is one, comes first (a block
 on local disk is never fetched over the network).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_uma.kv_offload.disk.config import TIER_TYPE as FS
+from vllm_uma.kv_offload.disk.settings import TIER_TYPE as FS
 from vllm_uma.kv_offload.network.settings import TIER_TYPE as VALKEY
 from vllm_uma.kv_offload.refusals import OffloadingConfigError
 

@@ -69,9 +69,9 @@ from pathlib import Path
 from typing import Any
 
 from vllm_uma.kv_offload.config import OffloadPlan, translate
-from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.namespace_inputs import NamespaceInputs
-from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.disk.settings import DiskTierSettings
+from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.kv_offload.pool_size import PoolSize
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
@@ -239,8 +239,8 @@ def _offload_from_plain(raw: Any) -> OffloadPlan:
     pool = PoolSize(**_fields_of(PoolSize, body["pool"], "offload.pool"))
     disk = None
     if body["disk"] is not None:
-        values = _fields_of(DiskTierConfig, body["disk"], "offload.disk")
-        disk = DiskTierConfig(**{**values, "root_dir": Path(values["root_dir"])})
+        values = _fields_of(DiskTierSettings, body["disk"], "offload.disk")
+        disk = DiskTierSettings(**{**values, "root_dir": Path(values["root_dir"])})
     inputs = body["namespace_inputs"]
     if inputs is not None and not isinstance(inputs, dict):
         raise SettingsPlanError(f"the vllm-uma plan's namespace_inputs={inputs!r} is no object.")
@@ -252,7 +252,9 @@ def _offload_from_plain(raw: Any) -> OffloadPlan:
         warnings=tuple(str(w) for w in body["warnings"]),
         network=None
         if body["network"] is None
-        else NetworkTierConfig(**_fields_of(NetworkTierConfig, body["network"], "offload.network")),
+        else NetworkTierSettings(
+            **_fields_of(NetworkTierSettings, body["network"], "offload.network")
+        ),
     )
 
 

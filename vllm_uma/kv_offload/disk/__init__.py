@@ -34,7 +34,7 @@ The files (I/O threads, start-up):
 The store shared by every server on it:
     ledger/              the SQLite ledger: one cap, one LRU order, a change feed
 Settings and identity (API server and engine core):
-    config.py            the fs tier's JSON, checked once (cap, root_dir)
+    settings.py          the fs tier's JSON, checked once (cap, root_dir)
     namespace.py         what shapes the KV bytes -> a 16-byte namespace id
     namespace_inputs.py  those inputs, read once from the server's configuration
 The administrator's process:

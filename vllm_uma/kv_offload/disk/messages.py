@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_uma.kv_offload.disk.block_file import BadReason
-from vllm_uma.kv_offload.disk.config import DiskTierConfig, GiB
 from vllm_uma.kv_offload.disk.metrics import BAD_BLOCKS, LOADS_GIVEN_UP, STORE_FAILED
+from vllm_uma.kv_offload.disk.settings import DiskTierSettings, GiB
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
@@ -176,18 +176,24 @@ class DiskWarnings:
 
 
 def log_startup(
-    config: DiskTierConfig, files: int, ours: int, nbytes: int, evicted: int, temps: int, io: str
+    settings: DiskTierSettings,
+    files: int,
+    ours: int,
+    nbytes: int,
+    evicted: int,
+    temps: int,
+    io: str,
 ) -> None:
-    cap = "none" if config.cap_bytes is None else f"{config.cap_bytes / GiB:.2f} GiB"
+    cap = "none" if settings.cap_bytes is None else f"{settings.cap_bytes / GiB:.2f} GiB"
     logger.info(
         "Disk KV tier (L3) at %s: %d block files (%d of this namespace), %.2f GiB, "
         "cap %s (%s), %d evicted to fit it; %d leftover temp files removed; %s.",
-        config.root_dir,
+        settings.root_dir,
         files,
         ours,
         nbytes / GiB,
         cap,
-        config.cap_reason,
+        settings.cap_reason,
         evicted,
         temps,
         io,

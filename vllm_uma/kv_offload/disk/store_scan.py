@@ -2,7 +2,7 @@
 
 Runs once in the engine-core process, when the disk tier is built (before
 serving), so it may do blocking I/O; ``tree_bytes`` also runs in the API
-server, for the config's free-space check (config.py). The walk follows the
+server, for the settings' free-space check (settings.py). The walk follows the
 directories layout.py lays out and never follows a symlink: a planted link,
 FIFO or a name the tier would not make is not indexed, nor deleted.
 """

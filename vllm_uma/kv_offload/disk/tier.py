@@ -51,7 +51,6 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm_uma.kv_offload.disk import metrics as m
 from vllm_uma.kv_offload.disk.block_file import FileId
 from vllm_uma.kv_offload.disk.completion import Completion
-from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
 from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Outcome, Shared, StoreFailure, Ticket
@@ -68,6 +67,7 @@ from vllm_uma.kv_offload.disk.ledger.feed import LedgerFeed
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
 from vllm_uma.kv_offload.disk.reports import TierReports
+from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.tier_settle import DeferredSettle
 from vllm_uma.kv_offload.disk.tier_startup import load_existing, open_store, settle
 from vllm_uma.kv_offload.lower_tier.threads import Priority
@@ -102,7 +102,7 @@ class DiskTier(SecondaryTierManager):
         primary_kv_view: memoryview,
         tier_type: str,
         *,
-        config: DiskTierConfig,
+        settings: DiskTierSettings,
         namespace_id: bytes,
         namespace_info: dict[str, Any],
         backpressure_detector=None,
@@ -112,11 +112,11 @@ class DiskTier(SecondaryTierManager):
     ):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.LOCAL
-        self._config = config
+        self._settings = settings
         self._ns = namespace_id
-        self._warnings = DiskWarnings(config.root_dir)
+        self._warnings = DiskWarnings(settings.root_dir)
         self._store = open_store(
-            config,
+            settings,
             namespace_id,
             namespace_info,
             primary_kv_view,
@@ -125,7 +125,7 @@ class DiskTier(SecondaryTierManager):
         )
         self._index: DiskIndex[BlockRef] = DiskIndex()
         self._reports = TierReports(
-            self.medium, self.locality, config.enable_kv_events, config.cap_bytes
+            self.medium, self.locality, settings.enable_kv_events, settings.cap_bytes
         )
         self._full = FullDisk() if full_disk is None else full_disk
         self._done = self._completion(load_deadline_s)
@@ -150,15 +150,15 @@ class DiskTier(SecondaryTierManager):
 
     def _start(self, num_threads: int) -> None:
         """The I/O threads, what the store holds, then the feed from there."""
-        store, config, namespace_id = self._store, self._config, self._ns
+        store, settings, namespace_id = self._store, self._settings, self._ns
         ledger, writer = store.ledger, store.writer
         self._shared = Shared(
-            store.layout, ledger, writer, config.cap_bytes, self._protected, _key_source(config)
+            store.layout, ledger, writer, settings.cap_bytes, self._protected, _key_source(settings)
         )
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._pool = start_io_threads(num_threads, self._outcomes)
         found = load_existing(
-            store, config, namespace_id, self._index, self._reports, self._warnings, num_threads
+            store, settings, namespace_id, self._index, self._reports, self._warnings, num_threads
         )
         self._done.used_bytes = found.used_bytes
         self._feed = LedgerFeed(ledger, namespace_id, writer, found.seq, self._outcomes)
@@ -166,7 +166,7 @@ class DiskTier(SecondaryTierManager):
         if not found.settled:  # a full disk: tried again once stores find space
             self._settle = DeferredSettle(
                 lambda: settle(
-                    store, config.cap_bytes, f"{writer}-settle", self._protected,
+                    store, settings.cap_bytes, f"{writer}-settle", self._protected,
                     self._warnings, live_writer=writer,
                 ),
                 self._warnings,
@@ -221,7 +221,7 @@ class DiskTier(SecondaryTierManager):
         # Keys come in prefix order. Reserved tail first, the head is the most
         # recent and goes last: without its head, the rest of a prefix is
         # useless (vLLM's block pool frees a request's blocks in reverse too).
-        cap, file_bytes = self._config.cap_bytes, self._store.file_bytes
+        cap, file_bytes = self._settings.cap_bytes, self._store.file_bytes
         settling = self._settle
         if settling is not None and not self._full.paused and settling.due():
             self._pool.submit(Priority.STORE, settling.run, None)
@@ -326,15 +326,15 @@ class DiskTier(SecondaryTierManager):
         self._store.close()  # the primary tier closes its mmap after this
 
 
-def _key_source(config: DiskTierConfig) -> KeySource | None:
+def _key_source(settings: DiskTierSettings) -> KeySource | None:
     """The keys of signed block files, read here at start-up (a secret gone
     since the settings were checked fails the start with its fix), and said
     in one line; None when the user asked for none."""
-    if config.secret_file is None and config.secret_env is None:
+    if settings.secret_file is None and settings.secret_env is None:
         return None
     source = KeySource(
-        env=config.secret_env,
-        path=config.secret_file,
+        env=settings.secret_env,
+        path=settings.secret_file,
         on_problem=lambda message: logger.warning("Disk KV tier: %s", message),
     )
     logger.info("Disk KV tier: block files %s.", source.keys().describe())

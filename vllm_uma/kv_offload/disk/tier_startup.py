@@ -22,7 +22,6 @@ from typing import Any
 
 from vllm_uma.kv_offload.disk import metrics as m
 from vllm_uma.kv_offload.disk.block_file import file_bytes
-from vllm_uma.kv_offload.disk.config import DiskTierConfig
 from vllm_uma.kv_offload.disk.direct_io import DIRECT_ALIGN, is_direct_capable, probe_direct
 from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_tasks import unlinker
@@ -37,6 +36,7 @@ from vllm_uma.kv_offload.disk.ledger.startup import (
 )
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
 from vllm_uma.kv_offload.disk.reports import TierReports
+from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.store_scan import scan_store
 from vllm_uma.kv_offload.disk.trust import StoreTrustError
 
@@ -69,14 +69,14 @@ class OpenStore:
 
 
 def open_store(
-    config: DiskTierConfig,
+    settings: DiskTierSettings,
     namespace_id: bytes,
     namespace_info: dict[str, Any],
     primary_kv_view: memoryview,
     row_bytes: int,
     warnings: DiskWarnings,
 ) -> OpenStore:
-    layout = Layout(config.root_dir)
+    layout = Layout(settings.root_dir)
     untrusted = layout.untrusted()
     if untrusted is not None:
         layout.close()
@@ -147,7 +147,7 @@ def settle(
 
 def load_existing(
     store: OpenStore,
-    config: DiskTierConfig,
+    settings: DiskTierSettings,
     namespace_id: bytes,
     index: DiskIndex[BlockRef],
     reports: TierReports,
@@ -162,7 +162,7 @@ def load_existing(
     # then says what was found).
     warnings.scanning()
     try:
-        done = settle(store, config.cap_bytes, store.writer, lambda ref: False, warnings)
+        done = settle(store, settings.cap_bytes, store.writer, lambda ref: False, warnings)
     except sqlite3.OperationalError as exc:
         if not is_disk_full(exc):
             raise unwritable_ledger(store.layout.root_dir, store.ledger.path, exc) from None
@@ -179,5 +179,7 @@ def load_existing(
     used_bytes = store.ledger.used_bytes()
     io = f"{'O_DIRECT' if store.direct else 'buffered'} I/O on {io_threads} threads"
     if done is not None:
-        log_startup(config, done.found, len(present), used_bytes, len(done.evicted), done.temps, io)
+        log_startup(
+            settings, done.found, len(present), used_bytes, len(done.evicted), done.temps, io
+        )
     return Existing(seq, used_bytes, settled=done is not None)

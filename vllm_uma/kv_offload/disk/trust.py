@@ -9,7 +9,7 @@ prompts from the KV. So, like ssh with a key directory, the tier refuses a
 others may write, and a ``.noindex`` that is a symlink or not a directory.
 The message names the path, what is wrong and the command that fixes it.
 
-Runs in the API-server process, from the fs tier's config check (config.py),
+Runs in the API-server process, from the fs tier's settings check (settings.py),
 before any weights load, by path; and again in the engine core when the
 tier opens the store (tier_startup.py), on the very handles it then walks
 from (layout.py's Layout.untrusted): minutes pass between the two, enough

@@ -29,17 +29,17 @@ from vllm_uma.kv_offload.network.engine_nodes import (
     read_slot_ranges,
 )
 from vllm_uma.kv_offload.network.node_trust import NodeTrust
-from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
 
 
 class ClusterMap:
-    def __init__(self, config: NetworkTierConfig, seed: Node):
-        self._config = config
+    def __init__(self, settings: NetworkTierSettings, seed: Node):
+        self._settings = settings
         self.seed = seed  # the url's node: asked when no primary answers
-        self.trust = NodeTrust(config)
+        self.trust = NodeTrust(settings)
         self.slots: list[Node | RefusedNode | None] = [None] * SLOTS
         self.primaries: tuple[Node, ...] = ()
         self.refused: tuple[RefusedNode, ...] = ()
@@ -66,7 +66,7 @@ class ClusterMap:
             if node is None and not allowed(host):
                 node = refused[address] = RefusedNode(address)
             elif node is None:
-                node = Node(self._config, host, port)
+                node = Node(self._settings, host, port)
             if isinstance(node, Node):
                 primaries[address] = node
             slots[first : last + 1] = [node] * (last - first + 1)

@@ -13,14 +13,14 @@ import os
 
 from valkey.credentials import CredentialProvider
 
-from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 
 
 class PasswordSource(CredentialProvider):
-    def __init__(self, config: NetworkTierConfig):
-        self._username = config.username
-        self._env = config.password_env
-        self._file = config.password_file
+    def __init__(self, settings: NetworkTierSettings):
+        self._username = settings.username
+        self._env = settings.password_env
+        self._file = settings.password_file
 
     def get_credentials(self) -> tuple[str] | tuple[str, str]:
         password = self._read()
@@ -39,7 +39,7 @@ class PasswordSource(CredentialProvider):
             return f.readline().rstrip("\r\n")
 
 
-def password_source(config: NetworkTierConfig) -> PasswordSource | None:
-    if config.password_env is None and config.password_file is None:
+def password_source(settings: NetworkTierSettings) -> PasswordSource | None:
+    if settings.password_env is None and settings.password_file is None:
         return None
-    return PasswordSource(config)
+    return PasswordSource(settings)

@@ -36,7 +36,7 @@ import valkey
 
 from vllm_uma.kv_offload.network.cluster_map import ClusterMap
 from vllm_uma.kv_offload.network.engine_nodes import Node, Route, route
-from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.kv_offload.network.tls import explain
 from vllm_uma.log import get_logger
 
@@ -61,16 +61,16 @@ class NodeRefused(valkey.exceptions.ValkeyError):
 class EngineLink:
     def __init__(
         self,
-        config: NetworkTierConfig,
+        settings: NetworkTierSettings,
         check_node: Callable[[Node], None],
         retry_interval_s: float = RETRY_INTERVAL_S,
     ):
-        self.url = config.url
-        self._config = config
-        self.timeout_s = config.timeout_s
-        self.db = config.db
-        self.seed = Node(config, config.host, config.port)
-        self.cluster = ClusterMap(config, self.seed) if config.cluster else None
+        self.url = settings.url
+        self._settings = settings
+        self.timeout_s = settings.timeout_s
+        self.db = settings.db
+        self.seed = Node(settings, settings.host, settings.port)
+        self.cluster = ClusterMap(settings, self.seed) if settings.cluster else None
         self._check_node = check_node  # before a node is up again (warns)
         self._retry_interval_s = retry_interval_s
         self._lock = threading.Lock()
@@ -116,7 +116,7 @@ class EngineLink:
 
     def why(self, exc: BaseException, node: Node) -> str:
         """A failure as a log line says it: a TLS failure with its fix (tls.py)."""
-        return explain(exc, self._config, node.url) or f"{type(exc).__name__}: {exc}"
+        return explain(exc, self._settings, node.url) or f"{type(exc).__name__}: {exc}"
 
     # -- episodes, from any thread ---------------------------------------------
 

@@ -32,7 +32,7 @@ from valkey.crc import VALKEY_CLUSTER_HASH_SLOTS, key_slot
 
 from vllm_uma.kv_offload.network.bounded_replies import BoundedConnection
 from vllm_uma.kv_offload.network.credentials import password_source
-from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.kv_offload.network.tls import handshake
 
 # Connections per node: one per transfer thread, one for lookups, one for
@@ -54,7 +54,7 @@ class TlsConnection(BoundedConnection):
     from a host that is gone, within the connect timeout. ``_connect`` is
     the hook valkey's own connection classes implement."""
 
-    def __init__(self, *, tls_config: NetworkTierConfig, **kwargs):
+    def __init__(self, *, tls_config: NetworkTierSettings, **kwargs):
         self._tls_config = tls_config
         super().__init__(**kwargs)
 
@@ -70,14 +70,14 @@ class TlsConnection(BoundedConnection):
         return tls_sock
 
 
-def connection_pool(config: NetworkTierConfig, host: str, port: int) -> valkey.ConnectionPool:
+def connection_pool(settings: NetworkTierSettings, host: str, port: int) -> valkey.ConnectionPool:
     kwargs = dict(
         host=host,
         port=port,
-        db=config.db,
-        socket_timeout=config.timeout_s,
-        socket_connect_timeout=config.connect_timeout_s,
-        credential_provider=password_source(config),
+        db=settings.db,
+        socket_timeout=settings.timeout_s,
+        socket_connect_timeout=settings.connect_timeout_s,
+        credential_provider=password_source(settings),
         max_connections=POOL_CONNECTIONS,
         client_name="vllm-uma",
         # Replies are read under their round trip's deadline and sizes
@@ -89,8 +89,8 @@ def connection_pool(config: NetworkTierConfig, host: str, port: int) -> valkey.C
             SEND_CUTOFF_BYTES, Encoder("utf-8", "strict", False).encode
         ),
     )
-    if config.tls:
-        kwargs.update(connection_class=TlsConnection, tls_config=config)
+    if settings.tls:
+        kwargs.update(connection_class=TlsConnection, tls_config=settings)
     return valkey.ConnectionPool(**kwargs)
 
 
@@ -102,12 +102,12 @@ class Node:
     """One engine process and its connections. ``up``, ``full`` and the
     episode's counts are the link's, changed under its lock."""
 
-    def __init__(self, config: NetworkTierConfig, host: str, port: int):
+    def __init__(self, settings: NetworkTierSettings, host: str, port: int):
         self.host = host
         self.port = port
         self.address = address_of(host, port)
-        self.url = f"{config.scheme}://{self.address}/{config.db}"  # never a secret
-        self.pool = connection_pool(config, host, port)
+        self.url = f"{settings.scheme}://{self.address}/{settings.db}"  # never a secret
+        self.pool = connection_pool(settings, host, port)
         self.client = valkey.Valkey(connection_pool=self.pool)
         self.up = True
         self.full = False  # the node refuses writes (OOM)

@@ -28,18 +28,18 @@ import ipaddress
 import socket
 from collections.abc import Callable
 
-from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class NodeTrust:
-    def __init__(self, config: NetworkTierConfig):
-        given = config.cluster_allowed_hosts
+    def __init__(self, settings: NetworkTierSettings):
+        given = settings.cluster_allowed_hosts
         # Over TLS with no list, a certificate is the proof.
-        self.any_node = config.tls and given is None
+        self.any_node = settings.tls and given is None
         self.explicit = given is not None
-        self.entries: tuple[str, ...] = (config.host,) if given is None else given
+        self.entries: tuple[str, ...] = (settings.host,) if given is None else given
         self._networks: list[Network] = []
         self._names: list[str] = []
         for entry in self.entries:

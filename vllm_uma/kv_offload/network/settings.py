@@ -87,12 +87,12 @@ HOST_NAME = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63
 SECRET_ENV_EXAMPLE = "VLLM_UMA_KV_SECRET"
 
 
-class NetworkTierConfigError(ValueError):
+class NetworkTierSettingsError(ValueError):
     """A network-tier setting the plugin cannot serve; the message has the fix."""
 
 
 @dataclass(frozen=True)
-class NetworkTierConfig:
+class NetworkTierSettings:
     scheme: str  # valkey, redis, valkeys or rediss
     host: str
     port: int
@@ -145,26 +145,26 @@ class NetworkTierConfig:
         return f"{self.scheme}://{user}{host}:{self.port}/{self.db}"
 
 
-def parse_network_tier(raw: dict[str, Any], *, reads_values: bool = True) -> NetworkTierConfig:
+def parse_network_tier(raw: dict[str, Any], *, reads_values: bool = True) -> NetworkTierSettings:
     """The tier object whose ``"type"`` is ``"valkey"``, checked.
     ``reads_values`` False: a tool that reads and writes no value (``vllm-uma
     kv-store``, the fleet's check of its URL) needs no secret."""
     unknown = sorted(set(raw) - KNOWN_TIER_KEYS)
     if unknown:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"unknown key(s) {unknown} in the valkey secondary tier; the known keys are "
             f"{sorted(KNOWN_TIER_KEYS)}. Remove or correct them."
         )
     parts = _url_parts(raw.get("url"))
     if importlib.util.find_spec("valkey") is None:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             "the valkey tier needs the valkey client, which is not installed: "
             "pip install 'vllm-uma[valkey]' (or remove the valkey tier)."
         )
     tls = parts.scheme in TLS_SCHEMES
     password_env, password_file = _password_source(raw, parts.username)
     cluster = _cluster(raw.get("cluster", False))
-    config = NetworkTierConfig(
+    settings = NetworkTierSettings(
         scheme=parts.scheme,
         host=parts.hostname or "",
         port=_port(parts),
@@ -182,11 +182,11 @@ def parse_network_tier(raw: dict[str, Any], *, reads_values: bool = True) -> Net
         cluster_allowed_hosts=_allowed_hosts(raw.get("cluster_allowed_hosts"), cluster),
     )
     if tls:
-        _check_tls_files(config)
+        _check_tls_files(settings)
     # Last: the secret is read only once everything else is right.
     secret_file, secret_env, unsigned = _signing(raw, reads_values)
     return dataclasses.replace(
-        config, secret_file=secret_file, secret_env=secret_env, unsigned=unsigned
+        settings, secret_file=secret_file, secret_env=secret_env, unsigned=unsigned
     )
 
 
@@ -201,7 +201,7 @@ def _masked(url: str, parts: SplitResult) -> str:
 def _url_parts(url: Any) -> SplitResult:
     example = '"url": "valkey://HOST:6379/0"'
     if not isinstance(url, str) or not url:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier url={url!r} is invalid: it must be the engine's address. "
             f"Add {example} (valkeys:// for TLS)."
         )
@@ -209,27 +209,27 @@ def _url_parts(url: Any) -> SplitResult:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (parses the port: raises on a bad one)
     except ValueError as exc:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier url is invalid ({exc}): write it as {example}."
         ) from None
     shown = _masked(url, parts)
     if parts.password is not None:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier url={shown!r} holds a password: URLs end up in logs and process "
             f"lists. Remove it from the URL and name where to read it: "
             f'"password_env": "VLLM_UMA_VALKEY_PASSWORD" or "password_file": "/path".'
         )
     if parts.scheme not in PLAIN_SCHEMES + TLS_SCHEMES:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier url={shown!r} has the scheme {parts.scheme!r}: use valkey:// or "
             f"redis:// (valkeys:// or rediss:// for TLS)."
         )
     if not parts.hostname:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier url={shown!r} names no host: write it as {example}."
         )
     if parts.query or parts.fragment:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier url={shown!r} has a query or fragment: options are keys of the "
             f"tier object (timeout_s, connect_timeout_s, tls_ca_file, cluster). Remove it."
         )
@@ -239,7 +239,7 @@ def _url_parts(url: Any) -> SplitResult:
 def _port(parts: SplitResult) -> int:
     port = parts.port
     if port == 0:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier url port 0 is invalid: name the engine's port (default {DEFAULT_PORT})."
         )
     return DEFAULT_PORT if port is None else port
@@ -250,7 +250,7 @@ def _db(parts: SplitResult) -> int:
     if not path:
         return 0
     if not path.isdigit():
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier url path {parts.path!r} is invalid: it is the database number, "
             f"e.g. valkey://HOST:6379/0 (or nothing, for 0)."
         )
@@ -260,32 +260,32 @@ def _db(parts: SplitResult) -> int:
 def _password_source(raw: dict[str, Any], username: str | None) -> tuple[str | None, str | None]:
     env, path = raw.get("password_env"), raw.get("password_file")
     if env is not None and path is not None:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             "the valkey tier names both password_env and password_file: keep one."
         )
     if env is not None:
         if not isinstance(env, str) or not env:
-            raise NetworkTierConfigError(
+            raise NetworkTierSettingsError(
                 f"valkey tier password_env={env!r} is invalid: it must be the name of an "
                 f'environment variable, e.g. "VLLM_UMA_VALKEY_PASSWORD".'
             )
         if env not in os.environ:
-            raise NetworkTierConfigError(
+            raise NetworkTierSettingsError(
                 f"valkey tier password_env={env!r} names an environment variable that is not "
                 f"set: export {env}=... before starting the server, or remove the key."
             )
     if path is not None:
         if not isinstance(path, str) or not path:
-            raise NetworkTierConfigError(
+            raise NetworkTierSettingsError(
                 f"valkey tier password_file={path!r} is invalid: it must be a file path."
             )
         if not os.access(path, os.R_OK) or not os.path.isfile(path):
-            raise NetworkTierConfigError(
+            raise NetworkTierSettingsError(
                 f"valkey tier password_file={path!r} is not a readable file: create it "
                 f"(mode 0600, the password on its first line) or fix the path."
             )
     if username and env is None and path is None:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"the valkey tier's url names the ACL user {username!r} but no password: add "
             f'"password_env": "VLLM_UMA_VALKEY_PASSWORD" or "password_file": "/path".'
         )
@@ -296,19 +296,19 @@ def _signing(raw: dict[str, Any], reads_values: bool) -> tuple[str | None, str |
     """(secret_file, secret_env, unsigned), the secret read once to be checked."""
     path, env, unsigned = raw.get("secret_file"), raw.get("secret_env"), raw.get("unsigned", False)
     if not isinstance(unsigned, bool):
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier unsigned={unsigned!r} is invalid: it must be true (values neither "
             f"signed nor checked) or false. Set true or false, or remove the key."
         )
     given = "secret_file" if path is not None else "secret_env" if env is not None else None
     if unsigned and given:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f'the valkey tier sets "unsigned": true and names {given}: keep one (the secret, '
             f"unless no one else can write to the engine)."
         )
     if given is None:
         if reads_values and not unsigned:
-            raise NetworkTierConfigError(
+            raise NetworkTierSettingsError(
                 "the valkey tier has no secret to sign its values with: anyone who can write "
                 "to the engine could plant KV that every server would serve. Add "
                 f'"secret_file": "/path" (mode 0600, one key from `{mac_keys.GENERATE_HINT}`, '
@@ -319,7 +319,7 @@ def _signing(raw: dict[str, Any], reads_values: bool) -> tuple[str | None, str |
     try:
         path, env = mac_keys.checked_source(path, env)
     except mac_keys.SecretError as exc:
-        raise NetworkTierConfigError(f"valkey tier: {exc}") from None
+        raise NetworkTierSettingsError(f"valkey tier: {exc}") from None
     return path, env, False
 
 
@@ -327,12 +327,12 @@ def _ca_file(value: Any, tls: bool) -> str | None:
     if value is None:
         return None
     if not tls:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             "the valkey tier sets tls_ca_file but its url is not TLS: use valkeys:// "
             "(or rediss://), or remove tls_ca_file."
         )
     if not isinstance(value, str) or not os.path.isfile(value):
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier tls_ca_file={value!r} is not a file: give the PEM file of the CA "
             f"that signed the engine's certificate, or remove the key (system CAs)."
         )
@@ -344,35 +344,35 @@ def _tls_file(raw: dict[str, Any], name: str, tls: bool) -> str | None:
     if value is None:
         return None
     if not tls:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"the valkey tier sets {name} but its url is not TLS: use valkeys:// "
             f"(or rediss://), or remove {name}."
         )
     if not isinstance(value, str) or not os.path.isfile(value):
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier {name}={value!r} is not a file: give the PEM file of the client's "
             f"{'certificate' if name == 'tls_cert_file' else 'private key'}, or remove the key."
         )
     return value
 
 
-def _check_tls_files(config: NetworkTierConfig) -> None:
+def _check_tls_files(settings: NetworkTierSettings) -> None:
     """Each file loaded as a connection will load it (tls.py): a file that
     is unreadable, not PEM, or a key that is not the certificate's is
     refused now, not at the first connection in the engine core."""
-    if config.tls_key_file is not None and config.tls_cert_file is None:
-        raise NetworkTierConfigError(
-            f"the valkey tier sets tls_key_file={config.tls_key_file!r} without "
+    if settings.tls_key_file is not None and settings.tls_cert_file is None:
+        raise NetworkTierSettingsError(
+            f"the valkey tier sets tls_key_file={settings.tls_key_file!r} without "
             f"tls_cert_file: add the client's certificate, or remove tls_key_file."
         )
     try:
-        client_context(config)
+        client_context(settings)
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"the valkey tier's TLS files do not load ({type(exc).__name__}: {exc}): "
-            f"tls_ca_file={config.tls_ca_file!r} must be readable PEM certificates of the "
-            f"CA that signed the engine's; tls_cert_file={config.tls_cert_file!r} and "
-            f"tls_key_file={config.tls_key_file!r} the client's PEM certificate and its "
+            f"tls_ca_file={settings.tls_ca_file!r} must be readable PEM certificates of the "
+            f"CA that signed the engine's; tls_cert_file={settings.tls_cert_file!r} and "
+            f"tls_key_file={settings.tls_key_file!r} the client's PEM certificate and its "
             f"unencrypted key. Fix or remove them."
         ) from None
 
@@ -381,21 +381,21 @@ def _allowed_hosts(value: Any, cluster: bool) -> tuple[str, ...] | None:
     if value is None:
         return None
     if not cluster:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             'the valkey tier sets cluster_allowed_hosts but not "cluster": true: the list '
             "says which nodes of a cluster's map may be connected to. Remove it, or add "
             '"cluster": true.'
         )
     example = '["10.0.0.5", "10.0.1.0/24", "valkey-2.internal"]'
     if not isinstance(value, list) or not value:
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier cluster_allowed_hosts={value!r} is invalid: it must be a non-empty "
             f"list of addresses, networks or host names, e.g. {example}. Fix it, or remove "
             f"the key (default: the url's host, or any node over TLS)."
         )
     for entry in value:
         if not isinstance(entry, str) or not (_is_network(entry) or HOST_NAME.match(entry)):
-            raise NetworkTierConfigError(
+            raise NetworkTierSettingsError(
                 f"valkey tier cluster_allowed_hosts entry {entry!r} is invalid: it must be an "
                 f"IP address, a network (CIDR) or a host name, e.g. {example}."
             )
@@ -412,7 +412,7 @@ def _is_network(entry: str) -> bool:
 
 def _cluster(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier cluster={value!r} is invalid: it must be true (the url names one "
             f"node of a Valkey/Redis Cluster) or false (one engine). Set true or false, or "
             f"remove the key (default false)."
@@ -428,7 +428,7 @@ def _seconds(raw: dict[str, Any], name: str, default: float) -> float:
         or not math.isfinite(value)
         or not 0 < value <= MAX_TIMEOUT_S
     ):
-        raise NetworkTierConfigError(
+        raise NetworkTierSettingsError(
             f"valkey tier {name}={value!r} is invalid: it must be a number of seconds, "
             f"> 0 and <= {MAX_TIMEOUT_S:g}. Set one, or remove the key (default {default:g})."
         )

@@ -58,7 +58,7 @@ from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, RETRY_INTERVAL_
 from vllm_uma.kv_offload.network.key_names import descriptor_name
 from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
 from vllm_uma.kv_offload.network.probes import EngineProbes
-from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.kv_offload.network.tls import wrong_transport
 from vllm_uma.kv_offload.network.transfers import (
     Miss,
@@ -105,7 +105,7 @@ class NetworkTier(SecondaryTierManager):
         primary_kv_view: memoryview,
         tier_type: str,
         *,
-        config: NetworkTierConfig,
+        settings: NetworkTierSettings,
         namespace_id: bytes,
         namespace_info: dict[str, Any] | None = None,
         backpressure_detector=None,
@@ -119,10 +119,10 @@ class NetworkTier(SecondaryTierManager):
         self._stats = m.TierStats()
         # Before the link: a secret gone since the settings were checked
         # fails the start with its fix (mac_keys.SecretError), no socket opened.
-        self._keys = _key_source(config)
-        self._link = EngineLink(config, self._check_again, retry_interval_s)
+        self._keys = _key_source(settings)
+        self._link = EngineLink(settings, self._check_again, retry_interval_s)
         try:
-            self._check_at_start(config)
+            self._check_at_start(settings)
         except BaseException:
             self._link.close()
             raise
@@ -137,8 +137,8 @@ class NetworkTier(SecondaryTierManager):
         # what it stored, from a cache every host reads. A KV-aware router
         # files an event with an ``ownership`` under that cache and credits
         # the server that published it (docs/fleet.md).
-        self._events: list[OffloadingEvent] | None = [] if config.kv_events else None
-        self._cache_id = config.cache_id
+        self._events: list[OffloadingEvent] | None = [] if settings.kv_events else None
+        self._cache_id = settings.cache_id
         self._closed = False
 
     def _name(self, key: OffloadKey) -> bytes:
@@ -146,7 +146,7 @@ class NetworkTier(SecondaryTierManager):
 
     # -- the engine's set-up --------------------------------------------------
 
-    def _check_at_start(self, config: NetworkTierConfig) -> None:
+    def _check_at_start(self, settings: NetworkTierSettings) -> None:
         """Blocking is fine here: vLLM builds the tier before serving. An
         engine that does not answer is served without; one reached over the
         wrong transport, or whose certificate fails, refuses the start: it
@@ -155,7 +155,7 @@ class NetworkTier(SecondaryTierManager):
         try:
             report = check_at_start(self._link)
         except LINK_ERRORS as exc:
-            problem = wrong_transport(config, config.host, config.port, url, exc)
+            problem = wrong_transport(settings, settings.host, settings.port, url, exc)
             if problem is not None:
                 raise EngineRefused(problem) from None
             self._link.start_down(exc)
@@ -384,12 +384,12 @@ class NetworkTier(SecondaryTierManager):
         self._rows.release()
 
 
-def _key_source(config: NetworkTierConfig) -> KeySource | None:
-    if config.unsigned:
+def _key_source(settings: NetworkTierSettings) -> KeySource | None:
+    if settings.unsigned:
         return None
     return KeySource(
-        env=config.secret_env,
-        path=config.secret_file,
+        env=settings.secret_env,
+        path=settings.secret_file,
         on_problem=lambda message: logger.warning("network KV tier: %s", message),
     )
 

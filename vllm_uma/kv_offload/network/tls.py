@@ -30,7 +30,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vllm_uma.kv_offload.network.settings import NetworkTierConfig
+    from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 
 # OpenSSL's verify codes for a certificate that does not name the host.
 HOSTNAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
@@ -41,18 +41,18 @@ class NoHandshake(OSError):
     handshake within the connect timeout."""
 
 
-def client_context(config: NetworkTierConfig) -> ssl.SSLContext:
+def client_context(settings: NetworkTierSettings) -> ssl.SSLContext:
     """Verification on, TLS 1.2 or later (the default context's rules)."""
-    context = ssl.create_default_context(cafile=config.tls_ca_file)
-    if config.tls_cert_file is not None:
-        context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    context = ssl.create_default_context(cafile=settings.tls_ca_file)
+    if settings.tls_cert_file is not None:
+        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
     return context
 
 
-def handshake(config: NetworkTierConfig, sock: socket.socket, host: str) -> ssl.SSLSocket:
+def handshake(settings: NetworkTierSettings, sock: socket.socket, host: str) -> ssl.SSLSocket:
     """``sock`` (connected, its timeout the connect timeout) over TLS."""
     try:
-        return client_context(config).wrap_socket(sock, server_hostname=host)
+        return client_context(settings).wrap_socket(sock, server_hostname=host)
     except TimeoutError:
         raise NoHandshake(
             f"no answer to the TLS handshake in {sock.gettimeout():g} s (connect_timeout_s)"
@@ -71,12 +71,12 @@ def _first(exc: BaseException, kind: type | tuple[type, ...]) -> BaseException |
     return next((e for e in _chain(exc) if isinstance(e, kind)), None)
 
 
-def explain(exc: BaseException, config: NetworkTierConfig, url: str) -> str | None:
+def explain(exc: BaseException, settings: NetworkTierSettings, url: str) -> str | None:
     """What a TLS failure in ``exc``'s chain means, with the fix; None if
     the failure is not about TLS."""
-    if not config.tls:
+    if not settings.tls:
         return None
-    ca = config.tls_ca_file or "the system's CAs"
+    ca = settings.tls_ca_file or "the system's CAs"
     bad_cert = _first(exc, ssl.SSLCertVerificationError)
     if bad_cert is not None:
         why = bad_cert.verify_message or str(bad_cert)
@@ -95,7 +95,7 @@ def explain(exc: BaseException, config: NetworkTierConfig, url: str) -> str | No
     if _first(exc, NoHandshake) is not None:
         return (
             f"the engine at {url} did not answer the TLS handshake in "
-            f"{config.connect_timeout_s:g} s (connect_timeout_s): a plain engine on that "
+            f"{settings.connect_timeout_s:g} s (connect_timeout_s): a plain engine on that "
             f"port waits for a command and never answers one. Name its TLS port "
             f"(tls-port), or use valkey:// if it has no TLS."
         )
@@ -112,12 +112,12 @@ def explain(exc: BaseException, config: NetworkTierConfig, url: str) -> str | No
             f"(tls-port), or use valkey:// if it has no TLS."
         )
     maybe = ""
-    if isinstance(tls_error, ssl.SSLEOFError) and config.tls_cert_file is None:
+    if isinstance(tls_error, ssl.SSLEOFError) and settings.tls_cert_file is None:
         maybe = " (an engine that asks for a client certificate closes so: tls_cert_file)"
     return (
         f"the TLS connection to the engine at {url} failed ({reason}){maybe}: check the "
-        f"engine's TLS settings against tls_ca_file={config.tls_ca_file!r} and "
-        f"tls_cert_file={config.tls_cert_file!r}."
+        f"engine's TLS settings against tls_ca_file={settings.tls_ca_file!r} and "
+        f"tls_cert_file={settings.tls_cert_file!r}."
     )
 
 
@@ -130,14 +130,14 @@ def _needs_client_cert(url: str, reason: str) -> str:
 
 
 def wrong_transport(
-    config: NetworkTierConfig, host: str, port: int, url: str, exc: BaseException
+    settings: NetworkTierSettings, host: str, port: int, url: str, exc: BaseException
 ) -> str | None:
     """At start-up, ``exc`` a failed link to ``host:port``: the reason to
     refuse the start, or None for an engine that is merely gone (served
     without, retried)."""
-    if config.tls:
+    if settings.tls:
         if _first(exc, NoHandshake) is not None:
-            if _speaks_plain(host, port, config.connect_timeout_s):
+            if _speaks_plain(host, port, settings.connect_timeout_s):
                 return (
                     f"the engine at {url} serves plain connections on port {port}, not TLS "
                     f"(it answered a PING in the clear): name its TLS port (tls-port), or use "
@@ -145,12 +145,12 @@ def wrong_transport(
                 )
             return None  # no answer to either: slow or gone, not a wrong transport
         if _closed(exc) and _first(exc, ssl.SSLCertVerificationError) is None:
-            alert = _alert_after_handshake(config, host, port)
+            alert = _alert_after_handshake(settings, host, port)
             if alert is not None and "CERTIFICATE_REQUIRED" in alert:
                 return _needs_client_cert(url, alert)
-        return explain(exc, config, url)
-    if _closed(exc) and _speaks_tls(host, port, config.connect_timeout_s):
-        scheme = "rediss" if config.scheme == "redis" else "valkeys"
+        return explain(exc, settings, url)
+    if _closed(exc) and _speaks_tls(host, port, settings.connect_timeout_s):
+        scheme = "rediss" if settings.scheme == "redis" else "valkeys"
         return (
             f"the engine at {url} closed the connection on the first command: its port "
             f"{port} serves TLS only (it answered a TLS handshake). Use {scheme}:// in the "
@@ -165,15 +165,15 @@ def _closed(exc: BaseException) -> bool:
     return _first(exc, kinds) is not None or "closed by server" in str(exc)
 
 
-def _alert_after_handshake(config: NetworkTierConfig, host: str, port: int) -> str | None:
+def _alert_after_handshake(settings: NetworkTierSettings, host: str, port: int) -> str | None:
     """The TLS alert an engine sends once the handshake is done, if any.
     TLS 1.3 refuses a missing client certificate only then, and a
     connection that had sent its first command may never read the alert
     (the engine closes with bytes unread: a reset). This one sends nothing
     and reads, so the alert arrives before the close."""
     try:
-        with socket.create_connection((host, port), timeout=config.connect_timeout_s) as sock:
-            with client_context(config).wrap_socket(sock, server_hostname=host) as tls_sock:
+        with socket.create_connection((host, port), timeout=settings.connect_timeout_s) as sock:
+            with client_context(settings).wrap_socket(sock, server_hostname=host) as tls_sock:
                 tls_sock.recv(1)
     except ssl.SSLError as exc:
         return exc.reason or str(exc)

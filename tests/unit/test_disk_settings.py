@@ -1,4 +1,4 @@
-"""The fs tier's settings (vllm_uma/kv_offload/disk/config.py): parsing and every refusal."""
+"""The fs tier's settings (vllm_uma/kv_offload/disk/settings.py): parsing and every refusal."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_uma.kv_offload.disk import config as dc
+from vllm_uma.kv_offload.disk import settings as dc
 
 GiB = 1 << 30
 
@@ -56,7 +56,7 @@ def test_default_cap_is_a_tenth_of_the_volume(tmp_path):
 def test_default_cap_larger_than_the_free_space_fails(tmp_path, monkeypatch):
     full = namedtuple("vfs", "f_blocks f_frsize f_bavail")(1000 * GiB // 4096, 4096, GiB // 4096)
     monkeypatch.setattr(dc.os, "statvfs", lambda path: full)
-    with pytest.raises(dc.DiskTierConfigError) as err:
+    with pytest.raises(dc.DiskTierSettingsError) as err:
         parse(tier(tmp_path))
     message = str(err.value)
     assert "10% of the volume" in message and "(100.0 GiB)" in message
@@ -89,7 +89,7 @@ def test_the_tiers_own_files_count_as_free_space(tmp_path, monkeypatch):
     ],
 )
 def test_bad_tier_lists_are_refused(tiers, fragment):
-    with pytest.raises(dc.DiskTierConfigError) as err:
+    with pytest.raises(dc.DiskTierSettingsError) as err:
         parse(tiers)
     assert fragment in str(err.value)
 
@@ -104,7 +104,7 @@ def test_bad_tier_lists_are_refused(tiers, fragment):
     ],
 )
 def test_bad_sizes_are_refused_with_the_fix(tmp_path, size, fragment):
-    with pytest.raises(dc.DiskTierConfigError) as err:
+    with pytest.raises(dc.DiskTierSettingsError) as err:
         parse(tier(tmp_path, max_size_gib=size))
     assert fragment in str(err.value)
     assert "Set a size in GiB or remove the key" in str(err.value)
@@ -113,7 +113,7 @@ def test_bad_sizes_are_refused_with_the_fix(tmp_path, size, fragment):
 def test_a_root_dir_that_cannot_be_written_is_refused(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(dc.DiskTierConfigError) as err:
+    with pytest.raises(dc.DiskTierSettingsError) as err:
         parse([{"type": "fs", "root_dir": str(blocker / "kv")}])
     assert "cannot be created or written" in str(err.value)
     assert "choose a directory this user can write" in str(err.value)
@@ -134,7 +134,7 @@ def test_tier_events_without_the_global_switch_warn(tmp_path):
 
 
 def test_a_non_boolean_event_switch_is_refused(tmp_path):
-    with pytest.raises(dc.DiskTierConfigError, match="enable_kv_events='yes' is invalid"):
+    with pytest.raises(dc.DiskTierSettingsError, match="enable_kv_events='yes' is invalid"):
         parse(tier(tmp_path, max_size_gib=1, enable_kv_events="yes"))
 
 
@@ -156,7 +156,7 @@ def test_a_root_dir_in_ram_is_warned_about(tmp_path):
 
 def test_the_filesystem_of_a_path_is_its_longest_mount(tmp_path):
 
-    from vllm_uma.kv_offload.disk.config import filesystem_of
+    from vllm_uma.kv_offload.disk.settings import filesystem_of
 
     mounts = tmp_path / "mounts"
     mounts.write_text(

@@ -11,7 +11,7 @@ any weights load: a typo, a refused tier type, a directory that cannot be
 written or a volume too small for the default cap fails start-up there, with
 one line naming the value, the rule and the fix. A root_dir another user
 owns or may write is refused here too (trust.py). The resolved
-``DiskTierConfig`` travels to the engine-core process in the plugin's
+``DiskTierSettings`` travels to the engine-core process in the plugin's
 settings plan (plugin/settings.py), so the directory is created, probed and
 measured once, in one process.
 
@@ -47,12 +47,12 @@ KNOWN_TIER_KEYS = frozenset(
 )
 
 
-class DiskTierConfigError(ValueError):
+class DiskTierSettingsError(ValueError):
     """A disk-tier setting the plugin cannot serve; the message has the fix."""
 
 
 @dataclass(frozen=True)
-class DiskTierConfig:
+class DiskTierSettings:
     root_dir: Path
     # None: no cap (max_size_gib=0). Otherwise the most bytes of block files
     # that may sit under root_dir; a store that would cross it evicts first.
@@ -70,7 +70,7 @@ class DiskTierConfig:
 
 def parse_disk_tier(
     secondary_tiers: Any, *, kv_events_enabled: bool
-) -> tuple[DiskTierConfig | None, list[str]]:
+) -> tuple[DiskTierSettings | None, list[str]]:
     """The disk tier named in ``secondary_tiers`` (None if the list is empty),
     and the warnings to log."""
     if secondary_tiers is None or secondary_tiers == []:
@@ -86,7 +86,7 @@ def parse_disk_tier(
         warnings.append(warning)
     cap_bytes, reason = resolve_cap(raw.get("max_size_gib"), root_dir)
     return (
-        DiskTierConfig(
+        DiskTierSettings(
             root_dir=root_dir,
             cap_bytes=cap_bytes,
             # On whenever vLLM's events are on, unless the user turned it off.
@@ -117,7 +117,7 @@ def check_disk_tier(secondary_tiers: Any) -> None:
     except OSError:
         untrusted = None  # prepare_root says what is wrong
     if untrusted is not None:
-        raise DiskTierConfigError(untrusted)
+        raise DiskTierSettingsError(untrusted)
     if raw.get("max_size_gib") is not None:
         given_cap(raw["max_size_gib"])
 
@@ -128,13 +128,13 @@ def _the_fs_tier(secondary_tiers: Any) -> dict[str, Any]:
     if not isinstance(secondary_tiers, list) or not all(
         isinstance(t, dict) for t in secondary_tiers
     ):
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"kv_connector_extra_config 'secondary_tiers'={secondary_tiers!r} is "
             f"invalid: it must be a list of tier objects, e.g. "
             f'[{{"type": "fs", "root_dir": "/path"}}].'
         )
     if len(secondary_tiers) > 1:
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"'secondary_tiers' names {len(secondary_tiers)} tiers; vllm-uma has "
             f"one disk tier per server. Keep a single "
             f'{{"type": "fs", ...}} entry.'
@@ -142,13 +142,13 @@ def _the_fs_tier(secondary_tiers: Any) -> dict[str, Any]:
     raw = secondary_tiers[0]
     tier_type = raw.get("type")
     if tier_type != TIER_TYPE:
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"secondary tier type {tier_type!r} is not supported by vllm-uma: the "
             f'only tier type is "fs" (a disk directory). Set "type": "fs".'
         )
     unknown = sorted(set(raw) - KNOWN_TIER_KEYS)
     if unknown:
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"unknown key(s) {unknown} in the fs secondary tier; the known keys "
             f"are {sorted(KNOWN_TIER_KEYS)}. Remove or correct them."
         )
@@ -160,14 +160,14 @@ def _signing(raw: dict[str, Any]) -> tuple[str | None, str | None]:
     try:
         return mac_keys.checked_source(raw.get("secret_file"), raw.get("secret_env"))
     except mac_keys.SecretError as exc:
-        raise DiskTierConfigError(f"fs tier: {exc}") from None
+        raise DiskTierSettingsError(f"fs tier: {exc}") from None
 
 
 def _kv_events(events: Any, kv_events_enabled: bool, warnings: list[str]) -> bool | None:
     """The tier's enable_kv_events (None: not set), checked; a warning when
     it asks for events that vLLM's are off to carry."""
     if events is not None and not isinstance(events, bool):
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"fs tier enable_kv_events={events!r} is invalid: it must be true or "
             f"false (or left out: it follows --kv-events-config)."
         )
@@ -249,7 +249,7 @@ def filesystem_of(path: Path, mounts: str = "/proc/self/mounts") -> str:
 
 def _root_dir(value: Any) -> Path:
     if not isinstance(value, str) or not value:
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"fs tier root_dir={value!r} is invalid: it must be a directory path. "
             f'Add "root_dir": "/path/to/kv-cache" to the tier.'
         )
@@ -267,13 +267,13 @@ def prepare_root(root_dir: Path) -> None:
             with tempfile.TemporaryFile(dir=root_dir):
                 pass
     except OSError as exc:
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"fs tier root_dir={str(root_dir)!r} cannot be created or written "
             f"({exc.strerror or exc}): choose a directory this user can write, "
             f"or fix its permissions."
         ) from None
     if untrusted is not None:
-        raise DiskTierConfigError(untrusted)
+        raise DiskTierSettingsError(untrusted)
 
 
 def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
@@ -291,7 +291,7 @@ def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
 
         free += tree_bytes(root_dir / NOINDEX)
         if free < cap:
-            raise DiskTierConfigError(
+            raise DiskTierSettingsError(
                 f"the fs tier's default cap is 10% of the volume holding "
                 f"{str(root_dir)!r} ({cap / GiB:.1f} GiB), but only "
                 f"{free / GiB:.1f} GiB is free: set max_size_gib to a size that "
@@ -304,12 +304,12 @@ def resolve_cap(value: Any, root_dir: Path) -> tuple[int | None, str]:
 def given_cap(value: Any) -> tuple[int | None, str]:
     """The cap of a max_size_gib the user gave, checked, and why."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"fs tier max_size_gib={value!r} is invalid: it must be a number of "
             f"GiB >= 0 (0 means no cap). Set a size in GiB or remove the key."
         )
     if value < 0:
-        raise DiskTierConfigError(
+        raise DiskTierSettingsError(
             f"fs tier max_size_gib={value} is invalid: it must be >= 0 (0 means "
             f"no cap). Set a size in GiB or remove the key."
         )
