@@ -11,7 +11,7 @@ from __future__ import annotations
 from vllm_uma.plugin.vllm_contract.kinds import (
     InstanceAttribute,
     Method,
-    ReplacedBody,
+    SkippedInit,
     Text,
 )
 
@@ -45,13 +45,15 @@ NAMESPACE_MODEL_FIELDS = (
 
 ENTRIES = (
     # -- plugin/worker.py: UmaWorker skips CPUWorker.__init__
-    ReplacedBody(
+    SkippedInit(
         CPU_WORKER,
         "__init__",
         WORKER,
         "UmaWorker.__init__ binds the memory node and calls Worker.__init__ itself, without "
         "the free-RAM check; requested_cpu_memory is read only by the "
         "determine_available_memory we override",
+        upstream="CPUWorker.__init__'s free-RAM check in a method of its own "
+        "(a subclass with its own memory budget overrides it)",
         assigns=frozenset({"requested_cpu_memory", "parallel_config.disable_custom_all_reduce"}),
         calls=frozenset(
             {

@@ -7,7 +7,9 @@ from vllm_uma.plugin.vllm_contract.kinds import (
     Fields,
     InstanceAttribute,
     Method,
+    PrivateWrite,
     ReplacedBody,
+    SkippedInit,
     Text,
 )
 
@@ -53,12 +55,14 @@ ENTRIES = (
         text="self.isa = _get_attn_isa(\n            self.dtype,\n            self.block_size,",
     ),
     # -- connector.py: UmaOffloadingConnector skips OffloadingConnector.__init__
-    ReplacedBody(
+    SkippedInit(
         CONNECTOR,
         "__init__",
         C,
         "UmaOffloadingConnector.__init__ redoes it with our scheduler side, so the spec's "
         "manager (and a disk tier) is built once; anything new here must be redone there",
+        upstream="OffloadingConnector.__init__ building its scheduler side through an "
+        "overridable hook (as OffloadingSpec.get_worker calls create_worker)",
         assigns=frozenset({"_canonical_layout", "connector_scheduler", "connector_worker"}),
         calls=frozenset(
             {
@@ -169,7 +173,16 @@ ENTRIES = (
         "_unstored_chunks counts what _build_store_jobs would offer",
         params=("req_status", "num_computed_tokens"),
     ),
-    InstanceAttribute(SCHED, "_req_status", BOTH, "requests the connector tracks"),
+    PrivateWrite(
+        SCHED,
+        "_req_status",
+        C,
+        "requests the connector tracks; _signal_finished forgets a released held one, "
+        "as vLLM's build_connector_meta does",
+        upstream="OffloadingConnectorScheduler's finished-request step of "
+        "build_connector_meta as a method a subclass can call for a request it held",
+    ),
+    InstanceAttribute(SCHED, "_req_status", RELEASE, "requests the connector tracks"),
     InstanceAttribute(SCHED, "_jobs", BOTH, "transfer jobs in flight"),
     InstanceAttribute(SCHED, "_connector_stats", BOTH, "where our counters go"),
     InstanceAttribute(SCHED, "manager", BOTH, "the pool's manager (pool rows, finish signal)"),
@@ -243,8 +256,22 @@ ENTRIES = (
         "UmaOffloadPromMetrics passes these on",
         params=("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),
     ),
-    InstanceAttribute(PROM, "_offloading_metric_metadata", M, "observe() checks names here"),
-    InstanceAttribute(PROM, "_offloading_metric_defs", M, "observe() finds the metric here"),
+    PrivateWrite(
+        PROM,
+        "_offloading_metric_metadata",
+        M,
+        "observe() checks names here; ours are added",
+        upstream="OffloadPromMetrics taking the connector's extra metric definitions "
+        "(as build_metric_definitions gives the spec's)",
+    ),
+    PrivateWrite(
+        PROM,
+        "_offloading_metric_defs",
+        M,
+        "observe() finds the metric here; ours are added",
+        upstream="OffloadPromMetrics taking the connector's extra metric definitions "
+        "(as build_metric_definitions gives the spec's)",
+    ),
     Method(PROM, "_create_metric", M, "builds our counters", ("metric_name", "metadata")),
     Method(
         PROM,
@@ -277,13 +304,22 @@ ENTRIES = (
         ("keys", "req_context"),
     ),
     # -- spec.py: our specs over vLLM's CPU and tiering specs
-    InstanceAttribute(
+    PrivateWrite(
         "vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec",
         "_worker",
         S,
         "get_worker caches our mover there, as vLLM's does; mover() reads it back (connector.py)",
+        upstream="CPUOffloadingSpec.get_worker leaving its CUDA/XPU check to create_worker, "
+        "so that a spec overrides create_worker only",
     ),
-    InstanceAttribute(TIERING_SPEC, "_manager", S, "get_manager caches our tiering manager there"),
+    PrivateWrite(
+        TIERING_SPEC,
+        "_manager",
+        S,
+        "get_manager caches our tiering manager there",
+        upstream="TieringOffloadingSpec.get_manager building through an overridable "
+        "create_manager (as get_worker does through create_worker)",
+    ),
     Method(TIERING_SPEC, "get_worker", S, "overridden: our mover", ("kv_caches",)),
     Method(
         TIERING_SPEC,

@@ -13,6 +13,7 @@ from vllm_uma.plugin.vllm_contract.kinds import (
     Attribute,
     InstanceAttribute,
     Method,
+    PrivateWrite,
     PublicNames,
     Text,
 )
@@ -36,7 +37,13 @@ TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
 ENTRIES = (
     # -- memory_release/pool_rows.py: evicts pool rows the way the manager does
     InstanceAttribute(MANAGER, "_num_allocated_chunks", ROWS, "the allocation mark"),
-    InstanceAttribute(MANAGER, "_free_list", ROWS, "rows holding no block"),
+    PrivateWrite(
+        MANAGER,
+        "_free_list",
+        ROWS,
+        "rows holding no block; PoolRows.evict appends the rows it evicts (by _free_chunk)",
+        upstream="a public CPUOffloadingManager.evict(n, protected), prepare_store's own step",
+    ),
     InstanceAttribute(MANAGER, "_num_chunks", ROWS, "the rows the manager hands out"),
     Text(
         MANAGER,
@@ -46,7 +53,13 @@ ENTRIES = (
         text="chunks.append(ChunkStatus(self._free_list.pop()))",
     ),
     InstanceAttribute(MANAGER, "_policy", ROWS, "the cache policy: idle rows, LRU order"),
-    InstanceAttribute(MANAGER, "_num_evictable_cache_chunks", ROWS, "kept right on eviction"),
+    PrivateWrite(
+        MANAGER,
+        "_num_evictable_cache_chunks",
+        ROWS,
+        "PoolRows.evict keeps it right on eviction",
+        upstream="a public CPUOffloadingManager.evict(n, protected), prepare_store's own step",
+    ),
     InstanceAttribute(MANAGER, "events", ROWS, "where an eviction is announced"),
     InstanceAttribute(MANAGER, "medium", ROWS, "the medium of that announcement"),
     Method(MANAGER, "_free_chunk", ROWS, "returns an evicted row to the free list", ("chunk",)),

@@ -15,9 +15,22 @@ Every check looks at vLLM itself, never at a copy of its answer:
   new parameter may be a behaviour we do not pass on);
 - a text (a log line we match, a step we mirror): present in the vLLM
   module's file (read, not imported) or in one function's source;
-- a replaced body (an ``__init__`` we skip and redo): the attributes it
-  assigns and the functions it calls, exactly;
+- a replaced body (a method we skip and redo): the attributes it assigns
+  and the functions it calls, exactly;
 - a class's public names: exactly the reviewed ones.
+
+Two kinds are debts (STYLE.md 12: own what you change of a library), each
+checked like its plain twin and marked ``debt`` so that the report shows it
+and a unit test (tests/unit/test_vllm_contract_debts.py) fails when one
+appears beyond its explicit, shrinking allow-list:
+
+- ``PrivateWrite``: our code changes a private attribute vLLM set
+  (assigns, deletes from, or mutates it in place, itself or through a
+  private method of vLLM's); checked as an ``InstanceAttribute``;
+- ``SkippedInit``: an ``__init__`` of vLLM's we do not call and redo
+  instead; checked as a ``ReplacedBody``.
+
+Each names the upstream change that would give a public way (``upstream``).
 
 Each check returns None when vLLM matches, else what it found instead.
 Nothing here imports vLLM until an entry is checked, and then only the
@@ -35,6 +48,7 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 
 def resolve(owner: str):
@@ -111,6 +125,8 @@ class Entry:
     member: str
     users: tuple[str, ...]  # our modules that rely on it (each checks it at import)
     why: str
+    # Set by the debt kinds (PrivateWrite, SkippedInit): what kind of debt.
+    debt: ClassVar[str | None] = None
 
     @property
     def name(self) -> str:
@@ -304,3 +320,27 @@ def public_names(cls) -> frozenset[str]:
         for name, value in vars(klass).items()
         if not name.startswith("_") and (callable(value) or isinstance(value, property))
     )
+
+
+@dataclass(frozen=True)
+class PrivateWrite(InstanceAttribute):
+    """A private attribute vLLM sets (in ``method``) that our code changes: a
+    debt. ``upstream`` names the vLLM change that would give a public way."""
+
+    upstream: str = ""
+    debt: ClassVar[str | None] = "private write"
+
+    def expected(self) -> str:
+        return f"{super().expected()}; we write it (debt: {self.upstream})"
+
+
+@dataclass(frozen=True)
+class SkippedInit(ReplacedBody):
+    """An ``__init__`` of vLLM's we skip and redo: a debt. ``upstream`` names
+    the vLLM change that would let us call it."""
+
+    upstream: str = ""
+    debt: ClassVar[str | None] = "skipped __init__"
+
+    def expected(self) -> str:
+        return f"{super().expected()}; we skip it (debt: {self.upstream})"
