@@ -16,7 +16,7 @@ over a private anonymous mapping standing in for the KV allocation:
 
     free queue (vLLM's eviction order): 5 7 2 1 4 3
 
-``PoolWorld``: vLLM's CPUOffloadingManager (LRU, events on) handing out the
+``PoolWorld``: our pool manager, vLLM's CPUOffloadingManager (LRU, events on) handing out the
 rows of a real HostPool, 8 rows of 4 OS pages; row r's bytes are r + 1.
 """
 
@@ -30,10 +30,10 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_offload.base import ReqContext, make_offload_key
-from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.request import Request
 
 from vllm_uma.kv_offload.host_pool import HostPool
+from vllm_uma.kv_offload.pool_manager import UmaPoolManager
 from vllm_uma.memory_release.l1_blocks import FreeBlocks, L1Blocks
 from vllm_uma.memory_release.l1_pages import L1PageMap, LayerPages
 from vllm_uma.memory_release.pages import PAGE
@@ -123,7 +123,7 @@ class L1World:
 
 class PoolWorld:
     def __init__(self):
-        self.manager = CPUOffloadingManager(num_chunks=ROWS, cache_policy="lru", enable_events=True)
+        self.manager = UmaPoolManager(num_chunks=ROWS, cache_policy="lru", enable_events=True)
         self.host = HostPool(ROWS, ROW)
         self.rows = PoolRows(self.manager, self.host)
 

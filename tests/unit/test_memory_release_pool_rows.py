@@ -1,5 +1,5 @@
-"""Host-pool rows by value (vllm_uma/memory_release/pool_rows.py), on vLLM's real
-CPUOffloadingManager (LRU, with events) and a real HostPool; and the disk
+"""Host-pool rows by value (vllm_uma/memory_release/pool_rows.py), on our pool
+manager (vLLM's real CPUOffloadingManager, LRU, with events) and a real HostPool; and the disk
 tier's ``holds`` (vllm_uma/kv_offload/disk/tier.py): both answer
 memory_release/tiers.py's BlockHolder.
 
@@ -18,10 +18,10 @@ from disk_tier_kit import Jobs, Primary, held_io, make_tier
 from disk_tier_kit import key as disk_key
 from memory_release_kit import CTX, ROW, ROWS, PoolWorld, k
 from vllm.v1.kv_offload.base import Medium, OffloadingEvent
-from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 from vllm_uma.kv_offload.disk import metrics as disk_metrics
 from vllm_uma.kv_offload.host_pool import HostPool
+from vllm_uma.kv_offload.pool_manager import UmaPoolManager
 from vllm_uma.memory_release.pool_rows import PoolRows
 from vllm_uma.memory_release.tiers import BlockHolder
 
@@ -35,7 +35,7 @@ def pool():
     assert p.prepare([k(6)]) == [6]  # a store in flight
     assert p.prepare([k(7)]) == [7]
     p.manager.complete_store([k(7)], CTX, success=False)  # row 7 back on the free list
-    assert p.manager._free_list == [7]
+    assert p.manager.book.free == [7]
     list(p.manager.take_events())
     yield p
     p.host.close()
@@ -44,7 +44,7 @@ def pool():
 def test_free_list_rows_go_back_and_nothing_else(pool):
     assert pool.rows.give_back_free_rows() == ROW
     assert pool.zero_rows() == [7]
-    assert pool.manager._free_list == [7]  # still free: only its pages went
+    assert pool.manager.book.free == [7]  # still free: only its pages went
     assert pool.rows.rows_in_use() == 7
 
 
@@ -63,14 +63,14 @@ def test_evict_takes_least_recently_used_first_skipping_kept_and_busy_keys(pool)
         False,  # pending: not readable yet
         False,
     ]
-    assert pool.manager._free_list == [7, 3, 4, 5]
+    assert pool.manager.book.free == [7, 3, 4, 5]
     assert pool.rows.rows_in_use() == 4
 
 
 def test_evicted_rows_go_back_to_the_manager_for_the_next_store(pool):
     pool.rows.evict(3)
     assert pool.removals() == [[k(1), k(3), k(4)]]
-    assert pool.manager._num_evictable_cache_chunks == 2  # k0 and k5
+    assert pool.manager.book.idle == 2  # k0 and k5
     # All 8 rows were handed out once: a store now takes freed rows (LIFO).
     assert pool.store([k(8), k(9), k(10)]) == [4, 3, 1]
     assert pool.rows.holds(k(8)) and not pool.rows.holds(k(1))
@@ -110,7 +110,7 @@ def test_removal_event_is_vllms_own(pool):
 
 
 def test_arc_policy_rows_are_left_alone():
-    manager = CPUOffloadingManager(num_chunks=ROWS, cache_policy="arc", enable_events=True)
+    manager = UmaPoolManager(num_chunks=ROWS, cache_policy="arc", enable_events=True)
     host = HostPool(ROWS, ROW)
     manager.prepare_store([k(0)], CTX)
     manager.complete_store([k(0)], CTX)
@@ -183,7 +183,7 @@ def test_next_rows_after_the_mark_come_from_the_free_lists_end():
     assert p.store([k(i) for i in range(6)]) == [0, 1, 2, 3, 4, 5]
     assert p.prepare([k(100), k(101)]) == [6, 7]
     p.manager.complete_store([k(100), k(101)], CTX, success=False)
-    assert p.manager._free_list == [6, 7]
+    assert p.manager.book.free == [6, 7]
     assert p.rows.next_rows(3) == [7, 6]
     assert p.prepare([k(200), k(201)]) == [7, 6]
     p.host.close()

@@ -1,10 +1,10 @@
 """The connector's scheduler side (vllm_uma/kv_offload/connector.py) on vLLM's own scheduler.
 
-vLLM's real OffloadingConnectorScheduler, CPUOffloadingManager and Request
-run here; only the configs are stand-ins, and ``Engine`` plays vLLM's
-scheduler: it schedules whole prompts, finishes requests and reports the
-worker's completed copies. Blocks are 4 tokens, a prompt 8 tokens: two
-blocks, two pool rows.
+vLLM's real OffloadingConnectorScheduler, CPUOffloadingManager (as our
+pool_manager.py's subclass) and Request run here; only the configs are
+stand-ins, and ``Engine`` plays vLLM's scheduler: it schedules whole
+prompts, finishes requests and reports the worker's completed copies.
+Blocks are 4 tokens, a prompt 8 tokens: two blocks, two pool rows.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_request_block_hasher, 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.kv_offload.base import OffloadingKVEventsConfig
-from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 
@@ -35,6 +34,7 @@ from vllm_uma.kv_offload.connector import (
     UmaOffloadingConnector,
 )
 from vllm_uma.kv_offload.holds import Holds
+from vllm_uma.kv_offload.pool_manager import UmaPoolManager
 
 BLOCK = 4
 init_none_hash(sha256)
@@ -55,7 +55,7 @@ class Engine:
             tokens_per_hash=BLOCK,
             offload_prompt_only=True,
             num_chunks=pool_rows,
-            manager=CPUOffloadingManager(num_chunks=pool_rows),
+            manager=UmaPoolManager(num_chunks=pool_rows),
             kv_events_config=OffloadingKVEventsConfig(False, False),
         )
         vllm_config = SimpleNamespace(

@@ -8,12 +8,10 @@ import time
 
 import pytest
 from vllm.v1.kv_offload.base import ReqContext, ScheduleEndContext
-from vllm.v1.kv_offload.tiering.manager import (
-    CPUPrimaryTierOffloadingManager,
-    TieringOffloadingManager,
-)
+from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 
 from tests.unit.disk_tier_kit import ROWS, Primary, key, make_tier
+from vllm_uma.kv_offload.pool_manager import UmaPrimaryTier
 from vllm_uma.kv_offload.staging_store import StagingTieringManager
 
 
@@ -52,7 +50,7 @@ def served(manager, req: str, keys: list[bytes]) -> list[bytes]:
 @pytest.fixture(params=[TieringOffloadingManager, StagingTieringManager])
 def manager(request, tmp_path):
     primary = Primary(aligned=True)
-    pool = CPUPrimaryTierOffloadingManager(num_chunks=ROWS, mmap_region=Region(primary))
+    pool = UmaPrimaryTier(num_chunks=ROWS, mmap_region=Region(primary))
     disk = make_tier(tmp_path / "kv", primary)
     built = request.param(primary_tier=pool, secondary_tiers=[disk])
     yield built

