@@ -15,8 +15,7 @@ The tier vLLM calls (scheduler thread):
     index.py             which blocks are on disk, for lookups without a syscall
     block_state.py       WRITING / PRESENT / DELETING, for the index and the ledger
     full_disk.py         a full volume: stores paused, retried, resumed
-    reports.py           KV events and metric counts for vLLM
-    metrics.py           the /metrics counters: names and definitions
+    metrics.py           its /metrics counters besides the shared ones (../lower_tier/)
     messages.py          what the tier logs: start-up, full disk, bad blocks, stop
 The files (I/O threads, start-up):
     block_file.py        one block per file: the header, the names, BadBlock

@@ -29,9 +29,9 @@ from vllm_uma.kv_offload.disk.jobs import PendingJob
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.feed import FeedBatch
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
-from vllm_uma.kv_offload.disk.messages import DiskWarnings
-from vllm_uma.kv_offload.disk.reports import TierReports
+from vllm_uma.kv_offload.disk.messages import BAD_BLOCK, DiskWarnings
 from vllm_uma.kv_offload.lower_tier.jobs import JobBook
+from vllm_uma.kv_offload.lower_tier.reports import TierReports
 from vllm_uma.kv_offload.lower_tier.threads import drain
 
 
@@ -79,7 +79,7 @@ class Completion:
 
     def store_failed(self, job: PendingJob, key: OffloadKey, reason: str) -> None:
         job.failed.append(key)
-        self._reports.stats.count(m.STORE_FAILED, reason=reason)
+        self._reports.store_failed(reason)
 
     def finished_jobs(self, outcomes: queue.SimpleQueue) -> list[JobResult]:
         """Apply every report queued so far; the results of the jobs that ended."""
@@ -135,15 +135,14 @@ class Completion:
             self._warnings.space_is_back()
 
     def _apply_store(self, job: PendingJob, ref: BlockRef, outcome: Outcome) -> None:
-        stats = self._reports.stats
-        stats.count(m.EVICTED_BLOCKS, len(outcome.victims))
+        self._reports.stats.count(m.EVICTED_BLOCKS, len(outcome.victims))
         self._evicted(outcome.victims)
         for error in outcome.unlink_errors:
             self._warnings.unlink(error)
         if outcome.taken is not None:
             # Another server stores (or stored) the same block: nothing to write.
             self._index.abort(ref)
-            stats.count(m.STORE_SKIPPED, reason=outcome.taken.label)
+            self._reports.store_skipped(reason=outcome.taken.label)
             if outcome.taken is BlockState.PRESENT:
                 self._index.add_present(ref, self._file_bytes)
                 job.written.append(ref.key)  # restorable from here too: announce
@@ -154,8 +153,7 @@ class Completion:
             self._index.commit(ref)
             self.written_this_run += 1
             job.written.append(ref.key)
-            stats.count(m.WRITTEN_BLOCKS)
-            stats.count(m.WRITTEN_BYTES, outcome.nbytes)
+            self._reports.moved(False, 1, outcome.nbytes)
             return
         self._index.abort(ref)
         self.store_failed(job, ref.key, outcome.failure.value)  # type: ignore[union-attr]
@@ -203,8 +201,7 @@ class Completion:
         serial = job.serials[ref.key]
         self._index.unpin(ref, serial)
         if outcome.ok:  # touched when the whole job ends, in prefix order
-            self._reports.stats.count(m.READ_BLOCKS)
-            self._reports.stats.count(m.READ_BYTES, outcome.nbytes)
+            self._reports.moved(True, 1, outcome.nbytes)
             return
         job.failed.append(ref.key)
         if not isinstance(outcome.failure, BadReason):
@@ -212,9 +209,8 @@ class Completion:
             # block (only a file-level error deletes a file).
             self._warnings.load_error(outcome.detail)
             return
-        reason = outcome.failure
-        self._reports.stats.count(m.BAD_BLOCKS, reason=reason.value)
-        self._warnings.bad_block(reason, outcome.detail)
+        reason = outcome.failure.value
+        self._reports.bad(reason, 1, BAD_BLOCK, outcome.detail, reason, m.BAD_BLOCKS)
         # Only the generation this load read: a newer store of the key stays.
         if self._index.remove(ref, serial) is not None:
             self._reports.event([ref.key], removed=True)

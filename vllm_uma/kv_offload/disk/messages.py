@@ -9,23 +9,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_uma.kv_offload.disk.block_file import BadReason
-from vllm_uma.kv_offload.disk.metrics import BAD_BLOCKS, LOADS_GIVEN_UP, STORE_FAILED
+from vllm_uma.kv_offload.disk.metrics import LOADS_GIVEN_UP, STORE_FAILED
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings, GiB
+from vllm_uma.kv_offload.lower_tier.reports import TierReports, Warnings
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
+
+# A bad block file's warning (counted and warned of by the lower tier's
+# reports): its detail, its reason, the metric.
+BAD_BLOCK = (
+    "Disk KV tier: a block file is not served, deleted, and recomputed "
+    "(%s). Later %s blocks count in %s and are not logged."
+)
 
 
 class DiskWarnings:
     def __init__(self, root_dir: Path):
         self._root_dir = root_dir
-        self._seen: set[str] = set()
-
-    def _once(self, kind: str, msg: str, *args: object) -> None:
-        if kind not in self._seen:
-            self._seen.add(kind)
-            logger.warning(msg, *args)
+        # Each kind once for the process's life: a failing disk fails the
+        # same way many times a second until someone acts.
+        self.once = Warnings(logger)
+        self._once = self.once.warn
 
     def disk_full(self, detail: str, retry_in_s: float) -> None:
         # Each pause is logged: pauses are at least 5 s apart (full_disk.py).
@@ -70,16 +75,6 @@ class DiskWarnings:
             "Later errors of this kind count in %s and are not logged.",
             detail,
             STORE_FAILED,
-        )
-
-    def bad_block(self, reason: BadReason, detail: str) -> None:
-        self._once(
-            "bad " + reason.value,
-            "Disk KV tier: a block file is not served, deleted, and recomputed "
-            "(%s). Later %s blocks count in %s and are not logged.",
-            detail,
-            reason.value,
-            BAD_BLOCKS,
         )
 
     def unlink(self, detail: str) -> None:
@@ -176,6 +171,7 @@ class DiskWarnings:
 
 
 def log_startup(
+    reports: TierReports,
     settings: DiskTierSettings,
     files: int,
     ours: int,
@@ -185,16 +181,9 @@ def log_startup(
     io: str,
 ) -> None:
     cap = "none" if settings.cap_bytes is None else f"{settings.cap_bytes / GiB:.2f} GiB"
-    logger.info(
-        "Disk KV tier (L3) at %s: %d block files (%d of this namespace), %.2f GiB, "
-        "cap %s (%s), %d evicted to fit it; %d leftover temp files removed; %s.",
-        settings.root_dir,
-        files,
-        ours,
-        nbytes / GiB,
-        cap,
-        settings.cap_reason,
-        evicted,
-        temps,
-        io,
+    found = f"{files} block files ({ours} of this namespace), {nbytes / GiB:.2f} GiB"
+    kept = f"cap {cap} ({settings.cap_reason}), {evicted} evicted to fit it"
+    temps_removed = f"{temps} leftover temp files removed"
+    reports.started(
+        "Disk KV tier (L3)", str(settings.root_dir), [f"{found}, {kept}", temps_removed, io]
     )

@@ -1,34 +1,32 @@
-"""L3 metrics: names, Prometheus definitions, and the per-interval counts.
+"""The disk tier's metrics (L3): its names and their Prometheus definitions.
 
-The disk tier counts on the scheduler thread of the engine-core process;
-vLLM's TieringOffloadingManager collects ``DiskTier.get_stats()`` with its
-own stats and ships them to the API server, where OffloadPromMetrics
-registers every name returned by ``definitions()`` (through the spec's
-``build_metric_definitions``). prometheus_client adds ``_total`` to a
-counter's name on /metrics: ``vllm:kv_offload_disk_written_blocks_total``.
+Counted on the scheduler thread of the engine-core process, in the lower
+tier's counts (../lower_tier/metrics.py, which also names and defines the
+counters every tier has); vLLM ships them to the API server's /metrics,
+where a counter gets ``_total``: ``vllm:kv_offload_disk_written_blocks_total``.
 """
 
 from __future__ import annotations
 
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
-    OffloadingConnectorStats,
-)
 from vllm.v1.kv_offload.base import (
     OffloadingCounterMetadata,
     OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
 )
 
-PREFIX = "vllm:kv_offload_disk_"
-WRITTEN_BLOCKS = PREFIX + "written_blocks"
-WRITTEN_BYTES = PREFIX + "written_bytes"
-READ_BLOCKS = PREFIX + "read_blocks"
-READ_BYTES = PREFIX + "read_bytes"
-LOOKUP_HITS = PREFIX + "lookup_hits"
+from vllm_uma.kv_offload.lower_tier.metrics import TierMetrics
+
+NAMES = TierMetrics("disk", "the disk tier", bad="bad_blocks")
+PREFIX = NAMES.prefix
+WRITTEN_BLOCKS = NAMES.written_blocks
+WRITTEN_BYTES = NAMES.written_bytes
+READ_BLOCKS = NAMES.read_blocks
+READ_BYTES = NAMES.read_bytes
+LOOKUP_HITS = NAMES.lookup_hits
+BAD_BLOCKS = NAMES.bad_values
+STORE_SKIPPED = NAMES.store_skipped
+STORE_FAILED = NAMES.store_failed
 EVICTED_BLOCKS = PREFIX + "evicted_blocks"
-BAD_BLOCKS = PREFIX + "bad_blocks"
-STORE_SKIPPED = PREFIX + "store_skipped_blocks"
-STORE_FAILED = PREFIX + "store_failed_blocks"
 PEER_CHANGES = PREFIX + "peer_changes"
 LOADS_GIVEN_UP = PREFIX + "loads_given_up"
 USED_BYTES = PREFIX + "used_bytes"
@@ -38,11 +36,7 @@ CAP_BYTES = PREFIX + "cap_bytes"
 def definitions() -> dict[str, OffloadingMetricMetadata]:
     counter, gauge = OffloadingCounterMetadata, OffloadingGaugeMetadata
     return {
-        WRITTEN_BLOCKS: counter("KV blocks written to the disk tier."),
-        WRITTEN_BYTES: counter("Payload bytes written to the disk tier."),
-        READ_BLOCKS: counter("KV blocks restored from the disk tier."),
-        READ_BYTES: counter("Payload bytes restored from the disk tier."),
-        LOOKUP_HITS: counter("Lookups the disk tier answered with a hit."),
+        **NAMES.moved_definitions(),
         EVICTED_BLOCKS: counter("Block files deleted to stay within the disk cap."),
         BAD_BLOCKS: counter(
             "Block files found unusable on restore (then deleted and recomputed), "
@@ -75,31 +69,3 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         ),
         CAP_BYTES: gauge("The disk tier's cap in bytes (0: no cap)."),
     }
-
-
-class DiskStats:
-    """Observations since the last ``take``."""
-
-    def __init__(self) -> None:
-        self._stats = OffloadingConnectorStats()
-        self._gauges: dict[str, int] = {}
-        self._sent_gauges: dict[str, int] = {}
-
-    def count(self, name: str, value: int = 1, reason: str | None = None) -> None:
-        if value:
-            labels = () if reason is None else (reason,)
-            self._stats.increase_counter(name, value, labels)
-
-    def gauge(self, name: str, value: int) -> None:
-        self._gauges[name] = value
-
-    def take(self) -> OffloadingConnectorStats | None:
-        # A gauge goes out only when it changed: an idle tier reports None.
-        for name, value in self._gauges.items():
-            if self._sent_gauges.get(name) != value:
-                self._stats.set_gauge(name, value)
-                self._sent_gauges[name] = value
-        if self._stats.is_empty():
-            return None
-        stats, self._stats = self._stats, OffloadingConnectorStats()
-        return stats

@@ -66,10 +66,10 @@ from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.feed import LedgerFeed
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
 from vllm_uma.kv_offload.disk.messages import DiskWarnings
-from vllm_uma.kv_offload.disk.reports import TierReports
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.tier_settle import DeferredSettle
 from vllm_uma.kv_offload.disk.tier_startup import load_existing, open_store, settle
+from vllm_uma.kv_offload.lower_tier.reports import TierReports
 from vllm_uma.kv_offload.lower_tier.threads import Priority
 from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.log import get_logger
@@ -124,9 +124,13 @@ class DiskTier(SecondaryTierManager):
             self._warnings,
         )
         self._index: DiskIndex[BlockRef] = DiskIndex()
+        # KV events without an ownership, as vLLM's own fs tier: one marks
+        # a pool shared by many engines (kvcr), which a router credits as
+        # remote and refuses with LOCAL locality.
         self._reports = TierReports(
-            self.medium, self.locality, settings.enable_kv_events, settings.cap_bytes
+            m.NAMES, self.medium, self.locality, settings.enable_kv_events, self._warnings.once
         )
+        self._reports.stats.gauge(m.CAP_BYTES, settings.cap_bytes or 0)
         self._full = FullDisk() if full_disk is None else full_disk
         self._done = self._completion(load_deadline_s)
         self._last_stamp = 0
@@ -192,7 +196,7 @@ class DiskTier(SecondaryTierManager):
         # A HIT is promoted by a load submitted at the end of this step; the
         # touch keeps stores meanwhile from evicting it.
         self._feed.touch(ref, self._stamp())
-        self._reports.stats.count(m.LOOKUP_HITS)
+        self._reports.hit()
         return LookupResult.HIT
 
     def holds(self, key: OffloadKey) -> bool:
@@ -229,7 +233,7 @@ class DiskTier(SecondaryTierManager):
             ref = BlockRef(self._ns, key)
             skip = self._skip_reason(ref)
             if skip is not None:
-                self._reports.stats.count(m.STORE_SKIPPED, reason=skip)
+                self._reports.store_skipped(reason=skip)
                 continue
             if self._full.paused:
                 self._done.store_failed(job, key, StoreFailure.DISK_FULL.value)

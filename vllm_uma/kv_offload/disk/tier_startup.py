@@ -35,10 +35,10 @@ from vllm_uma.kv_offload.disk.ledger.startup import (
     unwritable_ledger,
 )
 from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
-from vllm_uma.kv_offload.disk.reports import TierReports
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.store_scan import scan_store
 from vllm_uma.kv_offload.disk.trust import StoreTrustError
+from vllm_uma.kv_offload.lower_tier.reports import TierReports
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,8 @@ def load_existing(
     used_bytes = store.ledger.used_bytes()
     io = f"{'O_DIRECT' if store.direct else 'buffered'} I/O on {io_threads} threads"
     if done is not None:
+        evicted = len(done.evicted)
         log_startup(
-            settings, done.found, len(present), used_bytes, len(done.evicted), done.temps, io
+            reports, settings, done.found, len(present), used_bytes, evicted, done.temps, io
         )
     return Existing(seq, used_bytes, settled=done is not None)

@@ -1,4 +1,4 @@
-"""The skeleton every lower tier (disk/, network/) plugs into: its threads and its jobs.
+"""The skeleton every lower tier (disk/, network/) plugs into: threads, jobs, reports.
 
 Engine-core process. vLLM's TieringOffloadingManager calls a secondary
 tier on the scheduler thread, and no call may block on the medium; so a
@@ -11,6 +11,12 @@ report back. That machinery is the same for every tier, and lives here:
                  before it within a deadline and drops the loads
     jobs.py      Job and JobBook: one vLLM job in flight until its one
                  JobResult (a partly failed load keeps what it restored)
+    metrics.py   the counters every tier has (blocks and bytes moved,
+                 hits, stores failed and skipped, bad values), named
+                 vllm:kv_offload_{tier}_..., and the counts per interval
+    reports.py   TierReports: those counts, KV events, bad values counted
+                 and warned of, warnings rate-limited by kind, the
+                 start-up line ("{tier} at {where}: {facts}.")
 
     scheduler thread (vLLM calls the tier)     the tier's threads
     submit_store / submit_load
@@ -36,8 +42,15 @@ What a tier supplies:
     dropped       nothing (counted, for the stop   the job's blocks misses
                   line)                            (engine_down)
     results queue shared with the ledger feed      its own
-    a result's    the index, the ledger's touches, metrics, KV events, the
-    meaning       bad files deleted, warnings      recent keys, bad values' warnings
+    a result's    the index, the ledger's touches, the recent keys, load misses
+    meaning       bad files deleted                and bad values by reason
+    its metrics   eviction, peers' changes, loads  load misses, the engine up,
+                  given up, used and cap bytes     refused nodes
+    warnings      each kind once                   each kind once a minute
+    bad values    block files (bad_blocks)         values (bad_values)
+    KV events     LOCAL, no ownership              REMOTE, the cache's id
+    start-up      root_dir: files, GiB, cap, I/O   URL, engine, namespace: share,
+    line                                           signing
 
 What stays in a tier, because one shared form would change what it does:
 the load deadline. The disk tier gives up, on the scheduler thread, a load
@@ -48,7 +61,7 @@ socket read of its round trips honours it; with its load-only thread a
 load waits only for the loads before it, so the scheduler never gives one
 up.
 
-Not shared yet (issue 45, item 1): the per-interval metric counts (the
-network tier borrows disk/metrics.py's), KV events, bad-value accounting
-and the start-up line.
+Each tier reports through one TierReports (reports.py) on its own logger,
+so its lines keep their tier's name and logger; what it counts besides
+the shared counters its own metrics module names and defines.
 """

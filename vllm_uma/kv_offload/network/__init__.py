@@ -28,7 +28,7 @@ nodes each hold their slots' blocks.
     probes.py            whether the engine holds a key, asked off the scheduler thread
     transfers.py         one job's blocks: pipelined SETs, MGETs, checked values; the
                          threads that run them (../lower_tier/): one for loads only
-    metrics.py           the /metrics counters
+    metrics.py           its /metrics counters besides the shared ones (../lower_tier/)
     tier.py              NetworkTier: what vLLM calls, on the scheduler thread
 
 ``vllm-uma kv-store URL ls|du|clear`` (commands/kv_store_engine.py) looks

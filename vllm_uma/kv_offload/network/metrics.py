@@ -1,11 +1,12 @@
-"""The network tier's metrics: names and Prometheus definitions.
+"""The network tier's metrics: its names and their Prometheus definitions.
 
 Counted on the scheduler thread of the engine-core process (tier.py), in
-the disk tier's per-interval counts (disk/metrics.py's ``DiskStats``, which
-is no more than that); vLLM ships them to the API server's /metrics, where
-a counter gets ``_total``: ``vllm:kv_offload_network_read_blocks_total``.
-vLLM's own per-tier metrics (``vllm:kv_offload_tiering_*{tier="valkey"}``:
-bytes and time read and written, lookups, hits, failed jobs) come on top.
+the lower tier's counts (../lower_tier/metrics.py, which also names and
+defines the counters every tier has); vLLM ships them to the API server's
+/metrics, where a counter gets ``_total``:
+``vllm:kv_offload_network_read_blocks_total``. vLLM's own per-tier metrics
+(``vllm:kv_offload_tiering_*{tier="valkey"}``: bytes and time read and
+written, lookups, hits, failed jobs) come on top.
 """
 
 from __future__ import annotations
@@ -16,20 +17,19 @@ from vllm.v1.kv_offload.base import (
     OffloadingMetricMetadata,
 )
 
-from vllm_uma.kv_offload.disk.metrics import DiskStats as TierStats
+from vllm_uma.kv_offload.lower_tier.metrics import TierMetrics
 
-__all__ = ["TierStats", "definitions"]
-
-PREFIX = "vllm:kv_offload_network_"
-WRITTEN_BLOCKS = PREFIX + "written_blocks"
-WRITTEN_BYTES = PREFIX + "written_bytes"
-READ_BLOCKS = PREFIX + "read_blocks"
-READ_BYTES = PREFIX + "read_bytes"
-LOOKUP_HITS = PREFIX + "lookup_hits"
+NAMES = TierMetrics("network", "the network tier's engine", bad="bad_values")
+PREFIX = NAMES.prefix
+WRITTEN_BLOCKS = NAMES.written_blocks
+WRITTEN_BYTES = NAMES.written_bytes
+READ_BLOCKS = NAMES.read_blocks
+READ_BYTES = NAMES.read_bytes
+LOOKUP_HITS = NAMES.lookup_hits
+BAD_VALUES = NAMES.bad_values
+STORE_FAILED = NAMES.store_failed
+STORE_SKIPPED = NAMES.store_skipped
 LOAD_MISSES = PREFIX + "load_missed_blocks"
-BAD_VALUES = PREFIX + "bad_values"
-STORE_FAILED = PREFIX + "store_failed_blocks"
-STORE_SKIPPED = PREFIX + "store_skipped_blocks"
 ENGINE_UP = PREFIX + "engine_up"
 REFUSED_NODES = PREFIX + "refused_nodes"
 
@@ -37,11 +37,7 @@ REFUSED_NODES = PREFIX + "refused_nodes"
 def definitions() -> dict[str, OffloadingMetricMetadata]:
     counter, gauge = OffloadingCounterMetadata, OffloadingGaugeMetadata
     return {
-        WRITTEN_BLOCKS: counter("KV blocks written to the network tier's engine."),
-        WRITTEN_BYTES: counter("Payload bytes written to the network tier's engine."),
-        READ_BLOCKS: counter("KV blocks restored from the network tier's engine."),
-        READ_BYTES: counter("Payload bytes restored from the network tier's engine."),
-        LOOKUP_HITS: counter("Lookups the network tier answered with a hit."),
+        **NAMES.moved_definitions(),
         LOAD_MISSES: counter(
             "Blocks a restore from the network tier did not bring back (recomputed), by "
             "reason: absent (evicted since the lookup), engine_down, engine_slow (not all "

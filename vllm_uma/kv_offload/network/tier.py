@@ -46,6 +46,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from vllm_uma.kv_offload.lower_tier.jobs import Job, JobBook
+from vllm_uma.kv_offload.lower_tier.reports import TierReports, Warnings
 from vllm_uma.kv_offload.lower_tier.threads import Priority, drain
 from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.kv_offload.network import metrics as m
@@ -116,7 +117,15 @@ class NetworkTier(SecondaryTierManager):
         self._ns = namespace_id
         self._info = namespace_info  # its descriptor's source (engine_usage.py)
         self._rows = primary_kv_view.cast("B")
-        self._stats = m.TierStats()
+        # KV events (vLLM's --kv-events-config): this server can restore
+        # what it stored, from a cache every host reads. A KV-aware router
+        # files an event with an ``ownership`` under that cache and credits
+        # the server that published it (docs/fleet.md). A warning of each
+        # kind at most once a minute: an engine's episodes come and go.
+        warnings = Warnings(logger, BAD_VALUE_WARNING_S)
+        self._reports = TierReports(
+            m.NAMES, self.medium, self.locality, settings.kv_events, warnings, settings.cache_id
+        )
         # Before the link: a secret gone since the settings were checked
         # fails the start with its fix (mac_keys.SecretError), no socket opened.
         self._keys = _key_source(settings)
@@ -132,13 +141,6 @@ class NetworkTier(SecondaryTierManager):
         self._threads = start_transfer_threads(self._done)
         self._jobs: JobBook[Job] = JobBook()
         self._recent: collections.OrderedDict[OffloadKey, None] = collections.OrderedDict()
-        self._bad_warned: dict[str, float] = {}
-        # KV events (vLLM's --kv-events-config): this server can restore
-        # what it stored, from a cache every host reads. A KV-aware router
-        # files an event with an ``ownership`` under that cache and credits
-        # the server that published it (docs/fleet.md).
-        self._events: list[OffloadingEvent] | None = [] if settings.kv_events else None
-        self._cache_id = settings.cache_id
         self._closed = False
 
     def _name(self, key: OffloadKey) -> bytes:
@@ -181,14 +183,8 @@ class NetworkTier(SecondaryTierManager):
             except LINK_ERRORS as exc:  # gone since the check: a line, never a failed start
                 self._link.node_down(self._link.seed, exc, "counting the namespace's blocks")
                 held = "its blocks not counted: the engine stopped answering"
-        logger.info(
-            "KV offloading: network tier at %s (%s), namespace %s: %s; %s.",
-            url,
-            report.summary(),
-            self._ns.hex(),
-            held,
-            self._signing(),
-        )
+        at = f"{url} ({report.summary()}), namespace {self._ns.hex()}"
+        self._reports.started("KV offloading: network tier", at, [held, self._signing()])
 
     def _signing(self) -> str:
         """What the start-up line says of the values' MAC: a key id, never a key."""
@@ -225,7 +221,7 @@ class NetworkTier(SecondaryTierManager):
             return LookupResult.RETRY  # asked at this step's end
         if not found:
             return LookupResult.MISS
-        self._stats.count(m.LOOKUP_HITS)
+        self._reports.hit()
         return LookupResult.HIT
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -245,7 +241,7 @@ class NetworkTier(SecondaryTierManager):
             for key, chunk in zip(job_metadata.keys, job_metadata.chunk_ids, strict=True)
             if key not in self._recent
         ]
-        self._stats.count(m.STORE_SKIPPED, len(job_metadata.keys) - len(pairs))
+        self._reports.store_skipped(len(job_metadata.keys) - len(pairs))
         self._submit(job_metadata.job_id, False, pairs)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
@@ -283,50 +279,31 @@ class NetworkTier(SecondaryTierManager):
         return self._jobs.take_results()
 
     def _apply(self, done: TransferDone) -> None:
-        stats = self._stats
+        reports = self._reports
         for key in done.moved:
             self._remember(key)
+        reports.moved(done.is_load, len(done.moved), done.nbytes)
         if done.is_load:
-            stats.count(m.READ_BLOCKS, len(done.moved))
-            stats.count(m.READ_BYTES, done.nbytes)
             for reason in done.failed.values():
-                stats.count(m.LOAD_MISSES, reason=reason)
+                reports.stats.count(m.LOAD_MISSES, reason=reason)
             if done.failed:
                 # vLLM would promote the same keys again on the verdicts.
                 self._probes.mark_miss(done.failed)
                 for key in done.failed:
                     self._recent.pop(key, None)
         else:
-            stats.count(m.WRITTEN_BLOCKS, len(done.moved))
-            stats.count(m.WRITTEN_BYTES, done.nbytes)
             for reason in done.failed.values():
-                stats.count(m.STORE_FAILED, reason=reason)
-            self._event(list(done.moved), removed=False)
+                reports.store_failed(reason)
+            reports.event(list(done.moved), removed=False)
         # A bad value was deleted from the engine: no server can restore it.
-        self._event(
+        reports.event(
             [k for k, why in done.failed.items() if why not in _QUIET | _NOT_THE_VALUE],
             removed=True,
         )
         self._report_bad(done)
 
-    def _event(self, keys: list[OffloadKey], *, removed: bool) -> None:
-        if self._events is None or not keys:
-            return
-        self._events.append(
-            OffloadingEvent(
-                keys=keys,
-                medium=self.medium,
-                removed=removed,
-                locality=Locality.REMOTE,
-                ownership=self._cache_id,
-            )
-        )
-
     def take_events(self) -> Iterable[OffloadingEvent]:
-        if not self._events:
-            return ()
-        events, self._events = self._events, []
-        return events
+        return self._reports.take_events()
 
     def _remember(self, key: OffloadKey) -> None:
         self._recent[key] = None
@@ -337,30 +314,27 @@ class NetworkTier(SecondaryTierManager):
     def _report_bad(self, done: TransferDone) -> None:
         """Bad values counted; one warning per reason a minute for them and
         for refusals and bugs (a gone or full engine has its episode's)."""
-        now = time.monotonic()
         reasons = collections.Counter(done.failed.values())
         for reason in reasons.keys() - _QUIET:
-            if reason not in _NOT_THE_VALUE:
-                self._stats.count(m.BAD_VALUES, reasons[reason], reason=reason)
-            if now - self._bad_warned.get(reason, -BAD_VALUE_WARNING_S) < BAD_VALUE_WARNING_S:
-                continue
-            self._bad_warned[reason] = now
-            logger.warning(
-                "network KV tier: %d block(s) of a %s could not be used (%s%s); recomputed. "
-                "The next ones for this reason are only counted for %.0f s.",
+            args = (
                 reasons[reason],
                 "restore" if done.is_load else "store",
                 reason,
                 f": {done.bad[0]}" if done.bad else "",
                 BAD_VALUE_WARNING_S,
             )
+            if reason in _NOT_THE_VALUE:
+                self._reports.warnings.warn("bad " + reason, _UNUSABLE, *args)
+            else:
+                self._reports.bad(reason, reasons[reason], _UNUSABLE, *args)
 
     # -- life cycle --------------------------------------------------------------
 
     def get_stats(self):
-        self._stats.gauge(m.ENGINE_UP, int(self._link.up))
-        self._stats.gauge(m.REFUSED_NODES, self._link.refused_nodes)
-        return self._stats.take()
+        stats = self._reports.stats
+        stats.gauge(m.ENGINE_UP, int(self._link.up))
+        stats.gauge(m.REFUSED_NODES, self._link.refused_nodes)
+        return stats.take()
 
     def has_pending_work(self) -> bool:
         return self._jobs.has_pending_work()
@@ -405,6 +379,12 @@ _QUIET = frozenset(
         Miss.MOVED,
         Miss.NODE_REFUSED,  # warned once per node by the cluster's map
     )
+)
+# A refused or bad value's warning: how many, which transfer, why, the
+# value's detail, how long the next ones are only counted.
+_UNUSABLE = (
+    "network KV tier: %d block(s) of a %s could not be used (%s%s); recomputed. "
+    "The next ones for this reason are only counted for %.0f s."
 )
 # Failures that are not about the value found.
 _NOT_THE_VALUE = frozenset({Miss.REFUSED.value, Miss.ERROR.value, Miss.UNREAD.value})

@@ -32,8 +32,8 @@ BLOCK = "vllm.v1.core.kv_cache_utils:KVCacheBlock"
 PM = ("vllm_uma.kv_offload.pool_manager",)
 RELEASE = ("vllm_uma.memory_release.scheduler",)
 BLOCKS = ("vllm_uma.memory_release.l1_blocks",)
-# The disk tier announces its stores and evictions with the same event.
-TIER_REPORTS = ("vllm_uma.kv_offload.disk.reports",)
+# The lower tiers announce their stores and removals with the same event.
+TIER_REPORTS = ("vllm_uma.kv_offload.lower_tier.reports",)
 
 ENTRIES = (
     # -- kv_offload/pool_manager.py: vLLM's manager with the book of rows ours
