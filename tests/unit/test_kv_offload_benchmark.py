@@ -195,7 +195,13 @@ def test_failure_leads_with_the_servers_error_line():
     assert failure(exc).splitlines()[0] == "vllm-uma serve: error: no disk tier"
 
 
-def test_a_pool_row_is_one_block_of_one_kv_cache_group(tmp_path):
+@pytest.mark.parametrize(
+    "block_tokens, smollm2_row, gemma_row",
+    [(32, 737_280, 98_304), (128, 2_949_120, 393_216)],  # vllm-uma's default, vLLM CPU's
+)
+def test_a_pool_row_is_one_block_of_one_kv_cache_group(
+    tmp_path, block_tokens, smollm2_row, gemma_row
+):
     from tools.benchmark.lib.geometry import kv_row_bytes
 
     def model(**config):
@@ -207,7 +213,8 @@ def test_a_pool_row_is_one_block_of_one_kv_cache_group(tmp_path):
     smollm2 = model(
         num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3
     )
-    assert kv_row_bytes(smollm2) == 2_949_120  # every layer in one group
+    # Every layer in one group: 23,040 B of KV a token.
+    assert kv_row_bytes(smollm2, block_tokens=block_tokens) == smollm2_row
     kinds = (["sliding_attention"] * 5 + ["full_attention"]) * 3
     gemma = model(
         num_hidden_layers=18,
@@ -217,7 +224,28 @@ def test_a_pool_row_is_one_block_of_one_kv_cache_group(tmp_path):
         num_key_value_heads=1,
         layer_types=kinds,
     )
-    assert kv_row_bytes(gemma) == 393_216  # groups of 3 layers (the 3 full ones set it)
+    # Groups of 3 layers (the 3 full ones set it): 3,072 B of a group's KV a token.
+    assert kv_row_bytes(gemma, block_tokens=block_tokens) == gemma_row
+    assert kv_row_bytes(gemma, "float32", block_tokens=block_tokens) == 2 * gemma_row
+
+
+def test_the_defaults_are_the_same_bytes_at_every_block_size():
+    """L1 and the pool default to tokens of KV, not blocks: a run at 32 and
+    one at 128 serve the same workload in the same memory."""
+    from tools.benchmark.kv_offload_benchmark import parse_args
+
+    at_32, at_128 = parse_args([]), parse_args(["--server-args=--block-size 128"])
+    assert (at_32.block_tokens, at_128.block_tokens) == (32, 128)  # the servers' own
+    assert (at_32.row_bytes, at_128.row_bytes) == (737_280, 2_949_120)
+    # 135 and a half blocks of 128, 542 of 32: what 400 MB held before.
+    assert at_32.l1_bytes == at_128.l1_bytes == 542 * 737_280 == 399_605_760
+    assert at_32.pool_gib == at_128.pool_gib == 1.0
+    assert at_32.staging_bytes == at_128.staging_bytes
+    # The traffic sized from each server's breakdown is the same too.
+    s = settings(l1_bytes=at_32.l1_bytes, pool_gib=1.0)
+    small = Sizing(block_size=32, per_block_bytes=737_280, l1_blocks=542, pool_blocks=1456)
+    large = Sizing(block_size=128, per_block_bytes=2_949_120, l1_blocks=135, pool_blocks=364)
+    assert spill_prompts(s, small) == spill_prompts(s, large) == 9
 
 
 def test_a_measured_pass_waits_for_the_disk_tiers_writes_too(monkeypatch):

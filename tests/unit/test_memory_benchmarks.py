@@ -211,16 +211,28 @@ def test_a_model_with_much_kv_per_token_is_refused_by_the_default_burst():
 # --- the breakdown -----------------------------------------------------------
 
 
-def breakdown_server(per_block_bytes: int) -> SimpleNamespace:
-    line = f"memory breakdown: kv_cache=1000 per_block_bytes={per_block_bytes} (1 GiB)"
-    return SimpleNamespace(log=lambda: line, log_path=Path("p.log"))
+def breakdown_server(per_block_bytes: int, block: int, argv: tuple = ()) -> SimpleNamespace:
+    """A started server whose command line is ``argv`` and whose breakdown
+    line says ``block``-token blocks of ``per_block_bytes``."""
+    line = (
+        f"memory breakdown: kv_cache=1000 per_block_bytes={per_block_bytes} "
+        f"block_size={block} (1 GiB)"
+    )
+    proc = SimpleNamespace(args=["vllm-uma", "serve", *argv])
+    return SimpleNamespace(log=lambda: line, log_path=Path("p.log"), proc=proc)
 
 
-def test_the_plugins_kv_is_checked_against_the_model(zoo_choice):
-    right = breakdown_server(114_688 * 128)
+def test_the_plugins_kv_is_checked_against_the_model_at_its_block_size(zoo_choice):
+    # The block size comes from the server's command line: vllm-uma's
+    # default (32 tokens) without --block-size.
+    right = breakdown_server(114_688 * 32, 32)
     assert memory_benchmark.kv_cache_bytes("plugin", right, zoo_choice)[0] == 1000
-    with pytest.raises(SystemExit, match="reports 2,949,120 KV bytes per block"):
-        memory_benchmark.kv_cache_bytes("plugin", breakdown_server(2_949_120), zoo_choice)
+    at_128 = breakdown_server(114_688 * 128, 128, ("--block-size", "128"))
+    assert memory_benchmark.kv_cache_bytes("plugin", at_128, zoo_choice)[0] == 1000
+    with pytest.raises(SystemExit, match="reports 737,280 KV bytes per block"):
+        memory_benchmark.kv_cache_bytes("plugin", breakdown_server(737_280, 32), zoo_choice)
+    with pytest.raises(SystemExit, match="runs 128-token KV blocks"):
+        memory_benchmark.kv_cache_bytes("plugin", breakdown_server(114_688 * 128, 128), zoo_choice)
 
 
 def test_give_back_time_counts_from_the_hog_step_before_the_mark_when_no_sample_crossed_it(

@@ -32,9 +32,19 @@ def test_a_directory_without_a_config_is_refused_naming_it(tmp_path):
 
 def test_a_server_whose_kv_is_not_what_the_workload_was_sized_for_stops_the_run(tmp_path):
     choice = model_choice.choose(str(write_config(tmp_path / "m")))
-    model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 128})
+    model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 32, "block_size": 32}, 32)
+    model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 128}, 128)
     with pytest.raises(SystemExit, match="reports 7,340,032 KV bytes per block"):
-        model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 64})
+        model_choice.check_breakdown(choice, {"per_block_bytes": 114_688 * 64}, 32)
+
+
+def test_a_server_at_another_block_size_than_its_flags_give_stops_the_run(tmp_path):
+    # A workload sized for 32-token blocks on a server that runs 128 (a
+    # model whose kernel requires its own) is refused, naming the fix.
+    choice = model_choice.choose(str(write_config(tmp_path / "m")))
+    served = {"per_block_bytes": 114_688 * 128, "block_size": 128}
+    with pytest.raises(SystemExit, match="runs 128-token KV blocks.*sized .* for 32.*--block-size"):
+        model_choice.check_breakdown(choice, served, 32)
 
 
 def test_the_copy_bandwidth_tool_takes_a_recipe_a_zoo_build_or_a_directory(tmp_path, monkeypatch):

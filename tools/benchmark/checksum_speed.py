@@ -1,14 +1,16 @@
 """The block checksum's speed, and whether it lets other threads run.
 
-    .venv/bin/python -m tools.benchmark.checksum_speed [--sizes 2949120 14680064] [--repeats 7]
+    .venv/bin/python -m tools.benchmark.checksum_speed [--sizes 737280 3670016] [--repeats 7]
 
 The disk tier checksums every block it writes and every block it restores
 (block_file.py), on its I/O threads, so the checksum must be fast on one
 core and must release the GIL, or the threads take turns instead of running
 on all cores. Each candidate checksums page-aligned buffers of random bytes
-of a real block's size (by default the default model's, 2,949,120 B, and
-Qwen3-0.6B's, 14,680,064 B). Each speed is the best of ``--repeats`` (the
-one least disturbed on a shared machine; cold: of at most 3 passes):
+of a real block's size (by default at vllm-uma's default block of 32
+tokens, plugin/block_size.py: the default model's, 737,280 B, and
+Qwen3-0.6B's, 3,670,016 B; 4 times that at vLLM CPU's 128). Each speed is
+the best of ``--repeats`` (the one least disturbed on a shared machine;
+cold: of at most 3 passes):
 
 - hot: one call on a buffer just checksummed (in the CPU's caches), in
   GB/s and microseconds per block;
@@ -52,8 +54,11 @@ from importlib.metadata import version
 import crc32c
 
 from tools.benchmark.lib.floors import best_of
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
-DEFAULT_SIZES = (2_949_120, 14_680_064)  # the default model's block, Qwen3-0.6B's
+# A block of the default model (23,040 B of KV a token) and of Qwen3-0.6B
+# (114,688 B) at the block size vllm-uma serves.
+DEFAULT_SIZES = (DEFAULT_BLOCK_TOKENS * 23_040, DEFAULT_BLOCK_TOKENS * 114_688)
 CALLS_PER_THREAD = 4
 COLD_SET_BYTES = 256 << 20
 GIL_PROBE_CALLS = 100

@@ -1,19 +1,23 @@
 """What sharing one disk store costs: the ledger's time per store and lookup.
 
     .venv/bin/python -m tools.benchmark.disk_ledger_cost [--dir DIR]
-        [--jobs 40] [--servers 1,3] [--json out.json]
+        [--jobs 40] [--servers 1,3] [--block-size 32] [--json out.json]
 
 For each count of servers in --servers, that many processes each build the
 real DiskTier on one root_dir (under --dir: by default beside the project,
 on its disk, never tmpfs) with a cap of a quarter of their traffic, and
-store --jobs jobs of 9 blocks of the default model's row (128 tokens of
-KV, sized from its config) through it: the real I/O threads, the real ledger, evictions in
-every job once the cap is reached. The ledger's own calls (reserve, commit)
-and the block file writes are timed where the tier makes them, so the
-figures are the code's, at its parallelism. Then each process times its
-lookups (what the scheduler thread pays per block: a dict read and, on a
-hit, a queued touch) and its feed's flushes (touches written, peers'
-changes read).
+store --jobs jobs of a 1,152-token prefix's blocks of the default model's
+rows (blocks of --block-size tokens, vllm-uma's default 32 unless given:
+36 blocks a job, or 9 of 128 to compare with vLLM CPU's; sized from its
+config, so every block size stores the same bytes) through it: the real
+I/O threads, the real ledger, evictions in every job once the cap is
+reached. The ledger pays per block, the write per byte: at 32 tokens a
+job has 4 times the ledger calls of 128 for the same bytes. The ledger's
+own calls (reserve, commit) and the block file writes are timed where the
+tier makes them, so the figures are the code's, at its parallelism. Then
+each process times its lookups (what the scheduler thread pays per block:
+a dict read and, on a hit, a queued touch) and its feed's flushes (touches
+written, peers' changes read).
 
 Printed per run: blocks stored per second (all servers), the ledger's CPU
 time per store (reserve + commit, the unlink of its victims included) beside
@@ -34,18 +38,37 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
-from tools.benchmark.lib.geometry import BLOCK_TOKENS, kv_bytes_per_token
+from tools.benchmark.lib.geometry import kv_bytes_per_token
 from tools.benchmark.lib.report import Column, Table, at_rank, write_json
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
-ROW = BLOCK_TOKENS * kv_bytes_per_token()  # one KV block of the default model in bf16
-JOB_BLOCKS = 9
-ROWS = 36
+# In tokens, so that every block size stores the same bytes.
+JOB_TOKENS = 1152  # a job: 9 blocks of 128 tokens, 36 of 32
+JOBS_IN_POOL = 4  # the pool's rows hold this many jobs' blocks
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a server's process stores: blocks of ``row`` bytes (one KV
+    block of the default model in bf16), ``job_blocks`` a job."""
+
+    row: int
+    job_blocks: int
+
+    @classmethod
+    def of(cls, block_tokens: int, per_token: int) -> "Geometry":
+        return cls(block_tokens * per_token, max(1, JOB_TOKENS // block_tokens))
+
+    @property
+    def rows(self) -> int:
+        return JOBS_IN_POOL * self.job_blocks
 
 
 def _timed(owner, name: str, into: list[float], cpu: list[float] | None = None) -> None:
@@ -65,15 +88,17 @@ def _timed(owner, name: str, into: list[float], cpu: list[float] | None = None) 
     setattr(owner, name, timed)
 
 
-def server(root: str, index: int, jobs: int, cap_bytes: int, out: multiprocessing.Queue) -> None:
+def server(
+    root: str, index: int, jobs: int, cap_bytes: int, geo: Geometry, out: multiprocessing.Queue
+) -> None:
     """One server's process: stores ``jobs`` jobs through a real DiskTier on
     ``root``, then times its lookups; its figures go to ``out``."""
     from vllm.v1.kv_offload.base import ReqContext
 
     times = _time_the_tiers_calls()
-    tier = _open_tier(Path(root), index, cap_bytes)
+    tier = _open_tier(Path(root), index, cap_bytes, geo)
     ctx = ReqContext(req_id=f"bench-{index}")
-    keys, elapsed = _store_jobs(tier, ctx, index, jobs)
+    keys, elapsed = _store_jobs(tier, ctx, index, jobs, geo.job_blocks)
     lookup_ns, hits = _time_lookups(tier, ctx, keys)
     used = tier.used_bytes
     tier.shutdown()
@@ -116,19 +141,19 @@ def _time_the_tiers_calls() -> dict[str, list[float]]:
     )
 
 
-def _open_tier(root: Path, index: int, cap_bytes: int):
-    """The real DiskTier on ``root`` over a pool of ROWS rows, each byte of
-    them ``index + 1``."""
+def _open_tier(root: Path, index: int, cap_bytes: int, geo: Geometry):
+    """The real DiskTier on ``root`` over a pool of ``geo.rows`` rows, each
+    byte of them ``index + 1``."""
     from vllm_uma.kv_offload.disk.settings import DiskTierSettings
     from vllm_uma.kv_offload.disk.tier import DiskTier
 
-    buffer = mmap.mmap(-1, ROWS * ROW)
+    buffer = mmap.mmap(-1, geo.rows * geo.row)
     np.frombuffer(buffer, dtype=np.uint8)[:] = index + 1
     config = DiskTierSettings(root, cap_bytes, False, "benchmark")
     ns = bytes.fromhex("be" * 16)
     return DiskTier(
         SimpleNamespace(),
-        memoryview(buffer).cast("B", (ROWS, ROW)),
+        memoryview(buffer).cast("B", (geo.rows, geo.row)),
         "fs",
         settings=config,
         namespace_id=ns,
@@ -136,19 +161,19 @@ def _open_tier(root: Path, index: int, cap_bytes: int):
     )
 
 
-def _store_jobs(tier, ctx, index: int, jobs: int) -> tuple[list[bytes], float]:
-    """``jobs`` store jobs of JOB_BLOCKS blocks each, one at a time to its
-    end; their keys and the seconds they took."""
+def _store_jobs(tier, ctx, index: int, jobs: int, job_blocks: int) -> tuple[list[bytes], float]:
+    """``jobs`` store jobs of ``job_blocks`` blocks each, one at a time to
+    its end; their keys and the seconds they took."""
     from vllm.v1.kv_offload.tiering.base import TransferJob
 
     keys = []
     start = time.perf_counter()
     for job_id in range(1, jobs + 1):
         job_keys = [
-            (index * 1_000_000 + job_id * 100 + b).to_bytes(32, "big") + bytes(4)
-            for b in range(JOB_BLOCKS)
+            (index * 10**9 + job_id * 10_000 + b).to_bytes(32, "big") + bytes(4)
+            for b in range(job_blocks)
         ]
-        rows = np.arange(JOB_BLOCKS, dtype=np.int64) + (job_id % 4) * JOB_BLOCKS
+        rows = np.arange(job_blocks, dtype=np.int64) + (job_id % JOBS_IN_POOL) * job_blocks
         tier.submit_store(TransferJob(job_id, job_keys, rows, False, ctx))
         keys += job_keys
         tier.drain_jobs()
@@ -168,13 +193,13 @@ def _time_lookups(tier, ctx, keys: list[bytes], rounds: int = 20) -> tuple[float
     return (time.perf_counter_ns() - t0) / (rounds * len(keys)), lookups // rounds
 
 
-def run(root: Path, servers: int, jobs: int) -> dict:
-    traffic = servers * jobs * JOB_BLOCKS * (ROW + 4096)
+def run(root: Path, servers: int, jobs: int, geo: Geometry) -> dict:
+    traffic = servers * jobs * geo.job_blocks * (geo.row + 4096)
     cap = traffic // 4
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=server, args=(str(root), i, jobs, cap, out)) for i in range(servers)
+        ctx.Process(target=server, args=(str(root), i, jobs, cap, geo, out)) for i in range(servers)
     ]
     for p in procs:
         p.start()
@@ -246,13 +271,25 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=REPO)
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--servers", default="1,3")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        help="tokens per KV block: vllm-uma's default, or 128 (vLLM CPU's) to compare",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    geo = Geometry.of(args.block_size, kv_bytes_per_token())
+    print(
+        f"blocks of {args.block_size} tokens, {geo.row:,} B (the default model's, bf16), "
+        f"{geo.job_blocks} a job"
+    )
     rows = []
     for count in [int(n) for n in args.servers.split(",")]:
         root = Path(tempfile.mkdtemp(prefix="uma-ledger-bench-", dir=args.dir))
         try:
-            rows.append(run(root / "kv", count, args.jobs))
+            row = run(root / "kv", count, args.jobs, geo)
+            rows.append({**row, "block_tokens": args.block_size})
         finally:
             shutil.rmtree(root)
     print("CPU: the thread's own time in the calls; wall: with the waits for the")

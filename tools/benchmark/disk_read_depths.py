@@ -24,12 +24,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.benchmark.lib.floors import drop_page_cache
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
 WRITE_CHUNK = 64 << 20
-# (threads, request bytes): the tier's own shape first (a Qwen3-0.6B block
-# file is 14 MiB), then deeper queues of smaller requests.
-SHAPES = ((4, 14 << 20), (8, 14 << 20), (16, 14 << 20), (8, 4 << 20), (16, 4 << 20), (32, 1 << 20))
+# A Qwen3-0.6B block file's KV (114,688 B a token) at vllm-uma's block size
+# (32 tokens: 3.5 MiB), and at vLLM CPU's 128 (14 MiB).
+TIER_REQUEST = DEFAULT_BLOCK_TOKENS * 114_688
+# (threads, request bytes): the tier's own shape first, then the same at
+# 128-token blocks, then a deeper queue of smaller requests.
+SHAPES = (
+    (4, TIER_REQUEST), (8, TIER_REQUEST), (16, TIER_REQUEST),
+    (8, 14 << 20), (16, 14 << 20), (32, 1 << 20),
+)  # fmt: skip
 
 
 def write_file(path: Path, size: int) -> None:
@@ -78,7 +85,7 @@ def main() -> int:
         print(f"file: {size / 2**30:.1f} GiB in {args.dir}, O_DIRECT, page cache dropped")
         for threads, request in SHAPES:
             rate = read_rate(path, size, threads, request)
-            print(f"threads {threads:3d}  request {request >> 20:3d} MiB  {rate:5.2f} GB/s")
+            print(f"threads {threads:3d}  request {request / 2**20:4.1f} MiB  {rate:5.2f} GB/s")
     return 0
 
 

@@ -1,19 +1,24 @@
 """L3 bandwidth: the disk tier's store and restore beside the disk's own read speed.
 
-    .venv/bin/python -m tools.benchmark.disk_tier_bandwidth [--dir DIR] [--blocks 4000]
-        [--threads 4] [--model zoo-qwen3-real] [--json out.json]
+    .venv/bin/python -m tools.benchmark.disk_tier_bandwidth [--dir DIR] [--blocks N]
+        [--block-size 32] [--threads 4] [--model zoo-qwen3-real] [--json out.json]
 
 1. The disk, two ways: a file of --seq-gib GiB read back with O_DIRECT in
    1 MiB requests one at a time (the disk's sequential speed, for the
    record), and block files read the way the tier reads them (O_DIRECT, as
    many at a time as the restore's threads, page cache dropped:
    lib/floors.py: disk_tier_read_gbps), the reference a restore is held to.
-2. The tier: --blocks blocks of the model's row (vLLM CPU's block of
-   128 tokens, from the model's config; --model as in lib/model_choice.py)
-   stored by the real DiskTier from an mmap'd primary tier in jobs of 9
-   blocks, then the page cache is dropped for every block file (sync +
+2. The tier: --blocks blocks of the model's row (one block of
+   --block-size tokens, vllm-uma's default 32 unless given, 128 to compare
+   with vLLM CPU's; from the model's config; --model as in
+   lib/model_choice.py) stored by the real DiskTier from an mmap'd primary
+   tier in jobs of a 1,152-token prefix's blocks (36 of 32 tokens, 9 of
+   128), then the page cache is dropped for every block file (sync +
    posix_fadvise DONTNEED on each), and a new DiskTier on the same root
    (a restart) restores them all, checksums verified.
+By default the same bytes at every block size: 64,000 tokens of KV (2,000
+blocks of 32, 500 of 128), a primary tier of 8,192 tokens' rows (180 MiB
+of the default model's); smaller blocks mean more files for those bytes.
 The ratio restore / read as the tier reads is the target (>= 90%); all figures come from
 one run, since the machine is shared. Files go under --dir (default: a temp
 directory beside the project, on its disk: never tmpfs, whose "disk" is RAM)
@@ -44,11 +49,14 @@ from tools.benchmark.lib.report import write_json
 from vllm_uma.kv_offload.disk.io_tasks import DEFAULT_IO_THREADS
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.tier import DiskTier
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
 MiB, GiB = 1 << 20, 1 << 30
-JOB_BLOCKS = 9  # a 1,200-token prompt's full blocks
-PRIMARY_ROWS = 64  # jobs reuse its rows (180 MiB of the default model's)
+# In tokens, so that every block size moves the same bytes.
+JOB_TOKENS = 1152  # a job: a 1,200-token prompt's full blocks at 128 (9; 36 of 32)
+PRIMARY_TOKENS = 8192  # jobs reuse the primary's rows (180 MiB of the default model's)
+DEFAULT_TOKENS = 64_000  # stored and restored: 500 blocks of 128, 2,000 of 32
 NS = bytes.fromhex("be" * 16)
 
 
@@ -100,16 +108,17 @@ def make_tier(root: Path, view: memoryview, threads: int) -> DiskTier:
     )
 
 
-def run_jobs(tier: DiskTier, blocks: int, load: bool) -> float:
-    """Submit every job at once, poll like the scheduler does; seconds taken."""
+def run_jobs(tier: DiskTier, blocks: int, load: bool, job_blocks: int, rows_n: int) -> float:
+    """Submit every job (of ``job_blocks`` blocks, on a primary of
+    ``rows_n`` rows) at once, poll like the scheduler does; seconds taken."""
     ctx = ReqContext(req_id="bench")
     submit = tier.submit_load if load else tier.submit_store
     start = time.perf_counter()
     pending = set()
-    for job_id, first in enumerate(range(0, blocks, JOB_BLOCKS)):
-        ids = range(first, min(first + JOB_BLOCKS, blocks))
+    for job_id, first in enumerate(range(0, blocks, job_blocks)):
+        ids = range(first, min(first + job_blocks, blocks))
         keys = [i.to_bytes(32, "big") + bytes(4) for i in ids]
-        rows = np.array([i % PRIMARY_ROWS for i in ids], dtype=np.int64)
+        rows = np.array([i % rows_n for i in ids], dtype=np.int64)
         submit(TransferJob(job_id, keys, rows, load, ctx))
         pending.add(job_id)
     failed = 0
@@ -134,7 +143,9 @@ def cpu_seconds() -> float:
 TARGET = 0.9
 
 
-def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path, label=""):
+def restore(
+    work: Path, view: memoryview, n: int, blocks: int, sequential: Path, job: int, label=""
+):
     row = view.shape[1]  # one block of the model's KV
     sequential_Bps = read_sequential(sequential)
     disk = disk_tier_read_gbps(work, row, min(blocks * row, GiB), threads=n) * 1e9
@@ -144,7 +155,7 @@ def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path,
     tier = make_tier(work / "tier", view, n)  # a restart: the index comes from a scan
     scan = time.perf_counter() - start
     cpu = cpu_seconds()
-    took = run_jobs(tier, blocks, load=True)
+    took = run_jobs(tier, blocks, True, job, view.shape[0])
     cpu = cpu_seconds() - cpu
     tier.shutdown()
     nbytes = blocks * row
@@ -175,7 +186,18 @@ def restore(work: Path, view: memoryview, n: int, blocks: int, sequential: Path,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=None, help="where the temp files go")
-    ap.add_argument("--blocks", type=int, default=500, help="blocks stored and restored")
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        help="tokens per KV block: vllm-uma's default, or 128 (vLLM CPU's) to compare",
+    )
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=None,
+        help=f"blocks stored and restored (default: {DEFAULT_TOKENS:,} tokens' worth)",
+    )
     ap.add_argument("--seq-gib", type=float, default=3.0, help="size of the sequential file")
     ap.add_argument("--threads", default=str(DEFAULT_IO_THREADS), help="I/O threads, e.g. 1,2,4,8")
     ap.add_argument("--repeats", type=int, default=3, help="restores per thread count")
@@ -198,18 +220,24 @@ def main() -> int:
 
 def measure(work: Path, args, kind: str) -> dict:
     choice = model_choice.choose(args.model)
-    row = kv_row_bytes(choice.directory)
+    block = args.block_size
+    row = kv_row_bytes(choice.directory, block_tokens=block)
+    args.blocks = args.blocks or DEFAULT_TOKENS // block
+    job, rows_n = max(1, JOB_TOKENS // block), max(1, PRIMARY_TOKENS // block)
     nbytes = args.blocks * row
     print(f"model {choice.describe()}")
-    print(f"dir {work} ({kind}); {args.blocks} blocks of {row:,} B = {nbytes / GiB:.2f} GiB")
+    print(
+        f"dir {work} ({kind}); {args.blocks} blocks of {block} tokens, {row:,} B = "
+        f"{nbytes / GiB:.2f} GiB; jobs of {job} blocks"
+    )
     sequential = work / "sequential.bin"
     seq_write = write_sequential(sequential, int(args.seq_gib * GiB))
-    primary = mmap.mmap(-1, PRIMARY_ROWS * row)
-    view = memoryview(primary).cast("B", (PRIMARY_ROWS, row))
+    primary = mmap.mmap(-1, rows_n * row)
+    view = memoryview(primary).cast("B", (rows_n, row))
     primary[:] = np.random.default_rng(0).bytes(len(primary))
     threads = [int(t) for t in args.threads.split(",")]
     tier = make_tier(work / "tier", view, threads[0])
-    stored = run_jobs(tier, args.blocks, load=False)
+    stored = run_jobs(tier, args.blocks, False, job, rows_n)
     tier.shutdown()
     io = "O_DIRECT" if tier._store.direct else "buffered"
     print(f"disk, O_DIRECT 1 MiB sequential write: {seq_write / 1e9:.2f} GB/s")
@@ -218,6 +246,8 @@ def measure(work: Path, args, kind: str) -> dict:
         "dir": str(work),
         "fs": kind,
         "blocks": args.blocks,
+        "block_tokens": block,
+        "job_blocks": job,
         "model": choice.describe(),
         "row_bytes": row,
         "disk_seq_write_Bps": seq_write,
@@ -229,10 +259,10 @@ def measure(work: Path, args, kind: str) -> dict:
     # thread counts take turns: the machine (and its virtual disk) is shared,
     # so a ratio must compare like with like. The first pair only warms up:
     # it competes with the write-back of everything just written.
-    restore(work, view, threads[0], args.blocks, sequential, label="warm-up")
+    restore(work, view, threads[0], args.blocks, sequential, job, label="warm-up")
     for _ in range(args.repeats):
         for n in threads:
-            report["runs"].append(restore(work, view, n, args.blocks, sequential))
+            report["runs"].append(restore(work, view, n, args.blocks, sequential, job))
     print("median per thread count:")
     for n in threads:
         runs = [r for r in report["runs"] if r["threads"] == n]

@@ -19,6 +19,14 @@ The spill set is sized from --l1-bytes (the server's own max_tokens_cached,
 scaled), so it leaves --l1-bytes of L1 but may fit a bigger one. Writes
 the JSON, a PNG beside it, and the server logs in <out>-logs/. Exit status
 1 if a variant failed (e.g. a server refused its flags).
+
+The servers run vllm-uma's default block (32 tokens, plugin/block_size.py)
+unless --server-args gives --block-size; the rows of the disk reference
+and the defaults below are computed at that block size. L1 and the pool
+default to the same bytes at every block size (17,344 and 46,592 tokens
+of the model's KV: 542 and 1,456 blocks of 32 tokens, 135.5 and 364 of
+128; 399,605,760 B and 1 GiB for the default model), so a run at 32 and
+one at 128 serve the same workload in the same memory.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from tools.benchmark.kv_offload_report import VARIANTS, busy, chart, compare, ex
 from tools.benchmark.kv_offload_rounds import machine_probe, merge_rounds, probe_change, rotate
 from tools.benchmark.kv_offload_runner import Runner
 from tools.benchmark.kv_offload_workloads import MAX_CONTROL_REQUESTS, WORKLOADS, Settings
-from tools.benchmark.lib import model_choice
+from tools.benchmark.lib import model_choice, servers
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.floors import disk_tier_read_gbps, memcpy_gbps
 from tools.benchmark.lib.geometry import kv_row_bytes
@@ -76,19 +84,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.prompt_tokens + args.max_tokens > args.max_model_len:
         ap.error("--prompt-tokens + --max-tokens must fit in --max-model-len")
     args.disk_dir = (args.disk_dir or args.out.parent).absolute()
-    # L1 and the pool default to as many KV blocks as the default model's
-    # 400 MB and 1 GiB hold, in the chosen model's blocks: a model with five
-    # times the KV per token gets five times the bytes, the same workload.
+    # L1 and the pool default to as many tokens of KV as the default model's
+    # 400 MB and 1 GiB hold, in the chosen model's bytes: a model with five
+    # times the KV per token gets five times the bytes, the same workload;
+    # in tokens, not blocks, so that every block size gets the same bytes.
     zoo = Path(args.model)
-    row = args.row_bytes = kv_row_bytes(zoo if zoo.is_dir() else models.prepare(args.model))
+    block = args.block_tokens = servers.block_tokens(shlex.split(args.server_args))
+    directory = zoo if zoo.is_dir() else models.prepare(args.model)
+    row = args.row_bytes = kv_row_bytes(directory, block_tokens=block)
+    per_token = row // block  # of one KV cache group's layers, as a row holds
     if args.l1_bytes is None:
-        args.l1_bytes = DEFAULT_L1_BLOCKS * row + row // 2
+        args.l1_bytes = DEFAULT_L1_TOKENS * per_token
     if args.pool_gib is None:
-        args.pool_gib = round(DEFAULT_POOL_BLOCKS * row / GiB, 2)
+        args.pool_gib = round(DEFAULT_POOL_TOKENS * per_token / GiB, 2)
     args.equal_memory = not args.more_memory
     # The pool pool_disk's server sizes itself at equal memory (pool_size.py):
     # its L1 is the budget less this. The breakdown line is checked against it.
-    per_token = row // BLOCK_TOKENS
     args.staging_bytes = staging_tokens(args.max_model_len, batch_tokens(args.server_args)) * (
         per_token
     )
@@ -99,9 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-# vLLM CPU's API server: 128-token blocks, 2048 tokens a step unless the
-# server's flags say otherwise.
-BLOCK_TOKENS = 128
+# vLLM CPU's API server: 2048 tokens a step unless the server's flags say otherwise.
 CPU_BATCH_TOKENS = 2048
 
 
@@ -116,10 +125,13 @@ def batch_tokens(server_args: str) -> int:
     return CPU_BATCH_TOKENS
 
 
-# The defaults' sizes in KV blocks (what 400 MB and 1 GiB held of the
-# default model's 2,949,120-byte blocks).
-DEFAULT_L1_BLOCKS = 135
-DEFAULT_POOL_BLOCKS = 364
+# The defaults' sizes in tokens of KV: what 400 MB and 1 GiB held of the
+# default model's 2,949,120-byte blocks of 128 tokens (135 and a half, and
+# 364), the same bytes at every block size. The half block was slack that
+# kept the server's floor division at 135 blocks; at 32 tokens it is two
+# whole blocks (542 in all).
+DEFAULT_L1_TOKENS = 17_344  # 135.5 x 128
+DEFAULT_POOL_TOKENS = 46_592  # 364 x 128
 
 
 def _add_run_flags(ap: argparse.ArgumentParser) -> None:
@@ -169,15 +181,15 @@ def _add_memory_and_disk_flags(ap: argparse.ArgumentParser) -> None:
         "--l1-bytes",
         type=int,
         default=None,
-        help="--kv-cache-memory-bytes of every server: L1 (default: 135 blocks, 17,280 "
-        "tokens, of the model's KV: 400 MB for the default model)",
+        help="--kv-cache-memory-bytes of every server: L1 (default: 17,344 tokens of the "
+        "model's KV, 542 blocks of 32 tokens: 400 MB for the default model)",
     )
     ap.add_argument(
         "--pool-gib",
         type=float,
         default=None,
-        help="--kv-offloading-size (default: 364 blocks of the model's KV: 1 GiB for the "
-        "default model)",
+        help="--kv-offloading-size (default: 46,592 tokens of the model's KV, 1,456 blocks "
+        "of 32 tokens: 1 GiB for the default model)",
     )
     ap.add_argument("--spill-factor", type=float, default=2.0, help="spill set / L1 tokens")
     ap.add_argument("--max-model-len", type=int, default=8192, help="of every server")
@@ -195,7 +207,12 @@ def _add_memory_and_disk_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--disk-cap-gib", type=float, help="fs tier max_size_gib (default 2 x pool)")
     ap.add_argument("--keep-disk", action="store_true", help="keep the disk tiers' directories")
     ap.add_argument("--probe-mib", type=int, default=1024, help="size of the bandwidth probes")
-    ap.add_argument("--server-args", default="", help="extra `vllm-uma serve` flags, one string")
+    ap.add_argument(
+        "--server-args",
+        default="",
+        help="extra `vllm-uma serve` flags, one string; a --block-size here sets the block "
+        "the rows are computed at (default: vllm-uma's, 32 tokens)",
+    )
 
 
 def check_disk_space(args: argparse.Namespace) -> str | None:

@@ -1,17 +1,21 @@
 """L1 <-> L2 copy bandwidth of vllm-uma's mover, beside this machine's memcpy.
 
-    .venv/bin/python -m tools.benchmark.kv_pool_bandwidth [--model NAME] [--blocks 64] [--repeats N]
-        [--copies streamed|cached]
+    .venv/bin/python -m tools.benchmark.kv_pool_bandwidth [--model NAME] [--block-size 32]
+        [--blocks N] [--repeats N] [--copies streamed|cached]
 
 Uses the real HostPool and HostPoolMover on a KV cache laid out like vLLM's
 (one backing buffer) and shaped like the model's (the default model unless
 --model names another recipe, a model zoo build such as zoo-qwen3-real or a
 model directory; layers and bytes per token read from its config.json;
-128-token blocks, bf16; for a model with several KV cache groups, the
-layers of one group, which is what a block and a pool row hold), and
-compares
+bf16; for a model with several KV cache groups, the layers of one group,
+which is what a block and a pool row hold) in blocks of ``--block-size``
+tokens (default vllm-uma's, 32: plugin/block_size.py; 128 is vLLM CPU's,
+to compare), and compares
 with numpy's copy of one contiguous buffer of the same size on as many
-threads as the mover copies with: the floor for moving those bytes. The
+threads as the mover copies with: the floor for moving those bytes. A
+transfer is ``--blocks`` blocks, by default 8,192 tokens of KV (256 blocks
+of 32, 64 of 128: the same bytes at every block size, 180 MiB of the
+default model's), every other block of L1 (scattered, as L1's are). The
 target is 80% of it. One run, ratios measured in the same process (the
 machine is shared); memcpy is taken before and after the mover and the
 faster kept.
@@ -37,33 +41,31 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.copies_env import copies_environment
 from tools.benchmark.lib.floors import best_of, memcpy_gbps
-from tools.benchmark.lib.geometry import (
-    BLOCK_TOKENS,
-    kv_bytes_per_token,
-    kv_row_bytes,
-    model_layers,
-)
+from tools.benchmark.lib.geometry import kv_bytes_per_token, kv_row_bytes, model_layers
 from vllm_uma import models
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover, default_copy_threads
 from vllm_uma.kv_offload.streaming_copies import ENV
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 TARGET = 0.8  # of memcpy, for both directions
+TRANSFER_TOKENS = 8192  # a transfer's default: 64 blocks of 128 tokens, 256 of 32
 
 
 def main() -> int:
     args = parse_args()
     run_with_copies(args.copies)
-    n = args.blocks
+    block = args.block_size
+    n = args.blocks or TRANSFER_TOKENS // block
     model_dir = model_directory(args.model)
-    # One layer's share of a block, and the layers a block holds: all of
-    # them, or one KV cache group's (vLLM overlays the groups).
-    page = kv_bytes_per_token(model_dir) // model_layers(model_dir) * BLOCK_TOKENS
-    num_layers = kv_row_bytes(model_dir) // page
+    num_layers, page = block_layout(model_dir, block)
     nbytes = n * num_layers * page
     caches, pool = kv_cache_and_pool(num_layers, 4 * n, page)
     gbps = measure(HostPoolMover(caches, pool), n, nbytes, args)
-    print(f"transfer: {n} blocks x {num_layers} layers x {page} B = {nbytes / 2**20:.1f} MiB")
+    print(
+        f"transfer: {n} blocks of {block} tokens x {num_layers} layers x {page} B = "
+        f"{nbytes / 2**20:.1f} MiB"
+    )
     print(f"threads: {default_copy_threads()} (the mover's and memcpy's)")
     print(f"copies: {args.copies} ({ENV}={os.environ.get(ENV, '')!r})")
     print(f"{'copy':8} {'GB/s':>7} {'vs memcpy':>10}")
@@ -75,6 +77,8 @@ def main() -> int:
         json.dumps(
             {
                 "bytes": nbytes,
+                "block_tokens": block,
+                "blocks": n,
                 "gbps": gbps,
                 "threads": default_copy_threads(),
                 "cores": os.cpu_count(),
@@ -83,6 +87,14 @@ def main() -> int:
         )
     )
     return 0
+
+
+def block_layout(model_dir: Path, block_tokens: int) -> tuple[int, int]:
+    """(layers a block holds, one layer's bytes of a block) for blocks of
+    ``block_tokens``: all layers, or one KV cache group's (vLLM overlays
+    the groups)."""
+    page = kv_bytes_per_token(model_dir) // model_layers(model_dir) * block_tokens
+    return kv_row_bytes(model_dir, block_tokens=block_tokens) // page, page
 
 
 def run_with_copies(copies: str) -> None:
@@ -110,7 +122,18 @@ def parse_args() -> argparse.Namespace:
         help=f"whose KV layout is copied: a recipe ({', '.join(models.RECIPES)}), "
         "a model zoo build (python -m tools.model_zoo list) or a model directory",
     )
-    ap.add_argument("--blocks", type=int, default=64, help="blocks per transfer")
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        help="tokens per KV block: vllm-uma's default, or 128 (vLLM CPU's) to compare",
+    )
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=None,
+        help=f"blocks per transfer (default: {TRANSFER_TOKENS:,} tokens' worth)",
+    )
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument(
         "--copies",

@@ -49,8 +49,13 @@ from tools.benchmark.checksum_speed import (
     page_aligned_random,
 )
 from tools.benchmark.lib.floors import best_of
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
-DEFAULT_BLOCKS = (737_280, 3_670_016)  # 32 tokens of the default model, of Qwen3-0.6B
+# A block of the default model (23,040 B of KV a token) and of Qwen3-0.6B
+# (114,688 B) at the block size vllm-uma serves (32 tokens: 737,280 and
+# 3,670,016 B).
+DEFAULT_BLOCKS = (DEFAULT_BLOCK_TOKENS * 23_040, DEFAULT_BLOCK_TOKENS * 114_688)
+PREFIX_TOKENS = 4000  # the restore's: 125 blocks of 32 tokens
 KEY = os.urandom(32)
 SECRET = os.urandom(32).hex()
 
@@ -203,7 +208,7 @@ def _store_all(tier, jobs, rows: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--block-bytes", type=int, nargs="+", default=list(DEFAULT_BLOCKS))
-    parser.add_argument("--blocks", type=int, default=125)
+    parser.add_argument("--blocks", type=int, default=PREFIX_TOKENS // DEFAULT_BLOCK_TOKENS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()

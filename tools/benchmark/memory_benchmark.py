@@ -10,7 +10,9 @@ that follow (memory_pressure.py, also run as its own module).
 Each server (the plugin, then stock vLLM CPU with VLLM_PLUGINS="") serves
 ``--model`` (the default model, a model zoo build or a directory:
 lib/model_choice.py; the plugin's KV bytes per block are checked against
-the model's config.json) on a free loopback port; the worker's RSS is read
+the model's config.json at the block size of its command line: each server
+runs its own default, vllm-uma 32 tokens, stock vLLM CPU 128) on a free
+loopback port; the worker's RSS is read
 at ready and after each cumulative amount of prompt tokens served (distinct
 prompts, max_tokens=1).
 KV cache size: the plugin's ``memory breakdown:`` line, stock's "GiB for KV
@@ -81,7 +83,9 @@ def kv_cache_bytes(kind: str, srv: Server, choice: ModelChoice) -> tuple[int | N
             breakdown = servers.breakdown(srv)
         except RuntimeError:
             return None, None
-        model_choice.check_breakdown(choice, breakdown)
+        # The block size the server was started with (its command line).
+        block = servers.block_tokens(list(srv.proc.args))
+        model_choice.check_breakdown(choice, breakdown, block)
         return breakdown["kv_cache"], breakdown
     m = STOCK_KV_RE.search(srv.log())
     # Stock logs GiB rounded to 2 decimals: good to about 5 MiB.

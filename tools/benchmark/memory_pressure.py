@@ -99,7 +99,8 @@ def one_server(name: str, choice: ModelChoice, args, out_dir: Path, uma: dict, h
         if not servers.ready(srv, args.ready_timeout):
             raise RuntimeError(f"{name} server exited before ready; see {srv.log_path}")
         breakdown = servers.breakdown(srv)
-        model_choice.check_breakdown(choice, breakdown)
+        block = servers.block_tokens(list(srv.proc.args))  # its command line's
+        model_choice.check_breakdown(choice, breakdown, block)
         result["breakdown"] = breakdown
         sampler = Sampler(model_process(srv.proc.pid).pid, breakdown, breakdown["per_block_bytes"])
         sampler.start()

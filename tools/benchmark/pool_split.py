@@ -25,6 +25,16 @@ working set is served in the same order twice, so LRU evicts a prompt
 before it comes back whenever the set overflows a tier. Writes the JSON, a
 PNG beside it (each variant's TTFT p50 over `off`'s, per workload) and the
 server logs in <out>-logs/. Ratios are within this one run.
+
+Blocks are the servers' own: vllm-uma's default (32 tokens,
+plugin/block_size.py) unless --server-args gives --block-size, checked
+against each server's breakdown line. The defaults are the same bytes at
+every block size (tokens of KV, not blocks): a budget of 63,872 tokens
+(1,996 blocks of 32, 499 of 128: 1.47 GB of the default model's KV) and
+pools of 4,096, 12,288, 20,480 and 46,592 tokens (128, 384, 640 and 1,456
+blocks of 32; 32, 96, 160 and 364 of 128). L1 gets half a block more than
+its blocks, so the server's floor division lands on them: the only bytes
+that differ with the block size (48 tokens' worth between 32 and 128).
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from pathlib import Path
 
 from tools.benchmark.kv_offload_runner import Runner
 from tools.benchmark.kv_offload_workloads import Settings, Traffic
-from tools.benchmark.lib import model_choice
+from tools.benchmark.lib import model_choice, servers
 from tools.benchmark.lib.environment import environment
 from tools.benchmark.lib.geometry import kv_row_bytes
 from tools.benchmark.lib.prompts import text
@@ -50,10 +60,11 @@ WORKLOADS = ("no_reuse", "fits", "equal", "larger", "restart")
 # Working set over the budget B, in tokens (no_reuse: --requests prompts).
 SHARE_OF_BUDGET = {"fits": 0.5, "equal": 0.9, "larger": 2.0, "restart": 2.0}
 SEEDS = {"no_reuse": 11000, "fits": 12000, "equal": 13000, "larger": 14000, "restart": 14000}
-# The budget's default: what the KV offloading benchmark gives L1 and the
-# pool together (135 + 364 of the default model's blocks).
-DEFAULT_BUDGET_BLOCKS = 499
-DEFAULT_POOL_BLOCKS = "32,96,160,364"
+# The budget's default, in tokens of KV so that every block size gets the
+# same bytes: what the KV offloading benchmark gives L1 and the pool
+# together (135 + 364 of the default model's blocks of 128 tokens).
+DEFAULT_BUDGET_TOKENS = 499 * 128
+DEFAULT_POOL_TOKENS = (32 * 128, 96 * 128, 160 * 128, 364 * 128)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,13 +82,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--budget-blocks",
         type=int,
-        default=DEFAULT_BUDGET_BLOCKS,
-        help="every server's KV budget (L1 + pool) in the model's KV blocks",
+        default=None,
+        help="every server's KV budget (L1 + pool) in the model's KV blocks of the servers' "
+        f"block size (default: {DEFAULT_BUDGET_TOKENS:,} tokens' worth, 1,996 blocks of 32)",
     )
     ap.add_argument(
         "--pool-blocks",
-        default=DEFAULT_POOL_BLOCKS,
-        help="the sweep: pool sizes in KV blocks, comma-separated",
+        default=None,
+        help="the sweep: pool sizes in KV blocks, comma-separated (default: "
+        f"{', '.join(f'{t:,}' for t in DEFAULT_POOL_TOKENS)} tokens' worth)",
     )
     ap.add_argument(
         "--tiers",
@@ -90,8 +103,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--requests", type=int, default=8, help="no_reuse's prompts")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--disk-dir", type=Path, help="the disk tiers' volume (default: --out's dir)")
-    ap.add_argument("--server-args", default="", help="extra `vllm-uma serve` flags, one string")
+    ap.add_argument(
+        "--server-args",
+        default="",
+        help="extra `vllm-uma serve` flags, one string; a --block-size here sets the block "
+        "the sizes are counted in (default: vllm-uma's, 32 tokens)",
+    )
     args = ap.parse_args(argv)
+    block = args.block_tokens = servers.block_tokens(shlex.split(args.server_args))
+    if args.budget_blocks is None:
+        args.budget_blocks = DEFAULT_BUDGET_TOKENS // block
+    if args.pool_blocks is None:
+        args.pool_blocks = ",".join(str(t // block) for t in DEFAULT_POOL_TOKENS)
     chosen = [w for w in args.workloads.split(",") if w]
     if bad := sorted(set(chosen) - set(WORKLOADS)) or not chosen:
         ap.error(f"--workloads {args.workloads!r}: choose from {', '.join(WORKLOADS)} ({bad})")
@@ -114,7 +137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.model = model_choice.served_model(ap, args.model)
     args.disk_dir = (args.disk_dir or args.out.parent).absolute()
     zoo = Path(args.model)
-    args.row_bytes = kv_row_bytes(zoo if zoo.is_dir() else models.prepare(args.model))
+    directory = zoo if zoo.is_dir() else models.prepare(args.model)
+    args.row_bytes = kv_row_bytes(directory, block_tokens=block)
     return args
 
 
@@ -175,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(args)
     log_dir = args.out.with_name(args.out.stem + "-logs")
     log_dir.mkdir(exist_ok=True)
-    block_tokens = 128  # checked against each server's breakdown below
+    block_tokens = args.block_tokens  # checked against each server's breakdown below
     budget_tokens = args.budget_blocks * block_tokens
     traffic = build_traffic(args, budget_tokens)
     runners = {"off": SweepRunner(settings_for(args, args.pool_blocks[0]), log_dir, traffic)}
@@ -203,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "environment": {**env, "loadavg_after": list(os.getloadavg())},
         "budget_blocks": args.budget_blocks,
+        "block_tokens": args.block_tokens,
         "row_bytes": args.row_bytes,
         "pool_blocks": args.pool_blocks,
         "prompts": {w: len(t.measured) for w, t in traffic.items()},
@@ -280,7 +305,8 @@ def table(results: dict[str, dict[str, dict]], args) -> str:
     mb = args.row_bytes / 1e6
     lines.append(
         f"budget {args.budget_blocks} blocks ({args.budget_blocks * mb:.0f} MB) of "
-        f"{args.row_bytes} B; pool_disk_N / pool_N: N blocks of pool (with / without the "
+        f"{args.block_tokens} tokens, {args.row_bytes} B; pool_disk_N / pool_N: N blocks of "
+        f"pool (with / without the "
         f"disk tier), the rest L1"
     )
     return "\n".join(lines)
@@ -306,7 +332,10 @@ def chart(results: dict[str, dict[str, dict]], args, path: Path, env: dict) -> N
                 ax.plot(xs, ys, style, marker="o", label=f"{workload} ({tier})")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel(f"pool, KV blocks (of a {args.budget_blocks}-block budget; the rest is L1)")
+    ax.set_xlabel(
+        f"pool, KV blocks of {args.block_tokens} tokens (of a {args.budget_blocks}-block "
+        f"budget; the rest is L1)"
+    )
     ax.set_ylabel("TTFT p50 speed-up over off (L1 = whole budget)")
     ax.legend(fontsize=8)
     ax.set_title(

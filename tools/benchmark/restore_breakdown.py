@@ -3,15 +3,22 @@ disk restore, each split into its parts.
 
     .venv/bin/python -m tools.benchmark.restore_breakdown [--prompt-tokens 4000]
         [--rounds 3] [--model zoo-qwen3-real] [--signed] [--network]
-        [--out bench-out/restore_breakdown.json]
+        [--block-size 128] [--out bench-out/restore_breakdown.json]
 
 One server (eager, an L1 of about two prompts and a half, a pool of eight
 prompts and at least 2 GiB, both in the model's KV bytes (lib/model_choice.py),
-a disk tier in a temporary directory on the project's disk). Each round: prompt P cold
-(recompute), P again (L1 hit), three other prompts (P leaves L1), P again
-(restored from the pool). Then the server stops, the block files are
-dropped from the page cache and a new server on the same disk tier serves
-every round's P (restored from the disk). With ``--network``, both
+a disk tier in a temporary directory on the project's disk), at the block
+size users run: vllm-uma's default (32 tokens, plugin/block_size.py), or
+``--block-size N`` to compare another (128 is vLLM CPU's own). The L1 and
+pool are sized in bytes, the same at every block size; the block size each
+server runs and its KV bytes per block are checked against its breakdown
+line (lib/model_choice.py). A prefix hit and a restore recompute the
+partial last block: up to 31 tokens of a prompt at 32, up to 127 at 128.
+
+Each round: prompt P cold (recompute), P again (L1 hit), three other
+prompts (P leaves L1), P again (restored from the pool). Then the server
+stops, the block files are dropped from the page cache and a new server on
+the same disk tier serves every round's P (restored from the disk). With ``--network``, both
 servers also have the network tier on a Valkey engine on loopback
 (tools/harness/valkey_engine.py; the disk tier first, so the restarted
 server still restores from disk), and a third server with the network
@@ -59,13 +66,11 @@ from tools.harness.server import Server, metric
 from tools.harness.valkey_engine import Engine
 from vllm_uma.kv_offload import mac_keys
 from vllm_uma.plugin import precision
+from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_MODEL_LEN = 8192
-# 128-token blocks, as the workload's rows are counted (lib/geometry.py's
-# BLOCK_TOKENS): vllm-uma serves 32 by default (plugin/block_size.py), and
-# moving the benchmarks' geometry to 32 is issue 43's open item.
-COMMON = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--block-size", "128"]
+COMMON = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
 L1_PROMPTS = 2.4  # P and one other stay; three others push P out
 POOL_PROMPTS = 8  # P and the three others stay, with room
 NETWORK_SOURCE = "external_unspecified"
@@ -130,11 +135,19 @@ def sizing(choice: model_choice.ModelChoice, prompt_tokens: int, dtype: str) -> 
     ]
 
 
+def block_args(block_size: int | None) -> list[str]:
+    """``--block-size`` when the run asks for one; else none: the servers
+    run vllm-uma's default, as users do."""
+    return [] if block_size is None else ["--block-size", str(block_size)]
+
+
 def start(args: list[str], log_dir: Path, name: str, choice, dtype: str) -> Server:
     print(f"starting {name} ...", file=sys.stderr, flush=True)
-    server = servers.start(choice.serve_args + COMMON + args, log_dir / f"{name}.log")
+    flags = choice.serve_args + COMMON + args
+    server = servers.start(flags, log_dir / f"{name}.log")
     try:
-        model_choice.check_breakdown(choice, servers.breakdown(server), dtype)
+        breakdown = servers.breakdown(server)
+        model_choice.check_breakdown(choice, breakdown, servers.block_tokens(flags), dtype)
     except BaseException:
         server.stop()
         raise
@@ -169,6 +182,13 @@ def main() -> int:
         action="store_true",
         help="a network tier on a loopback Valkey engine too, and a restore from it",
     )
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="the servers' KV block in tokens (default: vllm-uma's, "
+        f"{DEFAULT_BLOCK_TOKENS}); 128 is vLLM CPU's own, to compare",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "restore_breakdown.json")
     model_choice.add_argument(ap)
     args = ap.parse_args()
@@ -201,7 +221,7 @@ def main() -> int:
             stack.callback(engine.stop)
             network_tier = {"type": "valkey", "url": engine.url}
             network_tier |= {"secret_file": str(secret)} if secret else {"unsigned": True}
-        sized = sizing(choice, args.prompt_tokens, args.dtype)
+        sized = sizing(choice, args.prompt_tokens, args.dtype) + block_args(args.block_size)
         tier = sized + tiers_args([disk_tier, network_tier])
         prompts = [text(700 + r, args.prompt_tokens) for r in range(args.rounds)]
         server = start(tier, Path(logs), "first", choice, args.dtype)
@@ -237,9 +257,13 @@ def main() -> int:
     result["rounds"] = args.rounds
     result["settle_s"] = args.settle
     result["signed"] = args.signed
+    result["block_tokens"] = servers.block_tokens(block_args(args.block_size))
     write_json(args.out, result)
     signed = "signed" if args.signed else "unsigned"
-    print(f"model: {result['model']}; block files and network values {signed}")
+    print(
+        f"model: {result['model']}; {result['block_tokens']}-token KV blocks; block files "
+        f"and network values {signed}"
+    )
     print(_table(result))
     print(f"wrote {args.out}")
     return 0

@@ -10,8 +10,10 @@ default model with a host pool and a disk tier serves PROMPTS prompts of
 TOKENS tokens one after another (max_tokens 1). Right after the last reply,
 while its blocks are still on their way to disk, the server is stopped that
 way. Printed per way: the full blocks of the prompts that are on disk
-afterwards (a later server restores them; the rest is recomputed), the temp
-files left, and how long the stop took. Nothing else runs meanwhile (two
+afterwards (a later server restores them; the rest is recomputed) out of
+the prompts' full blocks at the block size the server runs (vllm-uma's
+default, 32 tokens: 48 block files a 1,536-token prompt, the same bytes as
+12 of 128), the temp files left, and how long the stop took. Nothing else runs meanwhile (two
 cores: one server at a time).
 
 ``--during-start 5 20 40``: instead, a server is stopped each way that many
@@ -35,7 +37,6 @@ import requests
 from tools.benchmark.lib import prompts, servers
 from vllm_uma.kv_offload.disk import block_file
 
-BLOCK_TOKENS = 128  # vLLM CPU's KV block
 STOP_WAIT_S = 90.0  # past the server's own deadlines (20 s drain, 5 s tier, 60 s grace)
 WAYS = ("ctrl_c", "ctrl_c_twice", "sigterm", "kill_9_api_server", "kill_9_all")
 
@@ -75,6 +76,12 @@ def stop(server: servers.Server, way: str) -> float:
     return took
 
 
+def expected_blocks(prompt_count: int, tokens: int, serve_args: list[str]) -> int:
+    """The prompts' full blocks (one block file each: the default model has
+    one KV cache group) at the block size ``serve_args`` give the server."""
+    return prompt_count * (tokens // servers.block_tokens(serve_args))
+
+
 def measure(way: str, prompt_count: int, tokens: int, work: Path, kv_events: bool) -> dict:
     root = work / way / "kv"
     root.parent.mkdir(parents=True)
@@ -93,7 +100,7 @@ def measure(way: str, prompt_count: int, tokens: int, work: Path, kv_events: boo
     temps = [p for p in noindex.rglob("*") if block_file.is_temp_name(p.name)]
     return dict(
         way=way,
-        expected=prompt_count * (tokens // BLOCK_TOKENS),
+        expected=expected_blocks(prompt_count, tokens, args),
         kept=len(kept),
         temps=len(temps),
         stop_s=took,

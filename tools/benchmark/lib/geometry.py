@@ -1,5 +1,10 @@
 """A model's KV bytes, from its config.json, never a constant: per token, and
 per block of one KV cache group (a host-pool row, a disk block file's KV).
+
+A block's tokens are the servers' block size, which a benchmark reads from
+the flags it starts them with (servers.block_tokens: ``--block-size`` or
+vllm-uma's default, vllm_uma/plugin/block_size.py), never a constant of its
+own: the same model has 4x smaller rows at 32 tokens than at 128.
 """
 
 from __future__ import annotations
@@ -7,7 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-BLOCK_TOKENS = 128  # vLLM CPU's KV block
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 
 
@@ -38,16 +42,19 @@ def kv_bytes_per_token_of(config: dict, dtype_bytes: int) -> int:
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
 
 
-def kv_row_bytes(model_dir: Path | None = None, dtype: str = "bfloat16") -> int:
+def kv_row_bytes(
+    model_dir: Path | None = None, dtype: str = "bfloat16", *, block_tokens: int
+) -> int:
     """Bytes of one host-pool row (one disk block file's KV): one block of
-    one KV cache group. vLLM puts every layer in one group when all layers
-    are alike; when they mix kinds (Gemma 3: 5 sliding-window layers to 1
-    full), it makes groups of as many layers as the rarest kind has, one
-    group per kind and repeat, and a block is one group's layers."""
+    ``block_tokens`` tokens of one KV cache group. vLLM puts every layer in
+    one group when all layers are alike; when they mix kinds (Gemma 3: 5
+    sliding-window layers to 1 full), it makes groups of as many layers as
+    the rarest kind has, one group per kind and repeat, and a block is one
+    group's layers."""
     config = model_config(model_dir)
     layers = config["num_hidden_layers"]
     kinds = config.get("layer_types") or []
     per_group = layers
     if len(set(kinds)) > 1:
         per_group = min(kinds.count(kind) for kind in set(kinds))
-    return BLOCK_TOKENS * kv_bytes_per_token(model_dir, dtype) // layers * per_group
+    return block_tokens * kv_bytes_per_token(model_dir, dtype) // layers * per_group

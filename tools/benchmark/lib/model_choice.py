@@ -1,9 +1,10 @@
 """``--model`` of the benchmarks: the default model, a model zoo build, or a directory.
 
 A benchmark sizes its L1, pool and prompts in KV bytes from the chosen
-model's config.json (geometry.py), then checks the size it assumed against
-the started server's own breakdown line, so that a workload is never sized
-for one model and run on another's KV.
+model's config.json (geometry.py), in blocks of the size its servers'
+flags give (servers.block_tokens), then checks both against the started
+server's own breakdown line, so that a workload is never sized for one
+model or block size and run on another's KV.
 
 - no ``--model``: the default model (SmolLM2-135M-Instruct), bfloat16;
 - ``zoo-...``: a model zoo build (tools/model_zoo), built in bfloat16 if
@@ -99,14 +100,26 @@ def served_model(ap: argparse.ArgumentParser, model: str) -> str:
     return model
 
 
-def check_breakdown(choice: ModelChoice, breakdown: dict[str, int], dtype: str = "bfloat16"):
-    """Fail unless the server's KV bytes per block are what the workload
-    was sized for."""
-    assumed = geometry.kv_row_bytes(choice.directory, dtype)
+def check_breakdown(
+    choice: ModelChoice, breakdown: dict[str, int], block_tokens: int, dtype: str = "bfloat16"
+):
+    """Fail unless the server runs the ``block_tokens``-token blocks the
+    benchmark gave it (servers.block_tokens of its flags) and its KV bytes
+    per block are what the workload was sized for."""
+    served = breakdown.get("block_size", 0)  # 0: a line without it (older servers)
+    if served and served != block_tokens:
+        raise SystemExit(
+            f"{choice.served_name}: the server runs {served}-token KV blocks, the benchmark "
+            f"sized its workload for {block_tokens} (the block size its flags give: "
+            f"--block-size, else vllm-uma's default): a kernel of this model may require its "
+            f"own; pass --block-size {served} in the server's flags"
+        )
+    assumed = geometry.kv_row_bytes(choice.directory, dtype, block_tokens=block_tokens)
     found = breakdown["per_block_bytes"]
     if found != assumed:
         raise SystemExit(
             f"{choice.served_name}: the server reports {found:,} KV bytes per block, the "
-            f"benchmark sized its workload for {assumed:,}: the model's config.json and "
-            f"vLLM's KV spec disagree; size from the breakdown line instead"
+            f"benchmark sized its workload for {assumed:,} ({block_tokens}-token blocks): "
+            f"the model's config.json and vLLM's KV spec disagree; size from the breakdown "
+            f"line instead"
         )
