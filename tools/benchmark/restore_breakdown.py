@@ -257,7 +257,7 @@ def main() -> int:
     result["rounds"] = args.rounds
     result["settle_s"] = args.settle
     result["signed"] = args.signed
-    result["block_tokens"] = servers.block_tokens(block_args(args.block_size))
+    result["block_tokens"] = servers.block_tokens(choice.serve_args + COMMON + sized)
     write_json(args.out, result)
     signed = "signed" if args.signed else "unsigned"
     print(
