@@ -3,10 +3,11 @@
 Counted in the engine-core process by the connector's scheduler side
 (connector.py) into vLLM's ``OffloadingConnectorStats``, which travels to
 the API server with each step's scheduler stats. There vLLM's
-``OffloadPromMetrics``, extended below, turns each name into a Prometheus
-counter (exported with a ``_total`` suffix). A stats name that is not
-registered here fails the API server's metrics update, so this dict is the
-one list of our names.
+``OffloadPromMetrics`` turns each name into a Prometheus counter (exported
+with a ``_total`` suffix): our specs add ``DEFINITIONS`` to the ones they
+give it (spec.py, ``build_metric_definitions``), and the subclass below
+shows them at 0 from the start. A stats name that is not registered fails
+the API server's metrics update, so this dict is the one list of our names.
 
 What vLLM already exports beside these: bytes and seconds moved
 (``vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"|"CPU_to_GPU"}``),
@@ -79,15 +80,12 @@ DEFINITIONS = {
 
 
 class UmaOffloadPromMetrics(OffloadPromMetrics):
-    """vLLM's offloading metrics plus ours (API server process)."""
+    """vLLM's offloading metrics, ours among them (API server process)."""
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        # vLLM registers ours with the spec's (spec.py).
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        # The two dicts vLLM's observe() reads: the metadata checks label
-        # counts, the defs hold the Prometheus objects.
-        for name, metadata in DEFINITIONS.items():
-            self._offloading_metric_metadata[name] = metadata
-            self._offloading_metric_defs[name] = self._create_metric(name, metadata)
+        for name in DEFINITIONS:
             # Shown at 0 from the start: "no block dropped" is an answer too.
             for engine_idx in per_engine_labelvalues:
                 self._get_prometheus_metric(name, (), engine_idx)

@@ -33,6 +33,7 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+from vllm_uma.kv_offload import metrics
 from vllm_uma.kv_offload.config import OffloadPlan
 from vllm_uma.kv_offload.disk.layout import NOINDEX, Layout
 from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
@@ -88,17 +89,30 @@ def make_spec(config, offload: OffloadPlan):
 
 
 class HostPoolWorkerMixin:
-    """The worker side both specs share: our mover over the shared host pool."""
+    """The worker side both specs share: our mover over the shared host pool,
+    and the metrics both export.
+
+    vLLM's get_worker refuses any platform but CUDA and XPU before it calls
+    create_worker, so ours replaces it whole, and keeps the mover in an
+    attribute of its own (vLLM's ``_worker`` stays None)."""
+
+    _mover: HostPoolMover | None = None
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]):
+        # vLLM's OffloadPromMetrics registers the spec's definitions (API
+        # server): ours with the pool's.
+        return {**super().build_metric_definitions(extra_config), **metrics.DEFINITIONS}
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if self._worker is None:
-            self._worker = make_mover(self, kv_caches)
-        return self._worker
+        if self._mover is None:
+            self._mover = make_mover(self, kv_caches)
+        return self._mover
 
     def mover(self) -> HostPoolMover | None:
         """The worker side's mover, once vLLM built it (None before, and on
         the scheduler side)."""
-        return self._worker
+        return self._mover
 
 
 class UmaOffloadingSpec(HostPoolWorkerMixin, CPUOffloadingSpec):
@@ -173,16 +187,18 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
         super().__init__(config)
         check_layout(self)
         self._offload = offload
+        self._tiered_manager: TieringOffloadingManager | None = None
 
     def get_manager(self) -> OffloadingManager:
         # Replaces vLLM's get_manager, body and all (it would build vLLM's own
         # fs tier and a named shared-memory region). On a vLLM upgrade, re-read
         # TieringOffloadingSpec.get_manager: the contract records what it
         # assigns and calls (entries_offload.py) and fails this import when
-        # either changes.
-        if self._manager is None:
-            self._manager = self._build_manager()
-        return self._manager
+        # either changes. Kept in an attribute of its own (vLLM's _manager
+        # stays None).
+        if self._tiered_manager is None:
+            self._tiered_manager = self._build_manager()
+        return self._tiered_manager
 
     def _build_manager(self) -> TieringOffloadingManager:
         # Resolved by the API server (checked, cap measured); read here

@@ -61,8 +61,10 @@ ENTRIES = (
         C,
         "UmaOffloadingConnector.__init__ redoes it with our scheduler side, so the spec's "
         "manager (and a disk tier) is built once; anything new here must be redone there",
-        upstream="OffloadingConnector.__init__ building its scheduler side through an "
-        "overridable hook (as OffloadingSpec.get_worker calls create_worker)",
+        upstream="OffloadingConnector.__init__ building its spec and its scheduler side "
+        "through methods a subclass overrides (as OffloadingSpec.get_worker calls "
+        "create_worker): calling it now would build vLLM's spec without our settings plan, "
+        "which the tiered spec refuses",
         assigns=frozenset({"_canonical_layout", "connector_scheduler", "connector_worker"}),
         calls=frozenset(
             {
@@ -256,23 +258,13 @@ ENTRIES = (
         "UmaOffloadPromMetrics passes these on",
         params=("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),
     ),
-    PrivateWrite(
+    Text(
         PROM,
-        "_offloading_metric_metadata",
+        "__init__",
         M,
-        "observe() checks names here; ours are added",
-        upstream="OffloadPromMetrics taking the connector's extra metric definitions "
-        "(as build_metric_definitions gives the spec's)",
+        "it registers the spec's metric definitions, ours among them (spec.py)",
+        text="**spec_cls.build_metric_definitions(extra_config),",
     ),
-    PrivateWrite(
-        PROM,
-        "_offloading_metric_defs",
-        M,
-        "observe() finds the metric here; ours are added",
-        upstream="OffloadPromMetrics taking the connector's extra metric definitions "
-        "(as build_metric_definitions gives the spec's)",
-    ),
-    Method(PROM, "_create_metric", M, "builds our counters", ("metric_name", "metadata")),
     Method(
         PROM,
         "_get_prometheus_metric",
@@ -313,21 +305,12 @@ ENTRIES = (
         assigns=frozenset({"_manager"}),
         calls=frozenset({"CPUOffloadingManager", "int", "self.extra_config.get"}),
     ),
-    PrivateWrite(
+    Method(
         "vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec",
-        "_worker",
+        "build_metric_definitions",
         S,
-        "get_worker caches our mover there, as vLLM's does; mover() reads it back (connector.py)",
-        upstream="CPUOffloadingSpec.get_worker leaving its CUDA/XPU check to create_worker, "
-        "so that a spec overrides create_worker only",
-    ),
-    PrivateWrite(
-        TIERING_SPEC,
-        "_manager",
-        S,
-        "get_manager caches our tiering manager there",
-        upstream="TieringOffloadingSpec.get_manager building through an overridable "
-        "create_manager (as get_worker does through create_worker)",
+        "extended: our counters with the pool's",
+        params=("extra_config",),
     ),
     Method(TIERING_SPEC, "get_worker", S, "overridden: our mover", ("kv_caches",)),
     Method(
