@@ -8,7 +8,8 @@
         lower tiers' skeleton (lower_tier/: threads and jobs)
 
 Scheduler side (engine core, decides what is where): connector.py and
-holds.py (no block lost when the pool is full), disk/index.py. Worker side
+holds.py (no block lost when the pool is full), pool_manager.py (vLLM's
+pool manager, the book of rows ours), disk/index.py. Worker side
 (moves bytes): mover.py, disk/io_tasks.py, network/transfers.py. config.py
 turns vLLM's flags into the spec that spec.py builds both sides from,
 refusals.py refuses what offloading cannot serve, pool_size.py sizes the

@@ -10,7 +10,8 @@ Where each piece runs (all in the engine-core process, the 'uni' executor):
 
     worker (UmaWorker)                 scheduler (UmaScheduler, its lock)
     l1_pages.py: block -> byte ranges  l1_blocks.py: free L1 blocks, by value
-        |  (addresses only)            pool_rows.py: free / idle pool rows
+        |  (addresses only)            pool_rows.py: free / idle pool rows,
+        |                                  asked of kv_offload/pool_manager.py
         +---------> L1_PAGES ------->  releaser.py:  idle pass, pressure pass
                                        tiers.py:     BlockHolder, the question
                                                      asked of the pool and disk
