@@ -331,7 +331,7 @@ class PrivateWrite(InstanceAttribute):
     debt: ClassVar[str | None] = "private write"
 
     def expected(self) -> str:
-        return f"{super().expected()}; we write it (debt: {self.upstream})"
+        return f"{super().expected()}; a debt: we write it (upstream fix: {self.upstream})"
 
 
 @dataclass(frozen=True)
@@ -343,4 +343,4 @@ class SkippedInit(ReplacedBody):
     debt: ClassVar[str | None] = "skipped __init__"
 
     def expected(self) -> str:
-        return f"{super().expected()}; we skip it (debt: {self.upstream})"
+        return f"{super().expected()}; a debt: we skip it (upstream fix: {self.upstream})"
