@@ -202,7 +202,7 @@ def test_a_full_engine_refuses_stores_once_per_episode_and_takes_them_again(star
         tier.shutdown()
 
 
-def _tiered_spec(tmp_path, offload):
+def _tiered_spec(tmp_path, offload, context):
     """UmaTieredOffloadingSpec's scheduler side, without vLLM's __init__."""
     from types import SimpleNamespace
 
@@ -215,6 +215,7 @@ def _tiered_spec(tmp_path, offload):
     (model / "model.safetensors").write_bytes(b"weights")
     built = spec.UmaTieredOffloadingSpec.__new__(spec.UmaTieredOffloadingSpec)
     built._offload = offload
+    built._context = context
     built.config = SimpleNamespace(
         **{**vars(OFFLOADING), "model": SimpleNamespace(name=str(model), dtype="bfloat16")},
         engine_id="engine-network-spec",
@@ -231,20 +232,21 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
 ):
     from vllm_uma.kv_offload.config import OffloadPlan
     from vllm_uma.kv_offload.disk.settings import DiskTierSettings
-    from vllm_uma.kv_offload.host_pool import SHARED_POOLS
     from vllm_uma.kv_offload.network.settings import parse_network_tier
     from vllm_uma.kv_offload.pool_size import PoolSize
+    from vllm_uma.plugin.engine_context import EngineContext
 
     engine = start_engine(*LRU)
     network = parse_network_tier(signed({"type": "valkey", "url": engine.url}))
     disk = DiskTierSettings(tmp_path / "kv", None, False, "test")
     monkeypatch.setenv("VLLM_UMA_CACHE_DIR", str(tmp_path / "cache"))
-    SHARED_POOLS.open("engine-network-spec", 2, 8192)  # as the worker does
+    context = EngineContext()
+    context.host_pool.open(2, 8192)  # as the worker's mover does
     try:
         for disk_tier, types in ((disk, ["fs", "valkey"]), (None, ["valkey"])):
             pool = PoolSize(16384, "test")
             plan = OffloadPlan("UmaTieredOffloadingSpec", pool, disk_tier, None, (), network)
-            built = _tiered_spec(tmp_path / types[0], plan)
+            built = _tiered_spec(tmp_path / types[0], plan, context)
             manager = built._build_manager()
             try:
                 assert [t.tier_type for t in manager.secondary_tiers] == types
@@ -253,7 +255,7 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
         # The network tier alone keeps the weights' fingerprint with the models.
         assert (tmp_path / "cache" / "fingerprints.json").is_file()
     finally:
-        SHARED_POOLS.release("engine-network-spec")
+        context.host_pool.release()
 
 
 def test_an_engine_dies_with_the_test_that_started_it(tmp_path):

@@ -11,7 +11,7 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, CanonicalKVCacheTensor, G
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from vllm_uma.kv_offload import mover as mover_module
-from vllm_uma.kv_offload.host_pool import HostPool, SharedPools
+from vllm_uma.kv_offload.host_pool import HostPool, SharedPool
 from vllm_uma.kv_offload.mover import (
     HostPoolMover,
     LayoutError,
@@ -273,22 +273,24 @@ def test_the_memoryview_for_the_disk_tier_is_the_pool_itself():
     pool.close()
 
 
-def test_shared_pools_give_both_sides_one_pool_and_close_it_with_the_last():
-    pools = SharedPools()
-    worker_side = pools.open("engine-a", 4, 128)
-    assert pools.existing("engine-a") is worker_side
-    scheduler_side = pools.open("engine-a", 4, 128)
+def test_a_shared_pool_gives_both_sides_one_pool_and_closes_it_with_the_last():
+    shared = SharedPool()
+    assert shared.existing() is None
+    worker_side = shared.open(4, 128)
+    assert shared.existing() is worker_side
+    scheduler_side = shared.open(4, 128)
     assert scheduler_side is worker_side
-    assert pools.existing("engine-b") is None
-    pools.release("engine-a")
+    shared.release()
     worker_side.array[0, 0] = 1  # still open for the other side
-    pools.release("engine-a")
-    assert pools.existing("engine-a") is None
+    shared.release()
+    assert shared.existing() is None
+    with pytest.raises(RuntimeError, match="released more often than it was opened"):
+        shared.release()
 
 
-def test_shared_pools_refuse_two_sides_that_disagree_on_the_shape():
-    pools = SharedPools()
-    pools.open("engine-a", 4, 128)
+def test_a_shared_pool_refuses_two_sides_that_disagree_on_the_shape():
+    shared = SharedPool()
+    shared.open(4, 128)
     with pytest.raises(ValueError, match="the worker and scheduler disagree on the pool"):
-        pools.open("engine-a", 5, 128)
-    pools.release("engine-a")
+        shared.open(5, 128)
+    shared.release()

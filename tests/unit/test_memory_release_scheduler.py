@@ -220,9 +220,11 @@ def test_the_release_thread_stops_once_the_worker_closed_the_kv_cache(monkeypatc
 
     registry = L1PageRegistry()
     registry.set(object())
-    monkeypatch.setattr(module, "L1_PAGES", registry)
     monkeypatch.setattr(module, "POLL_SECONDS", 0.01)
     s = scheduler(IDLE, idle_for=3600)
+    s._engine = SimpleNamespace(
+        l1_pages=registry
+    )  # what the worker left (plugin/engine_context.py)
     s._stop = threading.Event()
     thread = threading.Thread(target=s._run)
     thread.start()

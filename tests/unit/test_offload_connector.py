@@ -252,8 +252,8 @@ def test_only_a_step_with_nothing_scheduled_waits_for_loads():
     connector.connector_worker = SimpleNamespace(
         get_finished=lambda ids: calls.append("get_finished") or (set(), set())
     )
-    connector._spec = SimpleNamespace(
-        mover=lambda: SimpleNamespace(wait_for_a_load=lambda: calls.append("wait"))
+    connector._engine = SimpleNamespace(
+        mover=SimpleNamespace(wait_for_a_load=lambda: calls.append("wait"))
     )
     for idle in (False, True):
         connector._connector_metadata = UmaConnectorMetadata(

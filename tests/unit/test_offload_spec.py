@@ -5,25 +5,38 @@ from __future__ import annotations
 import pytest
 
 from vllm_uma.kv_offload import spec
-from vllm_uma.kv_offload.host_pool import SHARED_POOLS
+from vllm_uma.plugin.engine_context import EngineContext
 
 
 def test_the_disk_tier_refuses_a_worker_in_another_process():
     # No worker in this process opened the engine's pool.
     with pytest.raises(RuntimeError, match="the worker runs in another process"):
-        spec.PoolRegion("engine-without-a-worker-here")
+        spec.PoolRegion(EngineContext())
 
 
 def test_the_disk_tier_shares_the_workers_pool():
-    pool = SHARED_POOLS.open("engine-test-region", 2, 4096)  # as the worker does
+    context = EngineContext()
+    pool = context.host_pool.open(2, 4096)  # as the worker's mover does
     try:
-        region = spec.PoolRegion("engine-test-region")
+        region = spec.PoolRegion(context)
         view = region.create_kv_memoryview()
         view.cast("B")[4096] = 9
         assert pool.array[1, 0] == 9
         view.release()
         region.cleanup()
-        assert SHARED_POOLS.existing("engine-test-region") is pool
+        assert context.host_pool.existing() is pool
     finally:
-        SHARED_POOLS.release("engine-test-region")
-    assert SHARED_POOLS.existing("engine-test-region") is None
+        context.host_pool.release()
+    assert context.host_pool.existing() is None
+
+
+def test_another_engines_pool_is_not_this_ones():
+    # Two engines in one process (two contexts): the disk tier of the one
+    # without a worker finds no pool, though the other's is open.
+    other = EngineContext()
+    other.host_pool.open(2, 4096)
+    try:
+        with pytest.raises(RuntimeError, match="the worker runs in another process"):
+            spec.PoolRegion(EngineContext())
+    finally:
+        other.host_pool.release()

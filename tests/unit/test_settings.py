@@ -19,10 +19,11 @@ from types import SimpleNamespace
 import pytest
 from test_offload_config import PER_TOKEN, GiB, connector, vllm_config
 
-from vllm_uma.kv_offload.pool_size import PoolSize, SettledPools, resize_auto_pool, spec_config
+from vllm_uma.kv_offload.pool_size import PoolSize, resize_auto_pool, spec_config
 from vllm_uma.kv_offload.refusals import OffloadingConfigError
 from vllm_uma.plugin import settings as st
 from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+from vllm_uma.plugin.engine_context import EngineContext, engine_context
 
 
 @pytest.fixture(autouse=True)
@@ -239,10 +240,8 @@ def test_the_workers_resize_edits_none_of_vllms_config_dicts():
     offload = st.settings_for_hook(cfg, 24 * GiB).offload
     extra = cfg.kv_transfer_config.kv_connector_extra_config
     before = copy.deepcopy((extra, cfg.additional_config))
-    settled = SettledPools()
     pool = resize_auto_pool(cfg, offload, left=1_000_000_000)
-    settled.record("engine-0", pool)
-    built = spec_config(offloading_config(extra), offload, settled)
+    built = spec_config(offloading_config(extra), offload, pool)
     assert (extra, cfg.additional_config) == before
     assert extra["cpu_bytes_to_use"] == 2 * 8192 * PER_TOKEN  # the provisional size
     assert built.extra_config["cpu_bytes_to_use"] == 250_000_000  # the worker's
@@ -253,7 +252,7 @@ def test_without_the_worker_in_this_process_the_spec_gets_the_planned_size():
     cfg = engine_config(ktc=connector("OffloadingConnector"))
     offload = st.settings_for_hook(cfg, 24 * GiB).offload
     extra = cfg.kv_transfer_config.kv_connector_extra_config
-    built = spec_config(offloading_config(extra), offload, SettledPools())
+    built = spec_config(offloading_config(extra), offload, EngineContext().pool_size)
     assert built.extra_config["cpu_bytes_to_use"] == offload.pool.bytes
 
 
@@ -261,40 +260,39 @@ def test_a_size_the_user_gave_reaches_the_spec_as_vllm_wrote_it():
     cfg = engine_config(size=1.5, ktc=connector(None))
     offload = st.settings_for_hook(cfg, 24 * GiB).offload
     given = offloading_config({"cpu_bytes_to_use": 1.5 * GiB})
-    assert spec_config(given, offload, SettledPools()) is given
+    settled = PoolSize(2 * GiB, "a worker's", True)
+    assert spec_config(given, offload, settled) is given
 
 
 def test_a_pool_is_settled_once():
-    settled = SettledPools()
-    settled.record("e", PoolSize(10, "x", True))
-    settled.record("e", PoolSize(10, "x", True))  # the same result again is no conflict
+    context = EngineContext()
+    context.settle_pool_size(PoolSize(10, "x", True))
+    context.settle_pool_size(PoolSize(10, "x", True))  # the same result again is no conflict
     with pytest.raises(ValueError, match="settled at 10 bytes and again at 11"):
-        settled.record("e", PoolSize(11, "x", True))
+        context.settle_pool_size(PoolSize(11, "x", True))
+    assert context.pool_size.bytes == 10
 
 
 @pytest.mark.parametrize("left, expected", [(1_000_000_000, 250_000_000), (20 * GiB, None)])
-def test_the_worker_records_its_settled_pool_and_edits_no_dict(monkeypatch, left, expected):
+def test_the_worker_records_its_settled_pool_and_edits_no_dict(left, expected):
     from vllm_uma.plugin import worker
 
     cfg = engine_config(ktc=connector("OffloadingConnector"))
     settings = st.settings_for_hook(cfg, 24 * GiB)
     extra = cfg.kv_transfer_config.kv_connector_extra_config
     before = copy.deepcopy((extra, cfg.additional_config))
-    settled = SettledPools()
-    monkeypatch.setattr(worker, "SETTLED_POOLS", settled)
     fake = SimpleNamespace(settings=settings, vllm_config=cfg)
     expected = 2 * 8192 * PER_TOKEN if expected is None else expected
     assert worker.UmaWorker._settle_pool(fake, left) == expected
-    assert settled.get("engine-0").bytes == expected
+    # In the engine's context, where the connectors read it.
+    assert engine_context(cfg).pool_size.bytes == expected
     assert (extra, cfg.additional_config) == before
 
 
-def test_a_worker_with_a_given_pool_size_records_nothing(monkeypatch):
+def test_a_worker_with_a_given_pool_size_records_nothing():
     from vllm_uma.plugin import worker
 
     cfg = engine_config(size=1, ktc=connector(None))
-    settled = SettledPools()
-    monkeypatch.setattr(worker, "SETTLED_POOLS", settled)
     fake = SimpleNamespace(settings=st.settings_for_hook(cfg, 24 * GiB), vllm_config=cfg)
     assert worker.UmaWorker._settle_pool(fake, 1_000_000) == 1 * GiB
-    assert settled.get("engine-0") is None
+    assert engine_context(cfg).pool_size is None

@@ -4,8 +4,9 @@ Loaded by vLLM's connector factory as ``OffloadingConnector`` from this
 module (config.py sets ``kv_connector_module_path``; vLLM itself sets the
 connector name from ``--kv-offloading-size``, after the platform hook, so
 the class must answer to vLLM's name). Built twice, like vLLM's: the
-scheduler side and the worker side, both in the engine-core process with the
-in-process 'uni' worker; the API server loads the class for its metrics.
+scheduler side and the worker side, both in the engine-core process, each
+handing its spec the engine's context (plugin/engine_context.py); the API
+server loads the class for its metrics.
 
 What crosses from scheduler to worker, in each step's metadata: vLLM's load
 and store jobs, plus the ids of finished requests whose L1 blocks we held
@@ -66,6 +67,7 @@ from vllm_uma.kv_offload.pool_size import spec_config
 from vllm_uma.kv_offload.spec import make_spec
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin.engine_context import engine_context
 from vllm_uma.plugin.settings import read_settings
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -253,11 +255,14 @@ class UmaOffloadingConnector(VllmOffloadingConnector):
         # The disk namespace also names the attention kernels that write the
         # KV (attention_kernel.py): known only here, in the engine core.
         offload = with_attention_kernels(offload, vllm_config, kv_cache_config)
+        # This side's share of the engine (plugin/engine_context.py): the worker's
+        # settled pool size, the host pool, the mover.
+        self._engine = engine_context(vllm_config)
         # Sized from the worker's settled pool, in a copy (pool_size.py).
         built = build_offloading_config(vllm_config, kv_cache_config)
-        offloading_config = spec_config(built, offload)
+        offloading_config = spec_config(built, offload, self._engine.pool_size)
         self._canonical_layout = offloading_config.canonical_layout
-        spec = make_spec(offloading_config, offload)
+        spec = make_spec(offloading_config, offload, self._engine)
         self.connector_scheduler = None
         self.connector_worker = None
         self._spec = spec
@@ -269,7 +274,7 @@ class UmaOffloadingConnector(VllmOffloadingConnector):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         meta = self._get_connector_metadata()
         if isinstance(meta, UmaConnectorMetadata) and meta.idle_step:
-            mover = self._spec.mover()
+            mover = self._engine.mover
             if mover is not None:
                 mover.wait_for_a_load()
         sending, recving = super().get_finished(finished_req_ids)

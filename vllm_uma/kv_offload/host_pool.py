@@ -1,7 +1,7 @@
 """L2: the host pool, one anonymous shared mapping of fixed-size rows.
 
-Runs in the engine-core process (the in-process 'uni' worker shares it with
-the scheduler). The worker's mover copies KV blocks into and out of rows;
+Runs in the engine-core process, shared by the worker side and the
+scheduler side (plugin/engine_context.py). The worker's mover copies KV blocks into and out of rows;
 the scheduler side hands out row numbers (chunk ids) through vLLM's
 CPUOffloadingManager and, when the disk tier (L3) is on, lets that tier read
 and write rows through ``kv_memoryview``.
@@ -18,11 +18,11 @@ torch see the same bytes; a silent copy between them would hide every
 store from a reader of the other view, so the pointers are checked.
 
 vLLM builds the offloading spec twice, once for the worker and once for the
-scheduler, and the two share nothing but the engine id. ``SharedPools`` is
-where they meet: the first side to ask creates the pool, the second gets the
-same one. It is per process on purpose: a named /dev/shm file (vLLM's way)
-would outlive a crash and be visible to other users, and with the 'uni'
-executor (the only one the plugin offloads with) both sides are here.
+scheduler. Both find the pool in their engine's context, in a
+:class:`SharedPool`: the worker side opens it, the scheduler side borrows
+the same one. An anonymous mapping of this process on purpose: a named
+/dev/shm file (vLLM's way) would outlive a crash and be visible to other
+users, and both sides are in this process.
 """
 
 from __future__ import annotations
@@ -73,41 +73,47 @@ class HostPool:
         self._region.close()
 
 
-class SharedPools:
-    """Host pools by engine id, shared by the worker and scheduler sides."""
+class SharedPool:
+    """The host pool of one engine, lent to its users and closed by the last.
+
+    The worker side's mover opens it; the scheduler side's manager and the
+    release thread borrow it (plugin/engine_context.py). Each release gives one
+    reference back, in whatever order the sides shut down."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pools: dict[str, tuple[HostPool, int]] = {}
+        self._pool: HostPool | None = None
+        self._users = 0
 
-    def open(self, engine_id: str, num_rows: int, row_bytes: int) -> HostPool:
+    def open(self, num_rows: int, row_bytes: int) -> HostPool:
+        """The pool (made by the first call), with one reference more."""
         with self._lock:
-            pool, users = self._pools.get(engine_id, (None, 0))
+            pool = self._pool
             if pool is None:
                 pool = HostPool(num_rows, row_bytes)
             elif (pool.num_rows, pool.row_bytes) != (num_rows, row_bytes):
                 raise ValueError(
-                    f"engine {engine_id}: the host pool has {pool.num_rows} rows of "
-                    f"{pool.row_bytes} bytes, but {num_rows} rows of {row_bytes} "
-                    f"were asked for; the worker and scheduler disagree on the pool."
+                    f"the host pool has {pool.num_rows} rows of {pool.row_bytes} bytes, "
+                    f"but {num_rows} rows of {row_bytes} were asked for; the worker "
+                    f"and scheduler disagree on the pool."
                 )
-            self._pools[engine_id] = (pool, users + 1)
+            self._pool, self._users = pool, self._users + 1
             return pool
 
-    def existing(self, engine_id: str) -> HostPool | None:
+    def existing(self) -> HostPool | None:
         with self._lock:
-            entry = self._pools.get(engine_id)
-            return None if entry is None else entry[0]
+            return self._pool
 
-    def release(self, engine_id: str) -> None:
+    def release(self) -> None:
         with self._lock:
-            pool, users = self._pools[engine_id]
-            if users > 1:
-                self._pools[engine_id] = (pool, users - 1)
+            pool = self._pool
+            if pool is None:
+                raise RuntimeError(
+                    "the host pool was released more often than it was opened: "
+                    "each user releases its own reference once."
+                )
+            self._users -= 1
+            if self._users:
                 return
-            del self._pools[engine_id]
+            self._pool = None
         pool.close()
-
-
-# The one meeting point of this process (see the module docstring).
-SHARED_POOLS = SharedPools()

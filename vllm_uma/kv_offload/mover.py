@@ -112,7 +112,7 @@ class HostPoolMover(OffloadingWorker):
         copy_threads: int | None = None,
     ):
         self.pool = pool
-        # Gives the pool back to whoever lent it (spec.py's SHARED_POOLS).
+        # Gives the pool back to whoever lent it (the engine's SharedPool, spec.py).
         self._on_shutdown = on_shutdown
         # uint8 numpy views of the same bytes as vLLM's KV tensors.
         self.layers: list[np.ndarray] = []

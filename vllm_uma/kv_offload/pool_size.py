@@ -4,19 +4,20 @@ An automatic pool (no size given by the user) is sized twice, by
 :func:`auto_pool_size`: by the platform in the API server, provisionally,
 from the whole budget (kv_offload/config.py), and by the worker once the
 weights and activations are measured (:func:`resize_auto_pool`). The
-worker's size is a result: it is recorded here under the engine id, and the
-connector builds the spec from it (:func:`spec_config`), handing vLLM's
-spec a copy of the extra config with that ``cpu_bytes_to_use``. vLLM's own
+worker's size is a result: it is recorded in the engine's context
+(plugin/engine_context.py), and the connectors build the spec from it
+(:func:`spec_config`), handing vLLM's spec a copy of the extra config with
+that ``cpu_bytes_to_use``. vLLM's own
 ``kv_connector_extra_config`` keeps the provisional size; nothing edits it
 after start-up.
 
 Process: the API server's (the provisional size), the worker's and the
 connector's. The worker runs ``determine_available_memory`` before the
-engine core builds either side of the connector. With the in-process 'uni'
-executor, which offloading requires (kv_offload/refusals.py refuses the
-others), that is one process, and both sides see the settled size. Where
-the worker is elsewhere, nothing is recorded in this process and the spec
-is sized from the provisional size, as vLLM's dict would have sized it.
+engine core builds either side of the connector, and both sides see the
+settled size in their engine's context (plugin/engine_context.py, which
+says why they are one process). Where the worker is elsewhere, nothing is
+recorded in this process and the spec is sized from the provisional size,
+as vLLM's dict would have sized it.
 
 What the automatic size is for. On unified memory the pool and the KV cache
 (L1) are the same RAM: a block in the pool is a copy of bytes L1 could have
@@ -38,7 +39,6 @@ what L1 held, and the start-up log says so (:data:`POOL_ONLY_NOTE`).
 from __future__ import annotations
 
 import dataclasses
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -123,9 +123,9 @@ def resize_auto_pool(vllm_config, offload: OffloadPlan | None, left: int) -> Poo
     """The automatic pool size again, from ``left``: the budget left once the
     weights and the activations' peak are measured (the worker, before the
     engine core builds the connector). A result, not an edit of vLLM's
-    config: the worker records it (:data:`SETTLED_POOLS`) and the connector
-    sizes the spec from it. None when the size was given by the user, or
-    offloading is off."""
+    config: the worker records it in the engine's context
+    (plugin/engine_context.py) and the connectors size the spec from it. None
+    when the size was given by the user, or offloading is off."""
     if offload is None or not offload.pool.auto:
         return None
     model, cache = vllm_config.model_config, vllm_config.cache_config
@@ -141,45 +141,16 @@ def resize_auto_pool(vllm_config, offload: OffloadPlan | None, left: int) -> Poo
     return PoolSize(size.bytes, size.reason, auto=True)
 
 
-class SettledPools:
-    """The worker's pool size by engine id, in this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sizes: dict[str, PoolSize] = {}
-
-    def record(self, engine_id: str, size: PoolSize) -> None:
-        """Set once: a second, different size means two workers disagree."""
-        with self._lock:
-            known = self._sizes.get(engine_id)
-            if known is not None and known.bytes != size.bytes:
-                raise ValueError(
-                    f"engine {engine_id}: the host pool was settled at {known.bytes} "
-                    f"bytes and again at {size.bytes}; one worker settles it once."
-                )
-            self._sizes[engine_id] = size
-
-    def get(self, engine_id: str) -> PoolSize | None:
-        with self._lock:
-            return self._sizes.get(engine_id)
-
-    def forget(self, engine_id: str) -> None:
-        with self._lock:
-            self._sizes.pop(engine_id, None)
-
-
-SETTLED_POOLS = SettledPools()
-
-
-def pool_for(engine_id: str, offload: OffloadPlan, settled: SettledPools = SETTLED_POOLS):
-    """The pool size the spec is built with: the worker's, when the size was
-    ours to settle and the worker settled it here; else the plan's."""
+def pool_for(offload: OffloadPlan, settled: PoolSize | None) -> PoolSize:
+    """The pool size the spec is built with: the worker's (``settled``, from
+    the engine's context), when the size was ours to settle and the worker
+    settled it in this process; else the plan's."""
     if offload.pool.auto:
-        return settled.get(engine_id) or offload.pool
+        return settled or offload.pool
     return offload.pool
 
 
-def spec_config(offloading_config, offload: OffloadPlan, settled: SettledPools = SETTLED_POOLS):
+def spec_config(offloading_config, offload: OffloadPlan, settled: PoolSize | None):
     """vLLM's OffloadingConfig for our spec, with the settled pool size.
 
     A user-given size is left as vLLM wrote it (``--kv-offloading-size`` in
@@ -187,6 +158,6 @@ def spec_config(offloading_config, offload: OffloadPlan, settled: SettledPools =
     in a copy of the extra config: vLLM's dict is not edited."""
     if not offload.pool.auto:
         return offloading_config
-    size = pool_for(offloading_config.engine_id, offload, settled)
+    size = pool_for(offload, settled)
     extra = {**offloading_config.extra_config, "cpu_bytes_to_use": size.bytes}
     return dataclasses.replace(offloading_config, extra_config=extra)

@@ -5,12 +5,14 @@ Named in ``kv_connector_extra_config`` by ``spec_name``/``spec_module_path``
 host pool alone (L2), ``UmaTieredOffloadingSpec`` when a disk tier (L3) is
 configured. Our connector builds them with :func:`make_spec`, which hands
 each the offloading part of the plugin's settings plan (plugin/settings.py):
-the disk tier and the namespace inputs the API server resolved.
+the disk tier and the namespace inputs the API server resolved; and the
+engine's context (plugin/engine_context.py).
 
 vLLM builds the spec twice: in the scheduler (which calls
-``get_manager``) and in the worker (``get_worker``); with the in-process
-'uni' worker both live in the engine-core process and share one HostPool
-through ``SHARED_POOLS``.
+``get_manager``) and in the worker (``get_worker``); both live in the
+engine-core process, and their connectors hand both the engine's context
+(plugin/engine_context.py): the worker side's mover opens the host pool
+there, the scheduler side's manager borrows it.
 
 Scheduler side: our pool manager (pool_manager.py: vLLM's
 CPUOffloadingManager with the book of rows ours; for tiers, vLLM's
@@ -37,12 +39,12 @@ from vllm_uma.kv_offload import metrics
 from vllm_uma.kv_offload.config import OffloadPlan
 from vllm_uma.kv_offload.disk.layout import NOINDEX, Layout
 from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
-from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.kv_offload.mover import HostPoolMover
 from vllm_uma.kv_offload.pool_manager import UmaPoolManager, UmaPrimaryTier
 from vllm_uma.kv_offload.staging_store import StagingTieringManager
 from vllm_uma.models.publish import default_cache_root
 from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin.engine_context import EngineContext
 
 # vLLM internals used here, checked now: a changed one fails this import in
 # one line (plugin/vllm_contract/), not a request later.
@@ -63,19 +65,24 @@ def check_layout(spec: CPUOffloadingSpec) -> None:
         )
 
 
-def make_mover(spec: CPUOffloadingSpec, kv_caches: CanonicalKVCaches) -> HostPoolMover:
-    engine_id = spec.config.engine_id
-    pool = SHARED_POOLS.open(engine_id, spec.num_chunks, spec.kv_bytes_per_chunk)
+def make_mover(
+    spec: CPUOffloadingSpec, kv_caches: CanonicalKVCaches, context: EngineContext
+) -> HostPoolMover:
+    """The mover over the engine's host pool, which it opens (the first
+    reference) and releases at its shutdown."""
+    shared = context.host_pool
+    pool = shared.open(spec.num_chunks, spec.kv_bytes_per_chunk)
     try:
-        return HostPoolMover(kv_caches, pool, on_shutdown=lambda: SHARED_POOLS.release(engine_id))
+        return HostPoolMover(kv_caches, pool, on_shutdown=shared.release)
     except Exception:
-        SHARED_POOLS.release(engine_id)
+        shared.release()
         raise
 
 
-def make_spec(config, offload: OffloadPlan):
+def make_spec(config, offload: OffloadPlan, context: EngineContext):
     """vLLM's ``OffloadingSpecFactory.create_spec``, with the plan's
-    offloading part passed to our spec (vLLM's factory passes the config only)."""
+    offloading part and the engine's context passed to our spec (vLLM's
+    factory passes the config only)."""
     spec_cls = OffloadingSpecFactory.get_spec_cls(config.extra_config)
     if not issubclass(spec_cls, HostPoolWorkerMixin):
         raise ValueError(
@@ -85,18 +92,19 @@ def make_spec(config, offload: OffloadPlan):
         )
     spec_name = config.extra_config.get("spec_name", "CPUOffloadingSpec")
     factory_logger.info("Creating offloading spec with name: %s", spec_name)
-    return spec_cls(config, offload)
+    return spec_cls(config, offload, context)
 
 
 class HostPoolWorkerMixin:
-    """The worker side both specs share: our mover over the shared host pool,
-    and the metrics both export.
+    """The worker side both specs share: our mover over the engine's host
+    pool, and the metrics both export.
 
     vLLM's get_worker refuses any platform but CUDA and XPU before it calls
-    create_worker, so ours replaces it whole, and keeps the mover in an
-    attribute of its own (vLLM's ``_worker`` stays None)."""
+    create_worker, so ours replaces it whole, and keeps the mover in the
+    engine's context, where the worker-side connector finds it (vLLM's
+    ``_worker`` stays None)."""
 
-    _mover: HostPoolMover | None = None
+    _context: EngineContext
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]):
@@ -105,22 +113,19 @@ class HostPoolWorkerMixin:
         return {**super().build_metric_definitions(extra_config), **metrics.DEFINITIONS}
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if self._mover is None:
-            self._mover = make_mover(self, kv_caches)
-        return self._mover
-
-    def mover(self) -> HostPoolMover | None:
-        """The worker side's mover, once vLLM built it (None before, and on
-        the scheduler side)."""
-        return self._mover
+        context = self._context
+        if context.mover is None:
+            context.mover = make_mover(self, kv_caches, context)
+        return context.mover
 
 
 class UmaOffloadingSpec(HostPoolWorkerMixin, CPUOffloadingSpec):
     """L2 only: our pool manager (vLLM's, pool_manager.py) decides, our mover copies."""
 
-    def __init__(self, config, offload: OffloadPlan | None = None):
+    def __init__(self, config, offload: OffloadPlan | None, context: EngineContext):
         super().__init__(config)
         check_layout(self)
+        self._context = context
         self._pool_manager: UmaPoolManager | None = None
 
     def get_manager(self) -> OffloadingManager:
@@ -143,8 +148,8 @@ class UmaOffloadingSpec(HostPoolWorkerMixin, CPUOffloadingSpec):
 class PoolRegion:
     """The host pool as the primary tier's ``mmap_region`` (the two calls it makes)."""
 
-    def __init__(self, engine_id: str):
-        pool = SHARED_POOLS.existing(engine_id)
+    def __init__(self, context: EngineContext):
+        pool = context.host_pool.existing()
         if pool is None:
             # The worker registers its KV caches (and opens the pool) before
             # the scheduler is built; no pool here means it runs elsewhere.
@@ -154,14 +159,14 @@ class PoolRegion:
                 "Remove --distributed-executor-backend (vllm-uma offloads with "
                 "the in-process 'uni' executor only)."
             )
-        self._engine_id = engine_id
-        self._pool = SHARED_POOLS.open(engine_id, pool.num_rows, pool.row_bytes)
+        self._shared = context.host_pool
+        self._pool = self._shared.open(pool.num_rows, pool.row_bytes)
 
     def create_kv_memoryview(self) -> memoryview:
         return self._pool.kv_memoryview()
 
     def cleanup(self) -> None:
-        SHARED_POOLS.release(self._engine_id)
+        self._shared.release()
 
 
 class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
@@ -183,11 +188,12 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
             metrics.update(NetworkTier.build_metric_definitions(extra_config))
         return metrics
 
-    def __init__(self, config, offload: OffloadPlan | None = None):
+    def __init__(self, config, offload: OffloadPlan | None, context: EngineContext):
         super().__init__(config)
         check_layout(self)
         self._offload = offload
         self._tiered_manager: TieringOffloadingManager | None = None
+        self._context = context
 
     def get_manager(self) -> OffloadingManager:
         # Replaces vLLM's get_manager, body and all (it would build vLLM's own
@@ -212,7 +218,7 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
         namespace, fingerprint = self._namespace(offload)
         primary = UmaPrimaryTier(
             num_chunks=self.num_chunks,
-            mmap_region=PoolRegion(self.config.engine_id),
+            mmap_region=PoolRegion(self._context),
             cache_policy=self.eviction_policy,
             cache_policy_module_path=self.cache_policy_module_path,
             enable_events=self.kv_events_config.enable_kv_cache_events,

@@ -12,7 +12,7 @@ Where each piece runs (all in the engine-core process, the 'uni' executor):
     l1_pages.py: block -> byte ranges  l1_blocks.py: free L1 blocks, by value
         |  (addresses only)            pool_rows.py: free / idle pool rows,
         |                                  asked of kv_offload/pool_manager.py
-        +---------> L1_PAGES ------->  releaser.py:  idle pass, pressure pass
+        +--> the engine's context -->  releaser.py:  idle pass, pressure pass
                                        tiers.py:     BlockHolder, the question
                                                      asked of the pool and disk
                                        pressure.py:  PSI, MemAvailable, cgroup
@@ -28,7 +28,7 @@ Where each piece runs (all in the engine-core process, the 'uni' executor):
 Invariant: a block or row leaves every index that could find it (vLLM's
 prefix cache, the pool manager's policy) before its pages go back, so a later
 hit is a restore or a recompute, never stale bytes; nothing in use or read
-by a copy in flight is touched. The worker closes L1_PAGES (waiting for a
+by a copy in flight is touched. The worker closes the page map (waiting for a
 pass in progress) before it frees the KV cache; the scheduler keeps its own
 reference to the pool until its thread has stopped.
 

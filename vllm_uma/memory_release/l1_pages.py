@@ -13,10 +13,10 @@ per layer:
     +-------+-------+-----+---------+-------+-------+-------------+
     offset  +page                   offset + layer_stride
 
-The worker builds the map once the KV cache exists and leaves it in this
-process's ``L1PageRegistry`` (the scheduler, in the same engine-core
-process with the 'uni' executor, reads it: only addresses cross, never
-tensors).
+The worker builds the map once the KV cache exists and leaves it in the
+``L1PageRegistry`` of its engine's context (plugin/engine_context.py); the
+scheduler's release thread, in the same engine-core process, reads it
+there: only addresses cross, never tensors.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def build_l1_page_map(kv_cache_config, base_address: int) -> L1PageMap | None:
 
 
 class L1PageRegistry:
-    """The one L1 page map of this process, set by the worker."""
+    """One engine's L1 page map, set by the worker, read by the release thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -137,6 +137,3 @@ class L1PageRegistry:
         """The KV cache is about to be freed: no pass may touch it any more."""
         with self._lock:
             self._map = None
-
-
-L1_PAGES = L1PageRegistry()

@@ -29,9 +29,10 @@ scheduled requests (``ref_cnt > 0``, never touched), and the stores that
 still read freed blocks are skipped (l1_blocks.py). Taking an uncontended
 lock costs well under a microsecond a call.
 
-What crosses processes: nothing. The L1 page map comes from the worker in
-this process (l1_pages.py, the 'uni' executor); counters go to /metrics
-with the KV connector's stats of the next engine step.
+What crosses processes: nothing. The L1 page map and the host pool come
+from the worker in this process, through the engine's context
+(plugin/engine_context.py, the 'uni' executor); counters go to /metrics with the
+KV connector's stats of the next engine step.
 """
 
 from __future__ import annotations
@@ -44,16 +45,15 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_uma import exit_without_collection
 from vllm_uma.kv_offload import metrics
-from vllm_uma.kv_offload.host_pool import SHARED_POOLS
 from vllm_uma.log import get_logger
 from vllm_uma.memory_release.l1_blocks import L1Blocks
-from vllm_uma.memory_release.l1_pages import L1_PAGES
 from vllm_uma.memory_release.pool_rows import PoolRows
 from vllm_uma.memory_release.pressure import PressureWatch
 from vllm_uma.memory_release.releaser import Releaser, ReleaseReport
 from vllm_uma.memory_release.tiers import BlockHolder
 from vllm_uma.memory_release.warm_reserve import WarmReserve, reserve_size
 from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin.engine_context import engine_context
 from vllm_uma.plugin.settings import read_settings
 from vllm_uma.plugin.vllm_contract.scheduler_methods import LOCKED
 
@@ -110,7 +110,9 @@ class ReleasingScheduler:
         self._quiet_ticks = 0
         self._warmed_once = False
         self._stop = threading.Event()
-        self._pool_engine_id: str | None = None
+        # What the worker left for us (the page map, the host pool).
+        self._engine = engine_context(self.vllm_config)
+        self._borrowed_pool = None  # our reference to the host pool, if we hold one
         self._releaser = self._build_releaser()
         self._watch = PressureWatch() if self._uma.memory_pressure == "psi" else None
         self._thread = None
@@ -137,9 +139,9 @@ class ReleasingScheduler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._pool_engine_id is not None:
-            SHARED_POOLS.release(self._pool_engine_id)
-            self._pool_engine_id = None
+        if self._borrowed_pool is not None:
+            self._borrowed_pool.release()
+            self._borrowed_pool = None
         super().shutdown()
         # A stop on purpose exits without its last garbage collection, 1.5 s
         # sooner; a fatal error (this runs then too) exits as before.
@@ -148,7 +150,7 @@ class ReleasingScheduler:
     # -- building the releaser from the scheduler's parts ---------------------
 
     def _build_releaser(self) -> Releaser | None:
-        page_map = L1_PAGES.get()
+        page_map = self._engine.l1_pages.get()
         if page_map is None:
             logger.warning(
                 "KV memory release is off: the worker's KV cache is not in this "
@@ -164,13 +166,13 @@ class ReleasingScheduler:
             manager = offload.manager
             primary = getattr(manager, "primary_tier", manager)
             tiers = getattr(manager, "secondary_tiers", [])
-            engine_id = self.vllm_config.kv_transfer_config.engine_id
-            existing = SHARED_POOLS.existing(engine_id)
+            shared = self._engine.host_pool
+            existing = shared.existing()
             if existing is not None:
                 # Our own reference: the pool stays mapped until the release
                 # thread has stopped, whatever the engine shuts down first.
-                pool = SHARED_POOLS.open(engine_id, existing.num_rows, existing.row_bytes)
-                self._pool_engine_id = engine_id
+                pool = shared.open(existing.num_rows, existing.row_bytes)
+                self._borrowed_pool = shared
                 pool_rows = PoolRows(primary, pool)
             holders = [t for t in tiers if isinstance(t, BlockHolder)]
             if holders:
@@ -218,7 +220,7 @@ class ReleasingScheduler:
             try:
                 # Held for the tick: the worker cannot free the KV cache under
                 # a pass (it closes the registry first when it shuts down).
-                with L1_PAGES.held() as page_map:
+                with self._engine.l1_pages.held() as page_map:
                     if page_map is None:
                         return
                     self._tick()

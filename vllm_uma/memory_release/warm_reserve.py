@@ -43,7 +43,7 @@ Why no lock while faulting: the blocks and rows are chosen under the
 scheduler's lock; ``MADV_POPULATE_WRITE`` never changes a byte, so if the
 engine hands a block out meanwhile and a forward or a restore writes it, the
 two do not race on its data. The worker cannot free the KV cache meanwhile:
-the release thread holds L1_PAGES for its whole tick.
+the release thread holds the L1 page map (plugin/engine_context.py) for its whole tick.
 
 Process: the engine core (the 'uni' executor); nothing crosses processes.
 """

@@ -8,7 +8,8 @@ worker_memory.py), the CPU kernel set-up (cpu_kernels.py), what the CPU
 computes in (precision.py; cpu_features.py, read without torch for
 ``vllm-uma serve``'s preflight), the ``vllm_uma``
 settings (config.py) and the one vLLM version they are written against
-(vllm_version.py).
+(vllm_version.py), and what the scheduler side and the worker side of one
+engine core share (engine_context.py).
 
 Runs in the API server, the engine core and each worker; importing this
 package imports none of its modules, so vLLM's plugin discovery stays cheap.

@@ -54,10 +54,9 @@ the spec and the disk tier (kv_offload/connector.py, spec.py).
 
 The one value settled later: an automatic host-pool size is sized again by
 the worker once weights and activations are measured. That is the worker's
-result (kv_offload/pool_size.py: recorded once per engine, in the process
-that runs the worker and, with the 'uni' executor offloading requires, the
-scheduler), which the connector reads when it builds the spec; the plan and
-vLLM's dicts keep the provisional size.
+result (kv_offload/pool_size.py: recorded once, in the engine's context,
+plugin/engine_context.py), which the connectors read when they build the
+spec; the plan and vLLM's dicts keep the provisional size.
 """
 
 from __future__ import annotations

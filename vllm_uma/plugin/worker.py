@@ -5,14 +5,17 @@ Extension point: the platform sets ``parallel_config.worker_cls`` to
 here crosses a process boundary except what vLLM already sends: the KV size
 returned by ``determine_available_memory`` goes to the engine core, which
 turns it into a ``KVCacheConfig`` and sends it back to
-``initialize_from_config``.
+``initialize_from_config``. What the scheduler side needs of the worker (the
+settled pool size, the L1 page map) is left in the engine's context
+(engine_context.py).
 
 Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 - no start-up check that ``utilization x NUMA-node RAM`` is free now: the
   budget is a ceiling over the whole RAM (memory.py);
 - the KV cache size is ``budget - weights - activations - pool``; an
   automatic pool size is settled here, from the budget left after weights
-  and activations, and recorded for the connector (kv_offload/pool_size.py);
+  and activations, and recorded in the engine's context for the connectors
+  (kv_offload/pool_size.py);
 - the KV buffer is allocated lazily (lazy_kv.py) unless vLLM says the layout
   needs zeroing;
 - the weights are locked in RAM after loading (wiring.py);
@@ -38,12 +41,13 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_uma.kv_offload.pool_size import SETTLED_POOLS, resize_auto_pool
+from vllm_uma.kv_offload.pool_size import resize_auto_pool
 from vllm_uma.kv_offload.weight_updates import refuse_weight_change, tiers_named
 from vllm_uma.log import get_logger
-from vllm_uma.memory_release.l1_pages import L1_PAGES, L1PageMap, build_l1_page_map
+from vllm_uma.memory_release.l1_pages import L1PageMap, build_l1_page_map
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.cpu_kernels import prepare_worker_process
+from vllm_uma.plugin.engine_context import engine_context
 from vllm_uma.plugin.lazy_kv import LazyZerosMode
 from vllm_uma.plugin.memory import BudgetInputs, MemoryBudgetError, fmt_gib, kv_cache_bytes
 from vllm_uma.plugin.platform import total_ram_bytes
@@ -191,13 +195,14 @@ class UmaWorker(CPUWorker):
 
     def _settle_pool(self, left: int) -> int:
         """The host pool's bytes: an automatic size settled from ``left`` and
-        recorded for the connector (pool_size.py), else the planned size."""
+        recorded in the engine's context for the connectors (pool_size.py),
+        else the planned size."""
         offload = self.settings.offload
         pool = resize_auto_pool(self.vllm_config, offload, left)
         if pool is None:
             return self.settings.pool_bytes
         logger.info("KV offloading: host pool of %s (%s).", fmt_gib(pool.bytes), pool.reason)
-        SETTLED_POOLS.record(self.vllm_config.kv_transfer_config.engine_id, pool)
+        engine_context(self.vllm_config).settle_pool_size(pool)
         return pool.bytes
 
     def _activation_high_water(self) -> int:
@@ -244,7 +249,7 @@ class UmaWorker(CPUWorker):
         lower_tier = offload.lower_tier if offload is not None else None
         logger.info("%s", breakdown.log_line(fleet, lower_tier))
         self._keep_kv_cache_pageable()
-        L1_PAGES.set(self._l1_page_map(kv_cache_config))
+        engine_context(self.vllm_config).l1_pages.set(self._l1_page_map(kv_cache_config))
 
     def _kv_caches(self) -> list[torch.Tensor]:
         """The model runner's KV cache tensors, once allocated."""
@@ -288,7 +293,7 @@ class UmaWorker(CPUWorker):
     def shutdown(self) -> None:
         # Waits for a release pass in progress, and stops later ones, before
         # the KV cache is freed (memory_release/scheduler.py).
-        L1_PAGES.close()
+        engine_context(self.vllm_config).l1_pages.close()
         super().shutdown()
 
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:

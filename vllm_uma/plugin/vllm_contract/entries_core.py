@@ -30,6 +30,7 @@ BLOCK_SIZE = ("vllm_uma.plugin.block_size",)
 PRECISION = ("vllm_uma.plugin.platform",)
 ENGINE_CORE_FILE = "vllm.v1.engine.core"
 WEIGHT_UPDATES = ("vllm_uma.kv_offload.weight_updates",)
+ENGINE_CONTEXT = ("vllm_uma.plugin.engine_context",)
 
 # ModelConfig fields of vLLM 0.32.0 that can change the weights or the code
 # computing the KV: the contract checks each is a field, and the disk tier's
@@ -143,6 +144,15 @@ ENTRIES = (
         LAZY,
         "the one torch.zeros LazyZerosMode turns into torch.empty",
         text="buf = torch.zeros(buf_size, dtype=torch.int8, device=device)",
+    ),
+    # -- plugin/engine_context.py: both sides of an engine core meet on one VllmConfig (texts)
+    Text(
+        "vllm.v1.executor.uniproc_executor",
+        "",
+        ENGINE_CONTEXT,
+        "the 'uni' executor hands the worker the engine core's own VllmConfig, "
+        "which the scheduler gets too: the engine's context rides on it",
+        text="vllm_config=self.vllm_config,",
     ),
     # -- plugin/platform.py
     Text(
