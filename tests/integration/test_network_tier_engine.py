@@ -206,8 +206,7 @@ def _tiered_spec(tmp_path, offload, context):
     """UmaTieredOffloadingSpec's scheduler side, without vLLM's __init__."""
     from types import SimpleNamespace
 
-    from test_namespace_inputs import OFFLOADING
-
+    from tests.unit.test_namespace_inputs import OFFLOADING
     from vllm_uma.kv_offload import spec
 
     model = tmp_path / "model"

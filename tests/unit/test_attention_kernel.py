@@ -59,8 +59,7 @@ def test_the_kernels_are_vllms_own_choice_for_each_group():
 
 
 def test_the_kernels_join_the_namespace_inputs_and_change_the_namespace(monkeypatch):
-    from test_namespace_inputs import OFFLOADING
-
+    from tests.unit.test_namespace_inputs import OFFLOADING
     from vllm_uma.kv_offload.disk.namespace import namespace_for
 
     ids = []

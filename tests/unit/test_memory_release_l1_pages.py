@@ -18,11 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_lazy_kv import _config as build_kv_config
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker.utils import allocate_kv_cache
 
+from tests.unit.test_lazy_kv import _config as build_kv_config
 from vllm_uma.memory_release.l1_pages import L1PageRegistry, build_l1_page_map
 from vllm_uma.memory_release.pages import merge
 

@@ -17,8 +17,8 @@ import pickle
 from types import SimpleNamespace
 
 import pytest
-from test_offload_config import PER_TOKEN, GiB, connector, vllm_config
 
+from tests.unit.test_offload_config import PER_TOKEN, GiB, connector, vllm_config
 from vllm_uma.kv_offload.pool_size import PoolSize, resize_auto_pool, spec_config
 from vllm_uma.kv_offload.refusals import OffloadingConfigError
 from vllm_uma.plugin import settings as st
