@@ -24,6 +24,7 @@ Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 - one parseable ``memory breakdown:`` line once the KV cache exists
   (worker_memory.py measures its figures);
 - AMX tile permission and crash stacks for vLLM's kernels (cpu_kernels.py);
+- 4-bit GPTQ linears through PyTorch's CPU int4 matmul (int4_linear.py);
 - no in-place weight change (reload_weights, reset_weights, update_config)
   under a disk or network tier (kv_offload/weight_updates.py).
 """
@@ -45,7 +46,7 @@ from vllm_uma.kv_offload.pool_size import resize_auto_pool
 from vllm_uma.kv_offload.weight_updates import refuse_weight_change, tiers_named
 from vllm_uma.log import get_logger
 from vllm_uma.memory_release.l1_pages import L1PageMap, build_l1_page_map
-from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin import int4_linear, vllm_contract
 from vllm_uma.plugin.cpu_kernels import prepare_worker_process
 from vllm_uma.plugin.engine_context import engine_context
 from vllm_uma.plugin.lazy_kv import LazyZerosMode
@@ -116,6 +117,8 @@ class UmaWorker(CPUWorker):
         # The weights' footprint is what loading adds to the process: vLLM
         # CPU repacks linear weights into C++-owned buffers after loading,
         # so counting parameters would miss most of them (wiring.py).
+        # Our 4-bit kernel is chosen, if at all, while vLLM builds the model.
+        int4_linear.install(self.vllm_config.model_config.quantization)
         maps_before = read_maps()
         rss_before = rss()
         super().load_model(load_dummy_weights=load_dummy_weights)

@@ -9,12 +9,15 @@ libraries' symbols.
 
 from __future__ import annotations
 
-from vllm_uma.plugin.vllm_contract.kinds import Text
+from vllm_uma.plugin.vllm_contract.kinds import Method, Text
 
 PREFLIGHT = ("vllm_uma.commands.preflight_int4",)
 RTN = ("vllm_uma.models.gptq_rtn",)
 CPU_KERNEL = "vllm.model_executor.kernels.linear.mixed_precision.cpu"
 AUTO_GPTQ = "vllm.model_executor.layers.quantization.auto_gptq"
+LINEAR = ("vllm_uma.plugin.int4_linear",)
+KERNELS = "vllm.model_executor.kernels.linear"
+MP_KERNEL = "vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel:MPLinearKernel"
 
 ENTRIES = (
     # -- commands/preflight_int4.py: why the refusals hold
@@ -94,5 +97,73 @@ ENTRIES = (
         RTN,
         "g_idx is written for other GPTQ loaders; vLLM drops it",
         text='return WeightsMapper(orig_to_new_suffix={".g_idx": None})',
+    ),
+    # -- plugin/int4_linear.py: our kernel, where vLLM chooses one
+    Method(
+        KERNELS,
+        "register_linear_kernel",
+        LINEAR,
+        "appends our kernel to the CPU platform's list (public)",
+        params=("kernel_class", "platform", "kernel_type"),
+    ),
+    Text(
+        KERNELS,
+        "choose_mp_linear_kernel",
+        LINEAR,
+        "VLLM_DISABLED_KERNELS takes vLLM's CPU int4 kernel out of the choice",
+        text="if kernel.__name__ in envs.VLLM_DISABLED_KERNELS:",
+    ),
+    Text(
+        KERNELS,
+        "",
+        LINEAR,
+        "the kernel we take out is vLLM's CPU int4 kernel, in the CPU list",
+        text="CPUWNA16LinearKernel,",
+    ),
+    Text(
+        "vllm.envs",
+        "",
+        LINEAR,
+        "read from the environment at each choice until vLLM caches it after start-up",
+        text='"VLLM_DISABLED_KERNELS": lambda: (',
+    ),
+    Text(
+        AUTO_GPTQ,
+        "",
+        LINEAR,
+        "GPTQ layers have no zero points (uint4b8: w = (q - 8) * scale); their parameters",
+        text="zero_points=False,",
+    ),
+    *(
+        Text(AUTO_GPTQ, "", LINEAR, f"the GPTQ parameter our kernel repacks: {name}", text=text)
+        for name, text in (
+            ("qweight", 'w_q_param_name="qweight",'),
+            ("scales", 'w_s_param_name="scales",'),
+            ("qzeros", 'w_zp_param_name="qzeros",'),
+        )
+    ),
+    Method(
+        MP_KERNEL,
+        "__init__",
+        LINEAR,
+        "our kernel's base",
+        params=("c", "w_q_param_name", "w_s_param_name", "w_zp_param_name"),
+    ),
+    Method(MP_KERNEL, "can_implement", LINEAR, "asked per layer", params=("c",)),
+    Method(MP_KERNEL, "process_weights_after_loading", LINEAR, "repacks once", params=("layer",)),
+    Method(MP_KERNEL, "apply_weights", LINEAR, "each forward", params=("layer", "x", "bias")),
+    Method(
+        "vllm.model_executor.layers.quantization.utils.quant_utils",
+        "unpack_quantized_values_into_int32",
+        LINEAR,
+        "unpacks GPTQ's qweight along its input dim",
+        params=("w_q", "wtype", "packed_dim"),
+    ),
+    Method(
+        "vllm.model_executor.layers.quantization.utils.layer_utils",
+        "replace_parameter",
+        LINEAR,
+        "swaps a layer's parameter for the repacked one",
+        params=("mod", "name", "new"),
     ),
 )
