@@ -90,8 +90,8 @@ def run_burst(server, timeout_s: float = 60) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         counters = offload_counters(server)
-        settled = counters["blocks_stored"] + counters["dropped"] >= BURST * 9
-        if settled or time.monotonic() > deadline:
+        accounted = counters["blocks_stored"] + counters["dropped"] >= BURST * 9
+        if accounted or time.monotonic() > deadline:
             return counters
         time.sleep(0.5)
 

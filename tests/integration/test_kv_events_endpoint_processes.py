@@ -31,7 +31,7 @@ from argparse import Namespace
 from vllm.config.kv_events import KVEventsConfig
 from vllm_uma.commands import kv_events_endpoint as kv
 events = KVEventsConfig(enable_kv_cache_events=True)
-kv.settle(Namespace(kv_events_config=events, port=8124, uds=None), [])
+kv.choose_endpoint(Namespace(kv_events_config=events, port=8124, uds=None), [])
 sock = zmq.Context().socket(zmq.PUB)
 sock.bind(events.endpoint)  # as vLLM's publisher does, which leaves the file
 import atexit

@@ -36,7 +36,7 @@ def test_a_directory_another_user_owns_is_refused_with_the_fix(cache_root):
     os.chown(run, 65534, 65534)
     events = KVEventsConfig(enable_kv_cache_events=True)
     with pytest.raises(PreflightError) as err:
-        kv.settle(args_for(events), ON)
+        kv.choose_endpoint(args_for(events), ON)
     message = str(err.value)
     assert message.startswith(f"{run} is ") and "owned by" in message
     assert "--kv-events-config.endpoint" in message

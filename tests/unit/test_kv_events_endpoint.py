@@ -78,7 +78,7 @@ def test_the_default_becomes_a_private_socket_that_vllms_publisher_binds(cache_r
 
     events = KVEventsConfig(enable_kv_cache_events=True)
     assert events.endpoint == "tcp://*:5557"  # vLLM's default: any host
-    kv.settle(args_for(events), ON)
+    kv.choose_endpoint(args_for(events), ON)
     path = cache_root / "run" / "kv-events-8123.sock"
     assert events.endpoint == f"ipc://{path}"
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
@@ -101,7 +101,7 @@ def test_the_default_becomes_a_private_socket_that_vllms_publisher_binds(cache_r
 
 def test_a_named_endpoint_is_kept_and_an_open_one_is_named(warnings):
     events = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://*:5557")
-    kv.settle(args_for(events), ["--kv-events-config.endpoint", "tcp://*:5557"])
+    kv.choose_endpoint(args_for(events), ["--kv-events-config.endpoint", "tcp://*:5557"])
     assert events.endpoint == "tcp://*:5557"
     assert len(warnings) == 1
     assert "tcp://*:5557 is reachable by any host that can reach this machine" in warnings[0]
@@ -109,15 +109,15 @@ def test_a_named_endpoint_is_kept_and_an_open_one_is_named(warnings):
 
 def test_an_open_replay_endpoint_is_named_too(warnings):
     events = KVEventsConfig(enable_kv_cache_events=True, replay_endpoint="tcp://*:5558")
-    kv.settle(args_for(events), ON)
+    kv.choose_endpoint(args_for(events), ON)
     assert events.endpoint.startswith("ipc://")
     assert ["replay_endpoint tcp://*:5558" in w for w in warnings] == [True]
 
 
 def test_events_off_change_nothing(warnings):
     events = KVEventsConfig(enable_kv_cache_events=False)
-    kv.settle(args_for(events), [])
-    kv.settle(args_for(None), [])
+    kv.choose_endpoint(args_for(events), [])
+    kv.choose_endpoint(args_for(None), [])
     assert events.endpoint == "tcp://*:5557" and warnings == []
 
 
@@ -133,7 +133,7 @@ def test_a_planted_directory_is_refused_with_the_fix(cache_root, tmp_path, plant
         run.chmod(0o777)
     events = KVEventsConfig(enable_kv_cache_events=True)
     with pytest.raises(PreflightError) as err:
-        kv.settle(args_for(events), ON)
+        kv.choose_endpoint(args_for(events), ON)
     message = str(err.value)
     assert message.startswith(f"{run} is ")
     assert {"open": "open to other users", "symlink": "a symbolic link"}[planted] in message
@@ -144,4 +144,4 @@ def test_a_planted_directory_is_refused_with_the_fix(cache_root, tmp_path, plant
 def test_a_socket_path_too_long_for_unix_is_refused(cache_root, monkeypatch):
     monkeypatch.setenv("VLLM_UMA_CACHE_DIR", str(cache_root / ("d" * 120)))
     with pytest.raises(PreflightError, match="over the 107 a Unix socket allows"):
-        kv.settle(args_for(KVEventsConfig(enable_kv_cache_events=True)), ON)
+        kv.choose_endpoint(args_for(KVEventsConfig(enable_kv_cache_events=True)), ON)

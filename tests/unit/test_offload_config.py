@@ -136,7 +136,7 @@ def test_connector_without_size_gets_two_requests_of_kv():
     pool = oc.translate(cfg, 24 * GiB).pool
     assert pool.bytes == 2 * 8192 * PER_TOKEN
     assert "2 x max_model_len=8192" in pool.reason
-    assert "at most, settled once the weights load" in pool.reason  # the worker resizes it
+    assert "at most, final once the weights load" in pool.reason  # the worker resizes it
     assert pool.auto
     # vLLM's spec needs a size to start: the provisional one.
     assert cfg.kv_transfer_config.kv_connector_extra_config["cpu_bytes_to_use"] == pool.bytes
@@ -159,9 +159,9 @@ def test_with_a_disk_tier_the_automatic_pool_is_a_staging_area(tmp_path):
     assert "staging area for the disk tier" in plan.pool.reason
     assert "max_num_batched_tokens=2048" in plan.pool.reason
     assert "L1 gets the rest of the budget" in plan.pool.reason
-    # The worker settles it the same way, from what is left.
-    settled = pool_size.resize_auto_pool(cfg, plan, left=20 * GiB)
-    assert settled.bytes == plan.pool.bytes and "staging area" in settled.reason
+    # The worker makes it final the same way, from what is left.
+    final = pool_size.resize_auto_pool(cfg, plan, left=20 * GiB)
+    assert final.bytes == plan.pool.bytes and "staging area" in final.reason
     assert pool_size.resize_auto_pool(cfg, plan, left=400_000_000).bytes == 100_000_000
     # Without the disk tier: no staging, two requests of KV.
     pool_only = oc.translate(vllm_config(ktc=connector("OffloadingConnector")), 24 * GiB)

@@ -260,21 +260,21 @@ def test_a_size_the_user_gave_reaches_the_spec_as_vllm_wrote_it():
     cfg = engine_config(size=1.5, ktc=connector(None))
     offload = st.settings_for_hook(cfg, 24 * GiB).offload
     given = offloading_config({"cpu_bytes_to_use": 1.5 * GiB})
-    settled = PoolSize(2 * GiB, "a worker's", True)
-    assert spec_config(given, offload, settled) is given
+    final = PoolSize(2 * GiB, "a worker's", True)
+    assert spec_config(given, offload, final) is given
 
 
-def test_a_pool_is_settled_once():
+def test_a_pools_final_size_is_recorded_once():
     context = EngineContext()
-    context.settle_pool_size(PoolSize(10, "x", True))
-    context.settle_pool_size(PoolSize(10, "x", True))  # the same result again is no conflict
-    with pytest.raises(ValueError, match="settled at 10 bytes and again at 11"):
-        context.settle_pool_size(PoolSize(11, "x", True))
+    context.record_pool_size(PoolSize(10, "x", True))
+    context.record_pool_size(PoolSize(10, "x", True))  # the same result again is no conflict
+    with pytest.raises(ValueError, match="recorded as 10 bytes and again as 11"):
+        context.record_pool_size(PoolSize(11, "x", True))
     assert context.pool_size.bytes == 10
 
 
 @pytest.mark.parametrize("left, expected", [(1_000_000_000, 250_000_000), (20 * GiB, None)])
-def test_the_worker_records_its_settled_pool_and_edits_no_dict(left, expected):
+def test_the_worker_records_its_final_pool_and_edits_no_dict(left, expected):
     from vllm_uma.plugin import worker
 
     cfg = engine_config(ktc=connector("OffloadingConnector"))
@@ -283,7 +283,7 @@ def test_the_worker_records_its_settled_pool_and_edits_no_dict(left, expected):
     before = copy.deepcopy((extra, cfg.additional_config))
     fake = SimpleNamespace(settings=settings, vllm_config=cfg)
     expected = 2 * 8192 * PER_TOKEN if expected is None else expected
-    assert worker.UmaWorker._settle_pool(fake, left) == expected
+    assert worker.UmaWorker._final_pool(fake, left) == expected
     # In the engine's context, where the connectors read it.
     assert engine_context(cfg).pool_size.bytes == expected
     assert (extra, cfg.additional_config) == before
@@ -294,5 +294,5 @@ def test_a_worker_with_a_given_pool_size_records_nothing():
 
     cfg = engine_config(size=1, ktc=connector(None))
     fake = SimpleNamespace(settings=st.settings_for_hook(cfg, 24 * GiB), vllm_config=cfg)
-    assert worker.UmaWorker._settle_pool(fake, 1_000_000) == 1 * GiB
+    assert worker.UmaWorker._final_pool(fake, 1_000_000) == 1 * GiB
     assert engine_context(cfg).pool_size is None

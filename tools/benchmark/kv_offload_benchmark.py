@@ -53,7 +53,7 @@ from vllm_uma import models
 from vllm_uma.kv_offload.disk.io_tasks import DEFAULT_IO_THREADS
 from vllm_uma.kv_offload.pool_size import staging_tokens
 
-PROBE_SETTLE_S = 5.0
+PROBE_PAUSE_S = 5.0
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -310,10 +310,10 @@ def run_rounds(runner: Runner, workload: str, args: argparse.Namespace) -> dict[
             # A server's exit frees gigabytes for a few seconds; a probe taken
             # then reads 30-80% slow (seen: memcpy 9.7 vs 14.7 GB/s; the loop
             # 0.09 s right after every run vs 0.05 s before it).
-            time.sleep(PROBE_SETTLE_S)
+            time.sleep(PROBE_PAUSE_S)
             before = machine_probe()
             fig = runner.run(workload, variant)
-            time.sleep(PROBE_SETTLE_S)  # the run's own server has just exited too
+            time.sleep(PROBE_PAUSE_S)  # the run's own server has just exited too
             after = machine_probe()
             fig["probe"] = {"before": before, "after": after}
             fig["order"] = position

@@ -95,10 +95,10 @@ def transfers(body: str) -> dict[str, float]:
 
 
 def measure(
-    server: Server, prompt: str, model: str = MODEL, settle: float = 0.0
+    server: Server, prompt: str, model: str = MODEL, pause: float = 0.0
 ) -> dict[str, float]:
     url = server.url
-    time.sleep(settle)
+    time.sleep(pause)
     start = time.perf_counter()
     server.post("/tokenize", {"model": model, "prompt": prompt}, timeout=60)
     tokenize = time.perf_counter() - start

@@ -89,7 +89,7 @@ class Cluster:
             zip(self.nodes, slot_ranges(len(self.nodes)), strict=True), start=1
         ):
             client = node.client()
-            # Distinct epochs up front: no collision to settle by gossip.
+            # Distinct epochs up front: no collision for gossip to resolve.
             client.execute_command("CLUSTER SET-CONFIG-EPOCH", epoch)
             client.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
         first = self.nodes[0].client()

@@ -116,7 +116,7 @@ def checked_private_dir(directory: Path, why: str, other_fix: str) -> Path:
     return directory
 
 
-def settle(args, argv: list[str]) -> None:
+def choose_endpoint(args, argv: list[str]) -> None:
     """Point a default endpoint at a private socket; warn about an open one."""
     events = getattr(args, "kv_events_config", None)
     if events is None or not events.enable_kv_cache_events:

@@ -66,7 +66,7 @@ def names_a_model(argv: list[str], parse) -> bool:
     """True if the command line names a model (positionally or with --model).
 
     ``parse`` is vLLM's serve parser. vLLM refuses --served-model-name unless
-    the model comes first, so that case is settled before parsing.
+    the model comes first, so that case is decided before parsing.
     """
     if given(argv, "--model"):
         return True
@@ -253,7 +253,7 @@ def main(argv: list[str]) -> int:
 
     get_logger(__name__).info(runtime_note)  # --help exited in vLLM's parser
     try:
-        kv_events_endpoint.settle(args, argv)
+        kv_events_endpoint.choose_endpoint(args, argv)
     except PreflightError as exc:
         return _fail(str(exc), EXIT_USAGE)
     try:

@@ -12,7 +12,7 @@ inputs: blocks written by one kernel are never read through another.
 
 Where it runs: in the engine core, in our connector's __init__
 (connector.py), where vLLM's config is resolved (the block size the CPU
-platform settled) and the KV cache groups are known; the API server, which
+platform chose) and the KV cache groups are known; the API server, which
 reads the other namespace inputs (disk/namespace_inputs.py), has neither.
 The result is a new, frozen plan for the spec; the settings plan itself is
 not changed.

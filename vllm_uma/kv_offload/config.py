@@ -11,7 +11,8 @@ does not support (refusals.py) and for weights that can change at run time
 under a disk or network tier (weight_updates.py).
 
 What vLLM reads stays in ``kv_connector_extra_config``; what only we read
-(the pool is ours to settle, the resolved disk tier, the namespace inputs)
+(whether the pool's size is ours to choose, the resolved disk tier, the
+namespace inputs)
 is returned in the :class:`OffloadPlan`, which travels in the plugin's one
 settings plan (plugin/settings.py).
 """
@@ -152,7 +153,7 @@ def _point_at_our_connector(vllm_config, spec_name: str) -> dict:
 
 
 def _planned_pool(vllm_config, extra: dict, total_ram: int, lower_tier: str | None) -> PoolSize:
-    """The size the user gave, else a provisional one (the worker settles it)."""
+    """The size the user gave, else a provisional one (the worker makes it final)."""
     cache = vllm_config.cache_config
     if cache.kv_offloading_size is not None:
         return PoolSize(int(cache.kv_offloading_size * GiB), "--kv-offloading-size")
@@ -172,9 +173,9 @@ def _planned_pool(vllm_config, extra: dict, total_ram: int, lower_tier: str | No
         max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
     )
     # vLLM's spec refuses to start without a size; the connector gives it
-    # the worker's settled one (pool_size.py).
+    # the worker's final one (pool_size.py).
     extra["cpu_bytes_to_use"] = size.bytes
-    return PoolSize(size.bytes, f"{size.reason}; at most, settled once the weights load", True)
+    return PoolSize(size.bytes, f"{size.reason}; at most, final once the weights load", True)
 
 
 # How long a stopping server may take to write its pending KV blocks to the

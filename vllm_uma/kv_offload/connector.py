@@ -62,7 +62,7 @@ from vllm.v1.request import RequestStatus
 
 from vllm_uma.kv_offload import metrics
 from vllm_uma.kv_offload.attention_kernel import with_attention_kernels
-from vllm_uma.kv_offload.holds import AtFinish, Holds, Settled
+from vllm_uma.kv_offload.holds import AtFinish, HoldOutcome, Holds
 from vllm_uma.kv_offload.pool_size import spec_config
 from vllm_uma.kv_offload.spec import make_spec
 from vllm_uma.log import get_logger
@@ -120,7 +120,7 @@ class UmaConnectorScheduler(OffloadingConnectorScheduler):
             )
         meta = super().build_connector_meta(scheduler_output)
         busy = scheduler_output.total_num_scheduled_tokens > 0
-        released = self._settle(busy=busy)
+        released = self._update_holds(busy=busy)
         released |= self._to_release
         self._to_release = set()
         return UmaConnectorMetadata(
@@ -140,19 +140,19 @@ class UmaConnectorScheduler(OffloadingConnectorScheduler):
         jobs.update(super()._build_store_jobs(scheduler_output))
         return jobs
 
-    def _settle(self, busy: bool) -> set[str]:
+    def _update_holds(self, busy: bool) -> set[str]:
         released: set[str] = set()
         in_flight = super().has_pending_push_work()
         for req_id in self._holds.held():
             status = self._req_status.get(req_id)
             unstored = 0 if status is None else self._unstored_chunks(status)
-            settlement = self._holds.settle(req_id, unstored, busy, in_flight)
-            if settlement.retry:
+            update = self._holds.update(req_id, unstored, busy, in_flight)
+            if update.retry:
                 self._connector_stats.increase_counter(metrics.STORE_RETRIES)
-            if settlement.outcome is Settled.WAITING:
+            if update.outcome is HoldOutcome.WAITING:
                 continue
-            if settlement.outcome is Settled.DROPPED:
-                self._drop(req_id, unstored, settlement.reason)
+            if update.outcome is HoldOutcome.DROPPED:
+                self._drop(req_id, unstored, update.reason)
             self._signal_finished(req_id)
             released.add(req_id)
         return released
@@ -256,9 +256,9 @@ class UmaOffloadingConnector(VllmOffloadingConnector):
         # KV (attention_kernel.py): known only here, in the engine core.
         offload = with_attention_kernels(offload, vllm_config, kv_cache_config)
         # This side's share of the engine (plugin/engine_context.py): the worker's
-        # settled pool size, the host pool, the mover.
+        # final pool size, the host pool, the mover.
         self._engine = engine_context(vllm_config)
-        # Sized from the worker's settled pool, in a copy (pool_size.py).
+        # Sized from the worker's final pool size, in a copy (pool_size.py).
         built = build_offloading_config(vllm_config, kv_cache_config)
         offloading_config = spec_config(built, offload, self._engine.pool_size)
         self._canonical_layout = offloading_config.canonical_layout

@@ -48,14 +48,14 @@ class AtFinish(enum.Enum):
     TOO_BIG = "too_big"  # more chunks than pool rows: free now, count them dropped
 
 
-class Settled(enum.Enum):
+class HoldOutcome(enum.Enum):
     STORED = "stored"  # nothing left to store: release
     WAITING = "waiting"  # keep holding, retry next step
     DROPPED = "dropped"  # gave up: release, count the blocks dropped
 
 
-class Settlement(NamedTuple):
-    outcome: Settled
+class HoldUpdate(NamedTuple):
+    outcome: HoldOutcome
     retry: bool  # this step's attempt repeated a failed one
     reason: str = ""  # why the blocks were dropped, for the log
 
@@ -90,7 +90,7 @@ class Holds:
         self._holds[req_id] = _Hold()
         return AtFinish.HOLD
 
-    def settle(self, req_id: str, unstored: int, busy: bool, in_flight: bool) -> Settlement:
+    def update(self, req_id: str, unstored: int, busy: bool, in_flight: bool) -> HoldUpdate:
         """The outcome of this step's store attempt for a held request.
 
         ``unstored``: chunks still not handed to a store after the attempt;
@@ -103,16 +103,18 @@ class Holds:
         retry = hold.attempts > 1
         if unstored <= 0:
             del self._holds[req_id]
-            return Settlement(Settled.STORED, retry)
+            return HoldUpdate(HoldOutcome.STORED, retry)
         if not in_flight:
             del self._holds[req_id]
-            return Settlement(Settled.DROPPED, retry, "no transfer in flight can free a pool row")
+            return HoldUpdate(
+                HoldOutcome.DROPPED, retry, "no transfer in flight can free a pool row"
+            )
         if hold.busy_steps >= self.max_busy_steps:
             del self._holds[req_id]
-            return Settlement(
-                Settled.DROPPED, retry, f"the pool had no room for {hold.busy_steps} busy steps"
+            return HoldUpdate(
+                HoldOutcome.DROPPED, retry, f"the pool had no room for {hold.busy_steps} busy steps"
             )
-        return Settlement(Settled.WAITING, retry)
+        return HoldUpdate(HoldOutcome.WAITING, retry)
 
     def drain(self) -> list[str]:
         """Forget every hold (the cache was reset); the ids to release."""

@@ -1,4 +1,4 @@
-"""The host pool's size: sized from the KV budget, settled by the worker, read by the connector.
+"""The host pool's size: sized from the KV budget, made final by the worker, read by the connector.
 
 An automatic pool (no size given by the user) is sized twice, by
 :func:`auto_pool_size`: by the platform in the API server, provisionally,
@@ -14,7 +14,7 @@ after start-up.
 Process: the API server's (the provisional size), the worker's and the
 connector's. The worker runs ``determine_available_memory`` before the
 engine core builds either side of the connector, and both sides see the
-settled size in their engine's context (plugin/engine_context.py, which
+final size in their engine's context (plugin/engine_context.py, which
 says why they are one process). Where the worker is elsewhere, nothing is
 recorded in this process and the spec is sized from the provisional size,
 as vLLM's dict would have sized it.
@@ -141,23 +141,23 @@ def resize_auto_pool(vllm_config, offload: OffloadPlan | None, left: int) -> Poo
     return PoolSize(size.bytes, size.reason, auto=True)
 
 
-def pool_for(offload: OffloadPlan, settled: PoolSize | None) -> PoolSize:
-    """The pool size the spec is built with: the worker's (``settled``, from
-    the engine's context), when the size was ours to settle and the worker
-    settled it in this process; else the plan's."""
+def pool_for(offload: OffloadPlan, final: PoolSize | None) -> PoolSize:
+    """The pool size the spec is built with: the worker's (``final``, from
+    the engine's context), when the size was ours to choose (automatic) and
+    the worker recorded it in this process; else the plan's."""
     if offload.pool.auto:
-        return settled or offload.pool
+        return final or offload.pool
     return offload.pool
 
 
-def spec_config(offloading_config, offload: OffloadPlan, settled: PoolSize | None):
-    """vLLM's OffloadingConfig for our spec, with the settled pool size.
+def spec_config(offloading_config, offload: OffloadPlan, final: PoolSize | None):
+    """vLLM's OffloadingConfig for our spec, with the final pool size.
 
     A user-given size is left as vLLM wrote it (``--kv-offloading-size`` in
     GiB times 2**30, or cpu_bytes_to_use). An automatic one is the worker's,
     in a copy of the extra config: vLLM's dict is not edited."""
     if not offload.pool.auto:
         return offloading_config
-    size = pool_for(offload, settled)
+    size = pool_for(offload, final)
     extra = {**offloading_config.extra_config, "cpu_bytes_to_use": size.bytes}
     return dataclasses.replace(offloading_config, extra_config=extra)

@@ -12,13 +12,13 @@ Where the worker runs elsewhere anyway (a user's executor with the KV
 memory release on and offloading off), the scheduler side finds an empty
 context: no L1 page map (the release is off, with a warning), and, were
 offloading on, no host pool (the tiered spec refuses to build its manager)
-and no settled pool size (the spec is sized from the plan's provisional
+and no final pool size (the spec is sized from the plan's provisional
 size).
 
 What it holds, who writes and who reads it:
 
     what               written by (when)               read by
-    settled pool size  the worker, once                both connectors, to size
+    final pool size    the worker, once                both connectors, to size
                        (determine_available_memory)    their spec (pool_size.py)
     host pool (L2)     opened by the worker-side       borrowed by the scheduler-side
                        spec's mover (get_worker),      manager (spec.PoolRegion) and
@@ -34,14 +34,14 @@ What it holds, who writes and who reads it:
 Threads: everything is set and read on the engine core's main thread, but
 the page map, which the release thread (uma-kv-release) reads each tick
 under the map's own lock (the worker closes it under that lock before the
-KV cache is freed). The pool's count and the settled size take a lock too:
+KV cache is freed). The pool's count and the final size take a lock too:
 cheap, and the releases come in no fixed order (the manager's shutdown, the
 mover's, the releasing scheduler's once its thread has stopped).
 
 Who creates it, and how both sides find it. vLLM builds the connector, and
 with it the offloading spec, once per side: two connectors and two specs,
-which share nothing of ours; and the worker settles the pool size before
-either exists. What every piece receives is the same ``VllmConfig`` object:
+which share nothing of ours; and the worker records the final pool size
+before either exists. What every piece receives is the same ``VllmConfig`` object:
 the engine core hands its own to the 'uni' executor, which hands it to the
 worker (checked by the contract), which hands it to the worker-side
 connector; the engine core hands the same object to the scheduler, which
@@ -51,10 +51,10 @@ as the one attribute :data:`ATTRIBUTE`, made by the first piece that asks
 
  1. the executor builds the worker and loads the model;
  2. ``_initialize_kv_caches``: the worker's ``determine_available_memory``
-    settles an automatic pool size (the context is made here; with a size
+    records an automatic pool's final size (the context is made here; with a size
     the user gave, by the worker-side connector next); its
     ``initialize_from_config`` builds the worker-side connector and spec
-    (sized from the settled size), allocates the KV cache and registers it
+    (sized from the final size), allocates the KV cache and registers it
     (the spec's mover opens the host pool), then leaves the L1 page map;
  3. the scheduler: the scheduler-side connector and spec (the same size),
     whose manager borrows the pool; the releasing scheduler borrows it too
@@ -101,21 +101,21 @@ class EngineContext:
         self.l1_pages = L1PageRegistry()
         self.mover: HostPoolMover | None = None
 
-    def settle_pool_size(self, size: PoolSize) -> None:
-        """The worker's automatic pool size. Set once: a second, different
-        size means two workers disagree."""
+    def record_pool_size(self, size: PoolSize) -> None:
+        """The automatic pool's final size, the worker's. Set once: a second,
+        different size means two workers disagree."""
         with self._lock:
             known = self._pool_size
             if known is not None and known.bytes != size.bytes:
                 raise ValueError(
-                    f"the host pool was settled at {known.bytes} bytes and again at "
-                    f"{size.bytes}; one worker settles it once."
+                    f"the host pool's final size was recorded as {known.bytes} bytes and again "
+                    f"as {size.bytes}; one worker records it once."
                 )
             self._pool_size = size
 
     @property
     def pool_size(self) -> PoolSize | None:
-        """The worker's settled size; None before, or with the worker elsewhere."""
+        """The worker's final size; None before, or with the worker elsewhere."""
         with self._lock:
             return self._pool_size
 

@@ -195,7 +195,7 @@ class UmaPlatform(CpuPlatform):
             check_onednn_cap(vllm_config.model_config.dtype)
             dtype = vllm_config.model_config.dtype
             # Once, in the API server: the engine core runs this hook again
-            # on the config the API server settled (settings.py).
+            # on the config the API server planned (settings.py).
             if not settings_attached(vllm_config) and (
                 note := precision.auto_note(
                     dtype, precision.has_bf16_arithmetic(), precision.dtype_given(sys.argv)

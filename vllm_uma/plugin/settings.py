@@ -13,7 +13,7 @@ The plan. :class:`Settings`, a frozen dataclass of frozen parts: ``uma``
 (wiring, fleet membership and the KV memory release: today's UmaConfig, the
 user's ``"vllm_uma"`` keys as typed) and ``offload`` (None when offloading
 is off, else the spec, the host pool's size and whether it is ours to
-settle, the resolved disk tier, the namespace inputs, the warnings to log).
+choose, the resolved disk tier, the namespace inputs, the warnings to log).
 
 Where it travels. The plan's text, canonical JSON, is in the environment
 variable ``VLLM_UMA_PLAN`` (:data:`PLAN_ENV`), set by the API server's hook
@@ -52,7 +52,7 @@ the worker (plugin/worker.py); the releasing scheduler
 (memory_release/scheduler.py); the offloading connector and, through it,
 the spec and the disk tier (kv_offload/connector.py, spec.py).
 
-The one value settled later: an automatic host-pool size is sized again by
+The one value decided later: an automatic host-pool size is sized again by
 the worker once weights and activations are measured. That is the worker's
 result (kv_offload/pool_size.py: recorded once, in the engine's context,
 plugin/engine_context.py), which the connectors read when they build the
@@ -104,7 +104,7 @@ class Settings:
 
     @property
     def pool_bytes(self) -> int:
-        """The host pool the platform settled on (0 when offloading is off)."""
+        """The host pool the platform planned (0 when offloading is off)."""
         return 0 if self.offload is None else self.offload.pool.bytes
 
 
@@ -117,8 +117,8 @@ def build_settings(vllm_config, total_ram: int) -> Settings:
 
 
 def settings_attached(vllm_config) -> bool:
-    """Whether the API server already settled this config (the hook runs
-    again in the engine core on it)."""
+    """Whether the API server's hook already planned this config (the hook
+    runs again in the engine core on it)."""
     additional = vllm_config.additional_config
     return isinstance(additional, dict) and PLAN_KEY in additional
 

@@ -6,15 +6,15 @@ here crosses a process boundary except what vLLM already sends: the KV size
 returned by ``determine_available_memory`` goes to the engine core, which
 turns it into a ``KVCacheConfig`` and sends it back to
 ``initialize_from_config``. What the scheduler side needs of the worker (the
-settled pool size, the L1 page map) is left in the engine's context
+final pool size, the L1 page map) is left in the engine's context
 (engine_context.py).
 
 Changes from ``vllm.v1.worker.cpu_worker.CPUWorker``:
 - no start-up check that ``utilization x NUMA-node RAM`` is free now: the
   budget is a ceiling over the whole RAM (memory.py);
 - the KV cache size is ``budget - weights - activations - pool``; an
-  automatic pool size is settled here, from the budget left after weights
-  and activations, and recorded in the engine's context for the connectors
+  automatic pool's final size is chosen here, from the budget left after
+  weights and activations, and recorded in the engine's context for the connectors
   (kv_offload/pool_size.py);
 - the KV buffer is allocated lazily (lazy_kv.py) unless vLLM says the layout
   needs zeroing;
@@ -170,7 +170,7 @@ class UmaWorker(CPUWorker):
         total, utilization = total_ram_bytes(), self.cache_config.gpu_memory_utilization
         workers = workers_sharing_ram(self.parallel_config)
         left = int(total * utilization) // workers - weights - activations
-        pool_bytes = self._settle_pool(left)
+        pool_bytes = self._final_pool(left)
         self.budget = BudgetInputs(
             total=total,
             utilization=utilization,
@@ -196,8 +196,8 @@ class UmaWorker(CPUWorker):
         self._warn_if_budget_exceeds_free_ram(kv)
         return kv
 
-    def _settle_pool(self, left: int) -> int:
-        """The host pool's bytes: an automatic size settled from ``left`` and
+    def _final_pool(self, left: int) -> int:
+        """The host pool's bytes: an automatic pool's final size, from ``left``,
         recorded in the engine's context for the connectors (pool_size.py),
         else the planned size."""
         offload = self.settings.offload
@@ -205,7 +205,7 @@ class UmaWorker(CPUWorker):
         if pool is None:
             return self.settings.pool_bytes
         logger.info("KV offloading: host pool of %s (%s).", fmt_gib(pool.bytes), pool.reason)
-        engine_context(self.vllm_config).settle_pool_size(pool)
+        engine_context(self.vllm_config).record_pool_size(pool)
         return pool.bytes
 
     def _activation_high_water(self) -> int:
