@@ -194,7 +194,7 @@ def test_worker_zeroes_only_when_vllm_asks(monkeypatch):
     # gets the lazy context, a mixed-precision one vLLM's context untouched.
     from vllm.v1.worker.gpu_worker import Worker
 
-    from vllm_uma.plugin.config import UmaConfig
+    from vllm_uma.plugin.uma_settings import UmaSettings
     from vllm_uma.plugin.worker import UmaWorker, WiringResult
 
     base = contextlib.nullcontext()
@@ -202,8 +202,8 @@ def test_worker_zeroes_only_when_vllm_asks(monkeypatch):
     monkeypatch.setattr(Worker, "_maybe_get_memory_pool_context", lambda self, tag: base)
     worker = object.__new__(UmaWorker)
     worker.budget, worker.weights_bytes, worker.wiring = None, 0, WiringResult(0, None)
-    worker.uma_config = UmaConfig()
-    worker.settings = SimpleNamespace(uma=worker.uma_config, offload=None)  # no offloading
+    worker.uma_settings = UmaSettings()
+    worker.settings = SimpleNamespace(uma=worker.uma_settings, offload=None)  # no offloading
     # What the breakdown's group-aware capacity reads (two groups below).
     worker.vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(max_model_len=64),

@@ -18,7 +18,7 @@ from vllm_uma.kv_offload import metrics
 from vllm_uma.memory_release.pressure import NO_PRESSURE, Pressure
 from vllm_uma.memory_release.releaser import ReleaseReport
 from vllm_uma.memory_release.scheduler import UmaAsyncScheduler, UmaScheduler
-from vllm_uma.plugin.config import UmaConfig
+from vllm_uma.plugin.uma_settings import UmaSettings
 
 
 class Releaser:
@@ -45,7 +45,7 @@ class Stats:
         self.counters[name] = self.counters.get(name, 0) + value
 
 
-def scheduler(uma: UmaConfig, idle_for: float, busy: bool = False, cls=UmaScheduler):
+def scheduler(uma: UmaSettings, idle_for: float, busy: bool = False, cls=UmaScheduler):
     s = object.__new__(cls)
     s._release_lock = threading.RLock()
     s._uma = uma
@@ -90,7 +90,7 @@ class Reserve:
         return self.made
 
 
-IDLE = UmaConfig(release_idle_seconds=60)
+IDLE = UmaSettings(release_idle_seconds=60)
 
 
 @pytest.mark.parametrize("cls", [UmaScheduler, UmaAsyncScheduler])
@@ -138,7 +138,7 @@ def test_requests_in_flight_are_not_idle():
 
 
 def test_idle_release_off_waits_for_pressure_only():
-    s = scheduler(UmaConfig(release_free_kv=False), idle_for=3600)
+    s = scheduler(UmaSettings(release_free_kv=False), idle_for=3600)
     s._tick()
     assert s._releaser.calls == []
     s.pressure = Pressure(True, "PSI memory some avg10=20.0%", 5 << 20)
@@ -178,7 +178,7 @@ def test_a_flickering_signal_is_one_episode_in_the_log(caplog):
 
 
 def test_pressure_watch_off_reads_nothing():
-    s = scheduler(UmaConfig(memory_pressure="off"), idle_for=3600)
+    s = scheduler(UmaSettings(memory_pressure="off"), idle_for=3600)
     assert s._watch is None
     s._tick()
     assert s._releaser.calls == [("idle",)]

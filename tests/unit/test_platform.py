@@ -7,12 +7,12 @@ import psutil
 import pytest
 
 import vllm_uma
-from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 from vllm_uma.plugin.platform import (
     UmaPlatform,
     keep_single_worker_in_process,
     use_releasing_scheduler,
 )
+from vllm_uma.plugin.uma_settings import UmaSettings, UmaSettingsError
 
 
 def test_registered_as_a_vllm_platform_plugin():
@@ -60,7 +60,7 @@ def test_single_worker_runs_in_process(requested, after_cpu_platform, world_size
 
 # -- the scheduler with the KV memory release thread ---------------------------
 
-RELEASE_OFF = UmaConfig(release_free_kv=False, memory_pressure="off", warm_kv_tokens=0)
+RELEASE_OFF = UmaSettings(release_free_kv=False, memory_pressure="off", warm_kv_tokens=0)
 
 
 @pytest.mark.parametrize(
@@ -70,10 +70,10 @@ RELEASE_OFF = UmaConfig(release_free_kv=False, memory_pressure="off", warm_kv_to
 @pytest.mark.parametrize(
     "uma",
     [
-        UmaConfig(),
-        UmaConfig(release_free_kv=False),
-        UmaConfig(memory_pressure="off"),
-        UmaConfig(release_free_kv=False, memory_pressure="off"),
+        UmaSettings(),
+        UmaSettings(release_free_kv=False),
+        UmaSettings(memory_pressure="off"),
+        UmaSettings(release_free_kv=False, memory_pressure="off"),
     ],
     ids=["both", "pressure-only", "idle-only", "warm-reserve-only"],
 )
@@ -94,15 +94,15 @@ def test_the_releasing_scheduler_matches_async_scheduling(async_scheduling, name
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_the_engine_core_rerunning_the_hook_keeps_the_scheduler(async_scheduling):
     config = SimpleNamespace(scheduler_cls=None, async_scheduling=async_scheduling)
-    use_releasing_scheduler(config, UmaConfig())
+    use_releasing_scheduler(config, UmaSettings())
     chosen = config.scheduler_cls
-    use_releasing_scheduler(config, UmaConfig())
+    use_releasing_scheduler(config, UmaSettings())
     assert config.scheduler_cls == chosen
 
 
 def test_diffusion_models_keep_the_scheduler_vllm_picks_for_them():
     config = SimpleNamespace(scheduler_cls=None, async_scheduling=False)
-    use_releasing_scheduler(config, UmaConfig(), diffusion=True)
+    use_releasing_scheduler(config, UmaSettings(), diffusion=True)
     assert config.scheduler_cls is None
 
 
@@ -119,8 +119,8 @@ def test_release_off_leaves_the_scheduler_alone(user_cls):
 )
 def test_a_user_scheduler_is_refused_with_the_fix(user_cls):
     config = SimpleNamespace(scheduler_cls=user_cls, async_scheduling=False)
-    with pytest.raises(UmaConfigError) as err:
-        use_releasing_scheduler(config, UmaConfig())
+    with pytest.raises(UmaSettingsError) as err:
+        use_releasing_scheduler(config, UmaSettings())
     message = str(err.value)
     assert message.startswith(f"--scheduler-cls {user_cls!r} replaces the scheduler")
     assert "Remove --scheduler-cls" in message

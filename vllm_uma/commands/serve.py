@@ -44,7 +44,7 @@ from vllm_uma.commands.serve_line import read_serve_line
 from vllm_uma.fleet.api_key import ApiKeyError, read_key_file
 from vllm_uma.fleet.server_guard import KEY_FILE_ENV, GuardEveryPath
 from vllm_uma.plugin import cpu_features
-from vllm_uma.plugin.config import NAMESPACE
+from vllm_uma.plugin.uma_settings import NAMESPACE
 from vllm_uma.plugin.vllm_version import UnsupportedVllmError, require_supported_vllm
 
 PROG = "vllm-uma serve"

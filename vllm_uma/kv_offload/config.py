@@ -14,7 +14,7 @@ What vLLM reads stays in ``kv_connector_extra_config``; what only we read
 (whether the pool's size is ours to choose, the resolved disk tier, the
 namespace inputs)
 is returned in the :class:`OffloadPlan`, which travels in the plugin's one
-settings plan (plugin/settings.py).
+settings plan (plugin/settings_plan.py).
 """
 
 from __future__ import annotations

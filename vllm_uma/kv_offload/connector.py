@@ -68,7 +68,7 @@ from vllm_uma.kv_offload.spec import make_spec
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.engine_context import engine_context
-from vllm_uma.plugin.settings import read_settings
+from vllm_uma.plugin.settings_plan import read_plan
 
 # vLLM internals used here, checked now: a changed one fails this import in
 # one line (plugin/vllm_contract/), not a request later.
@@ -246,7 +246,7 @@ class UmaOffloadingConnector(VllmOffloadingConnector):
         # records the attributes it assigns and what it calls, and fails this
         # import when either changes.
         KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
-        offload = read_settings(vllm_config).offload
+        offload = read_plan(vllm_config).offload
         if offload is None:
             raise ValueError(
                 "UmaOffloadingConnector was named, but the vllm-uma platform planned no "

@@ -4,7 +4,7 @@ Named in ``kv_connector_extra_config`` by ``spec_name``/``spec_module_path``
 (the platform writes both, see config.py): ``UmaOffloadingSpec`` for the
 host pool alone (L2), ``UmaTieredOffloadingSpec`` when a disk tier (L3) is
 configured. Our connector builds them with :func:`make_spec`, which hands
-each the offloading part of the plugin's settings plan (plugin/settings.py):
+each the offloading part of the plugin's settings plan (plugin/settings_plan.py):
 the disk tier and the namespace inputs the API server resolved; and the
 engine's context (plugin/engine_context.py).
 

@@ -32,7 +32,7 @@ by a copy in flight is touched. The worker closes the page map (waiting for a
 pass in progress) before it frees the KV cache; the scheduler keeps its own
 reference to the pool until its thread has stopped.
 
-Settings (``--additional-config '{"vllm_uma": {...}}'``, plugin/config.py):
+Settings (``--additional-config '{"vllm_uma": {...}}'``, plugin/uma_settings.py):
 ``release_free_kv`` (default true), ``release_idle_seconds`` (60),
 ``memory_pressure`` ("psi" or "off"; default "psi"), ``warm_kv_tokens``
 (8192; 0 turns the warm reserve off). docs/memory.md.

@@ -54,7 +54,7 @@ from vllm_uma.memory_release.tiers import BlockHolder
 from vllm_uma.memory_release.warm_reserve import WarmReserve, reserve_size
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.engine_context import engine_context
-from vllm_uma.plugin.settings import read_settings
+from vllm_uma.plugin.settings_plan import read_plan
 from vllm_uma.plugin.vllm_contract.scheduler_methods import LOCKED
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -94,7 +94,7 @@ class ReleasingScheduler:
         # Reentrant: update_from_output calls make_stats.
         self._release_lock = threading.RLock()
         super().__init__(*args, **kwargs)
-        settings = read_settings(self.vllm_config)
+        settings = read_plan(self.vllm_config)
         self._uma = settings.uma
         offload = settings.offload
         # An automatic pool in front of a lower tier is a staging area: kept

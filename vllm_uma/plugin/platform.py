@@ -37,7 +37,7 @@ What changes from the CPU platform, and why:
 - Every setting the plugin acts on (``--additional-config '{"vllm_uma":
   {...}}'``, the offloading flags) is validated here, in the API-server
   process, before any weights load, into one plan that the engine reads
-  (settings.py). vLLM runs this hook again in the engine core on the same
+  (settings_plan.py). vLLM runs this hook again in the engine core on the same
   config; that run reads the plan instead of parsing the flags again.
 """
 
@@ -58,10 +58,10 @@ from vllm_uma.kv_offload.pool_size import POOL_ONLY_NOTE
 from vllm_uma.kv_offload.streaming_copies import stream_engine_copies
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import block_size, precision, vllm_contract
-from vllm_uma.plugin.config import UmaConfig, UmaConfigError
 from vllm_uma.plugin.cpu_kernels import check_onednn_cap
 from vllm_uma.plugin.memory import fmt_gib
-from vllm_uma.plugin.settings import settings_attached, settings_for_hook
+from vllm_uma.plugin.settings_plan import plan_attached, plan_for_hook
+from vllm_uma.plugin.uma_settings import UmaSettings, UmaSettingsError
 from vllm_uma.plugin.vllm_version import require_supported_vllm
 
 # Every vLLM process imports this module first (through the entry point):
@@ -129,7 +129,7 @@ def keep_single_worker_in_process(parallel_config, requested_executor: str | Non
 RELEASING_SCHEDULERS = "vllm_uma.memory_release.scheduler"
 
 
-def use_releasing_scheduler(scheduler_config, uma: UmaConfig, diffusion: bool = False) -> None:
+def use_releasing_scheduler(scheduler_config, uma: UmaSettings, diffusion: bool = False) -> None:
     """vLLM's scheduler with the KV memory release thread, when it is on.
 
     Runs after vLLM has decided on async scheduling (the platform hook comes
@@ -142,7 +142,7 @@ def use_releasing_scheduler(scheduler_config, uma: UmaConfig, diffusion: bool = 
     if isinstance(chosen, str) and chosen.startswith(RELEASING_SCHEDULERS + "."):
         return  # the engine core runs this hook again on the same config
     if chosen is not None:
-        raise UmaConfigError(
+        raise UmaSettingsError(
             f"--scheduler-cls {scheduler_config.scheduler_cls!r} replaces the scheduler "
             f"vllm-uma gives KV memory back from. Remove --scheduler-cls, or turn the "
             f"release and the warm reserve off: --additional-config "
@@ -190,13 +190,13 @@ class UmaPlatform(CpuPlatform):
             total_ram_bytes() / 2**30,
         )
         # Checked here, in the API server, before any weights load; read
-        # back when vLLM runs the hook again (settings.py).
+        # back when vLLM runs the hook again (settings_plan.py).
         if vllm_config.model_config is not None:
             check_onednn_cap(vllm_config.model_config.dtype)
             dtype = vllm_config.model_config.dtype
             # Once, in the API server: the engine core runs this hook again
-            # on the config the API server planned (settings.py).
-            if not settings_attached(vllm_config) and (
+            # on the config the API server planned (settings_plan.py).
+            if not plan_attached(vllm_config) and (
                 note := precision.auto_note(
                     dtype, precision.has_bf16_arithmetic(), precision.dtype_given(sys.argv)
                 )
@@ -205,7 +205,7 @@ class UmaPlatform(CpuPlatform):
         # From here until vLLM serves, a stop in vllm-uma serve is honoured
         # at once (vLLM's own start-up handler is lost in its zmq polls).
         startup_stop.arm()
-        settings = settings_for_hook(vllm_config, total_ram_bytes())
+        settings = plan_for_hook(vllm_config, total_ram_bytes())
         plan = settings.offload
         if plan is not None:
             logger.info_once(

@@ -52,7 +52,7 @@ from vllm_uma.plugin.engine_context import engine_context
 from vllm_uma.plugin.lazy_kv import LazyZerosMode
 from vllm_uma.plugin.memory import BudgetInputs, MemoryBudgetError, fmt_gib, kv_cache_bytes
 from vllm_uma.plugin.platform import total_ram_bytes
-from vllm_uma.plugin.settings import read_settings
+from vllm_uma.plugin.settings_plan import read_plan
 from vllm_uma.plugin.wiring import WiringResult, read_maps, unlock_range, wire_new_memory
 from vllm_uma.plugin.worker_memory import (
     kv_allocation_bytes,
@@ -106,8 +106,8 @@ class UmaWorker(CPUWorker):
             is_driver_worker=is_driver_worker,
         )
         self.parallel_config.disable_custom_all_reduce = True
-        self.settings = read_settings(vllm_config)
-        self.uma_config = self.settings.uma
+        self.settings = read_plan(vllm_config)
+        self.uma_settings = self.settings.uma
         self.weights_bytes = 0
         self.wiring = WiringResult(0, None)
         self.budget: BudgetInputs | None = None
@@ -127,7 +127,7 @@ class UmaWorker(CPUWorker):
         # at its peak: torch frees its workspace after the run, so the RSS
         # left afterwards undercounts them (determine_available_memory).
         self.peak_window = reset_peak_rss()
-        if not self.uma_config.wire_weights:
+        if not self.uma_settings.wire_weights:
             logger.info("Weights not wired (wire_weights is off).")
             return
         self.wiring = wire_new_memory(maps_before, self.weights_bytes)
@@ -238,7 +238,7 @@ class UmaWorker(CPUWorker):
             fmt_gib(kv_bytes),
             fmt_gib(max(0, rss() - rss_before)),
         )
-        config = self.uma_config
+        config = self.uma_settings
         fleet = (config.fleet_member, config.fleet_size) if config.fleet_size else None
         breakdown = memory_breakdown(
             self.vllm_config,

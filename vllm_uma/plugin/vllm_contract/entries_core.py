@@ -162,11 +162,11 @@ ENTRIES = (
         "keep_single_worker_in_process undoes this switch of a single worker",
         text='parallel_config.distributed_executor_backend = "mp"',
     ),
-    # -- plugin/settings.py: why the plan is not in additional_config (texts)
+    # -- plugin/settings_plan.py: why the plan is not in additional_config (texts)
     Text(
         "vllm.config.vllm",
         "",
-        ("vllm_uma.plugin.settings",),
+        ("vllm_uma.plugin.settings_plan",),
         "additional_config is hashed into the compile-cache key: only a constant marker there",
         text="json.dumps(additional_config, sort_keys=True)",
     ),

@@ -1,18 +1,19 @@
-"""The plugin's settings, parsed once: one frozen plan, one key, read everywhere.
+"""The settings plan: all our settings, parsed once in the API server, carried to the engine core.
 
 Where they are parsed. In the API-server process, in the platform's
 ``check_and_update_config`` (platform.py), before any weights load:
-:func:`build_settings` reads what we act on from vLLM's parsed config, the
-``"vllm_uma"`` object of ``--additional-config`` (plugin/config.py), vLLM's
-offloading flags and ``kv_connector_extra_config`` (kv_offload/config.py,
-which also resolves the disk tier and reads the namespace inputs), and
+:func:`build_plan` reads what we act on from vLLM's parsed config, the
+``"vllm_uma"`` object of ``--additional-config`` (plugin/uma_settings.py,
+into :class:`UmaSettings`), vLLM's offloading flags and
+``kv_connector_extra_config`` (kv_offload/config.py, which also resolves
+the disk tier and reads the namespace inputs), and
 raises every refusal there (kv_offload/refusals.py and the others), so a
 bad flag fails start-up in one line.
 
-The plan. :class:`Settings`, a frozen dataclass of frozen parts: ``uma``
-(wiring, fleet membership and the KV memory release: today's UmaConfig, the
-user's ``"vllm_uma"`` keys as typed) and ``offload`` (None when offloading
-is off, else the spec, the host pool's size and whether it is ours to
+The plan. :class:`SettingsPlan`, a frozen dataclass of frozen parts: ``uma``
+(wiring, fleet membership and the KV memory release: the user's
+``"vllm_uma"`` keys as typed, :class:`UmaSettings`) and ``offload`` (None
+when offloading is off, else the spec, the host pool's size and whether it is ours to
 choose, the resolved disk tier, the namespace inputs, the warnings to log).
 
 Where it travels. The plan's text, canonical JSON, is in the environment
@@ -44,7 +45,7 @@ The keys vLLM itself reads (``spec_name``, ``spec_module_path``,
 ``kv_connector_extra_config``; none of ours ride there, and nothing edits
 that dict after the platform hook.
 
-Who reads it, with :func:`read_settings` (shape and version checked, user
+Who reads it, with :func:`read_plan` (shape and version checked, user
 input not validated again): the platform hook when vLLM runs it again on
 the same config (the engine core always does, after its start-up
 handshake: ``EngineCoreProc._perform_handshakes`` calls ``__post_init__``);
@@ -73,7 +74,7 @@ from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.kv_offload.pool_size import PoolSize
 from vllm_uma.plugin import vllm_contract
-from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+from vllm_uma.plugin.uma_settings import UmaSettings, UmaSettingsError
 
 # vLLM behaviour relied on, checked now (texts read from vLLM's files).
 vllm_contract.require(__name__)
@@ -98,8 +99,8 @@ class SettingsPlanError(ValueError):
 
 
 @dataclass(frozen=True)
-class Settings:
-    uma: UmaConfig
+class SettingsPlan:
+    uma: UmaSettings
     offload: OffloadPlan | None
 
     @property
@@ -108,36 +109,36 @@ class Settings:
         return 0 if self.offload is None else self.offload.pool.bytes
 
 
-def build_settings(vllm_config, total_ram: int) -> Settings:
+def build_plan(vllm_config, total_ram: int) -> SettingsPlan:
     """Every setting, validated, from vLLM's parsed config (the API server).
 
     Also points vLLM at our connector and spec (kv_offload/config.py)."""
-    uma = UmaConfig.from_additional_config(vllm_config.additional_config)
-    return Settings(uma=uma, offload=translate(vllm_config, total_ram))
+    uma = UmaSettings.from_additional_config(vllm_config.additional_config)
+    return SettingsPlan(uma=uma, offload=translate(vllm_config, total_ram))
 
 
-def settings_attached(vllm_config) -> bool:
+def plan_attached(vllm_config) -> bool:
     """Whether the API server's hook already planned this config (the hook
     runs again in the engine core on it)."""
     additional = vllm_config.additional_config
     return isinstance(additional, dict) and PLAN_KEY in additional
 
 
-def settings_for_hook(vllm_config, total_ram: int) -> Settings:
+def plan_for_hook(vllm_config, total_ram: int) -> SettingsPlan:
     """The plan in the platform hook: built and attached the first time,
     read back when vLLM runs the hook again on a config it already went
     through (the engine core, ``dataclasses.replace``)."""
-    if settings_attached(vllm_config):
-        return read_settings(vllm_config)
-    settings = build_settings(vllm_config, total_ram)
+    if plan_attached(vllm_config):
+        return read_plan(vllm_config)
+    settings = build_plan(vllm_config, total_ram)
     attach(vllm_config, settings)
     return settings
 
 
-def attach(vllm_config, settings: Settings) -> None:
+def attach(vllm_config, settings: SettingsPlan) -> None:
     additional = vllm_config.additional_config
     if not isinstance(additional, dict):
-        raise UmaConfigError(
+        raise UmaSettingsError(
             f"additional_config is a {type(additional).__name__}, not a dict: vllm-uma "
             f"passes its settings to the engine in it. Give additional_config as a dict "
             f"(a JSON object on the command line)."
@@ -149,7 +150,7 @@ def attach(vllm_config, settings: Settings) -> None:
     vllm_config.additional_config = {**additional, PLAN_KEY: MARKER}
 
 
-def read_settings(vllm_config) -> Settings:
+def read_plan(vllm_config) -> SettingsPlan:
     """The plan the API server built; no user input is validated again."""
     additional = vllm_config.additional_config
     marker = additional.get(PLAN_KEY) if isinstance(additional, dict) else None
@@ -184,11 +185,11 @@ def read_settings(vllm_config) -> Settings:
 # -- the serialised form: canonical JSON, shape checked on the way back ------
 
 
-def dumps(settings: Settings) -> str:
+def dumps(settings: SettingsPlan) -> str:
     return json.dumps(to_plain(settings), sort_keys=True, separators=(",", ":"))
 
 
-def loads(text: str) -> Settings:
+def loads(text: str) -> SettingsPlan:
     try:
         raw = json.loads(text)
     except ValueError as exc:
@@ -196,7 +197,7 @@ def loads(text: str) -> Settings:
     return from_plain(raw)
 
 
-def to_plain(settings: Settings) -> dict[str, Any]:
+def to_plain(settings: SettingsPlan) -> dict[str, Any]:
     offload = settings.offload
     return {
         "version": PLAN_VERSION,
@@ -218,7 +219,7 @@ def _offload_to_plain(offload: OffloadPlan) -> dict[str, Any]:
     }
 
 
-def from_plain(raw: Any) -> Settings:
+def from_plain(raw: Any) -> SettingsPlan:
     body = _shaped(raw, {"version", "uma", "offload"}, "the plan")
     if body["version"] != PLAN_VERSION:
         raise SettingsPlanError(
@@ -226,9 +227,9 @@ def from_plain(raw: Any) -> Settings:
             f"version {PLAN_VERSION}: the API server and the engine run different "
             f"vllm-uma installations. Run both from one installation."
         )
-    uma = UmaConfig(**_fields_of(UmaConfig, body["uma"], "uma"))
+    uma = UmaSettings(**_fields_of(UmaSettings, body["uma"], "uma"))
     offload = None if body["offload"] is None else _offload_from_plain(body["offload"])
-    return Settings(uma=uma, offload=offload)
+    return SettingsPlan(uma=uma, offload=offload)
 
 
 def _offload_from_plain(raw: Any) -> OffloadPlan:

@@ -1,4 +1,4 @@
-"""The plugin's own settings, read once from vLLM's ``--additional-config``.
+"""The user's ``"vllm_uma"`` keys of ``--additional-config``, parsed once into ``UmaSettings``.
 
 vLLM passes ``--additional-config`` (a JSON object) to every process in the
 ``VllmConfig``; it is the channel vLLM provides for platform plugins. Our keys
@@ -10,6 +10,12 @@ live under ``"vllm_uma"`` so they cannot collide with another plugin's::
 checked where it enters, in the platform's ``check_and_update_config`` in the
 API-server process, so a typo fails start-up before any weights load; the
 worker reads the same dataclass.
+
+Vocabulary: "config" is what the user and vLLM give (``--additional-config``,
+vLLM's ``VllmConfig``); "settings" is what we parsed from it, checked and
+frozen: :class:`UmaSettings` here, ``DiskTierSettings`` and
+``NetworkTierSettings`` (kv_offload/disk/settings.py, network/settings.py);
+the settings plan (settings_plan.py) carries all of them to the engine core.
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ NAMESPACE = "vllm_uma"
 CHOICES = {"memory_pressure": ("psi", "off")}
 
 
-class UmaConfigError(ValueError):
+class UmaSettingsError(ValueError):
     """A bad ``vllm_uma`` setting; the message names the key and the fix."""
 
 
 @dataclass(frozen=True)
-class UmaConfig:
+class UmaSettings:
     # Lock the weights in RAM after loading (wiring.py).
     wire_weights: bool = True
     # Set by `vllm-uma fleet` (fleet/plan.py): this server is member
@@ -49,19 +55,19 @@ class UmaConfig:
     warm_kv_tokens: int = 8192
 
     @classmethod
-    def from_additional_config(cls, additional: Any) -> "UmaConfig":
+    def from_additional_config(cls, additional: Any) -> "UmaSettings":
         if not isinstance(additional, dict):
             return cls()
         raw = additional.get(NAMESPACE, {})
         if not isinstance(raw, dict):
-            raise UmaConfigError(
+            raise UmaSettingsError(
                 f"--additional-config {NAMESPACE!r} must be a JSON object, got "
                 f'{raw!r}. Example: \'{{"{NAMESPACE}": {{"wire_weights": false}}}}\'.'
             )
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(raw) - set(known))
         if unknown:
-            raise UmaConfigError(
+            raise UmaSettingsError(
                 f"unknown key(s) {unknown} in --additional-config "
                 f"{NAMESPACE!r}; the known keys are {sorted(known)}. Remove or "
                 f"correct them."
@@ -69,19 +75,19 @@ class UmaConfig:
         values = {}
         for name, value in raw.items():
             if known[name].type in (bool, "bool") and not isinstance(value, bool):
-                raise UmaConfigError(
+                raise UmaSettingsError(
                     f"--additional-config {NAMESPACE}.{name}={value!r} is "
                     f"invalid: it must be true or false."
                 )
             if known[name].type in (int, "int") and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
             ):
-                raise UmaConfigError(
+                raise UmaSettingsError(
                     f"--additional-config {NAMESPACE}.{name}={value!r} is "
                     f"invalid: it must be a whole number >= 0."
                 )
             if name in CHOICES and value not in CHOICES[name]:
-                raise UmaConfigError(
+                raise UmaSettingsError(
                     f"--additional-config {NAMESPACE}.{name}={value!r} is "
                     f"invalid: it must be one of {list(CHOICES[name])}."
                 )
@@ -93,7 +99,7 @@ class UmaConfig:
     def _check_fleet(self) -> None:
         member, size = self.fleet_member, self.fleet_size
         if (member == 0) != (size == 0) or member > size:
-            raise UmaConfigError(
+            raise UmaSettingsError(
                 f"--additional-config {NAMESPACE}.fleet_member={member} with "
                 f"fleet_size={size} is invalid: give both, with 1 <= fleet_member "
                 f"<= fleet_size, or neither (`vllm-uma fleet` sets them)."

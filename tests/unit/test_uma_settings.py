@@ -1,41 +1,41 @@
-"""The plugin's --additional-config settings (vllm_uma/plugin/config.py)."""
+"""The plugin's --additional-config settings (vllm_uma/plugin/uma_settings.py)."""
 
 import pytest
 
-from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+from vllm_uma.plugin.uma_settings import UmaSettings, UmaSettingsError
 
 
 def test_defaults_when_absent():
-    assert UmaConfig.from_additional_config({}) == UmaConfig(wire_weights=True)
-    assert UmaConfig.from_additional_config({"other_plugin": 1}).wire_weights
+    assert UmaSettings.from_additional_config({}) == UmaSettings(wire_weights=True)
+    assert UmaSettings.from_additional_config({"other_plugin": 1}).wire_weights
 
 
 def test_wire_weights_off():
-    cfg = UmaConfig.from_additional_config({"vllm_uma": {"wire_weights": False}})
+    cfg = UmaSettings.from_additional_config({"vllm_uma": {"wire_weights": False}})
     assert cfg.wire_weights is False
 
 
 def test_unknown_key_is_named_with_the_known_ones():
-    with pytest.raises(UmaConfigError) as err:
-        UmaConfig.from_additional_config({"vllm_uma": {"wire_weight": False}})
+    with pytest.raises(UmaSettingsError) as err:
+        UmaSettings.from_additional_config({"vllm_uma": {"wire_weight": False}})
     assert "['wire_weight']" in str(err.value)
     assert "'wire_weights'" in str(err.value)
 
 
 def test_non_boolean_value_is_refused():
-    with pytest.raises(UmaConfigError, match="wire_weights='no' is invalid"):
-        UmaConfig.from_additional_config({"vllm_uma": {"wire_weights": "no"}})
+    with pytest.raises(UmaSettingsError, match="wire_weights='no' is invalid"):
+        UmaSettings.from_additional_config({"vllm_uma": {"wire_weights": "no"}})
 
 
 def test_namespace_must_be_an_object():
-    with pytest.raises(UmaConfigError, match="must be a JSON object"):
-        UmaConfig.from_additional_config({"vllm_uma": True})
+    with pytest.raises(UmaSettingsError, match="must be a JSON object"):
+        UmaSettings.from_additional_config({"vllm_uma": True})
 
 
 def test_fleet_membership_is_two_whole_numbers_given_together():
-    from vllm_uma.plugin.config import UmaConfig, UmaConfigError
+    from vllm_uma.plugin.uma_settings import UmaSettings, UmaSettingsError
 
-    config = UmaConfig.from_additional_config({"vllm_uma": {"fleet_member": 2, "fleet_size": 3}})
+    config = UmaSettings.from_additional_config({"vllm_uma": {"fleet_member": 2, "fleet_size": 3}})
     assert (config.fleet_member, config.fleet_size) == (2, 3)
     for bad in (
         {"fleet_member": 1},
@@ -44,8 +44,8 @@ def test_fleet_membership_is_two_whole_numbers_given_together():
         {"fleet_member": True, "fleet_size": 2},
         {"fleet_member": -1, "fleet_size": 2},
     ):
-        with pytest.raises(UmaConfigError, match="fleet_member|whole number"):
-            UmaConfig.from_additional_config({"vllm_uma": bad})
+        with pytest.raises(UmaSettingsError, match="fleet_member|whole number"):
+            UmaSettings.from_additional_config({"vllm_uma": bad})
 
 
 def test_the_breakdown_line_says_a_server_is_a_fleet_member():
@@ -62,7 +62,7 @@ def test_the_breakdown_line_says_a_server_is_a_fleet_member():
 
 
 def test_memory_release_defaults():
-    config = UmaConfig.from_additional_config({})
+    config = UmaSettings.from_additional_config({})
     assert config.release_free_kv is True
     assert config.release_idle_seconds == 60
     assert config.memory_pressure == "psi"
@@ -70,7 +70,7 @@ def test_memory_release_defaults():
 
 
 def test_memory_release_settings_are_read():
-    config = UmaConfig.from_additional_config(
+    config = UmaSettings.from_additional_config(
         {
             "vllm_uma": {
                 "release_free_kv": False,
@@ -90,8 +90,8 @@ def test_memory_release_settings_are_read():
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_release_free_kv_must_be_a_boolean(value):
-    with pytest.raises(UmaConfigError) as err:
-        UmaConfig.from_additional_config({"vllm_uma": {"release_free_kv": value}})
+    with pytest.raises(UmaSettingsError) as err:
+        UmaSettings.from_additional_config({"vllm_uma": {"release_free_kv": value}})
     assert str(err.value) == (
         f"--additional-config vllm_uma.release_free_kv={value!r} is invalid: "
         "it must be true or false."
@@ -101,8 +101,8 @@ def test_release_free_kv_must_be_a_boolean(value):
 @pytest.mark.parametrize("key", ["release_idle_seconds", "warm_kv_tokens"])
 @pytest.mark.parametrize("value", [-1, 1.5, "60", True, None])
 def test_whole_number_settings_must_be_at_least_zero(key, value):
-    with pytest.raises(UmaConfigError) as err:
-        UmaConfig.from_additional_config({"vllm_uma": {key: value}})
+    with pytest.raises(UmaSettingsError) as err:
+        UmaSettings.from_additional_config({"vllm_uma": {key: value}})
     assert str(err.value) == (
         f"--additional-config vllm_uma.{key}={value!r} is invalid: it must be a whole number >= 0."
     )
@@ -110,8 +110,8 @@ def test_whole_number_settings_must_be_at_least_zero(key, value):
 
 @pytest.mark.parametrize("value", ["PSI", "on", "", True, None, ["psi"]])
 def test_memory_pressure_must_be_psi_or_off(value):
-    with pytest.raises(UmaConfigError) as err:
-        UmaConfig.from_additional_config({"vllm_uma": {"memory_pressure": value}})
+    with pytest.raises(UmaSettingsError) as err:
+        UmaSettings.from_additional_config({"vllm_uma": {"memory_pressure": value}})
     assert str(err.value) == (
         f"--additional-config vllm_uma.memory_pressure={value!r} is invalid: "
         "it must be one of ['psi', 'off']."
@@ -119,9 +119,9 @@ def test_memory_pressure_must_be_psi_or_off(value):
 
 
 def test_every_choice_is_accepted():
-    from vllm_uma.plugin.config import CHOICES
+    from vllm_uma.plugin.uma_settings import CHOICES
 
     assert CHOICES == {"memory_pressure": ("psi", "off")}
     for value in CHOICES["memory_pressure"]:
-        config = UmaConfig.from_additional_config({"vllm_uma": {"memory_pressure": value}})
+        config = UmaSettings.from_additional_config({"vllm_uma": {"memory_pressure": value}})
         assert config.memory_pressure == value
