@@ -1,6 +1,6 @@
-"""tests/unit runs on fakes, in the test's own process (STYLE.md 14): a unit
-test, its fixtures included, that starts a process fails here, naming the
-way out. What needs a process, root, a mount or a real server lives in
+"""tests/unit runs on fakes, in the test's own process: a unit test, its
+fixtures included, that starts a process fails here, naming the way out.
+What needs a process, root, a mount or a real server lives in
 tests/integration/.
 
 Every way Python starts one is refused while a unit test runs (set-up,

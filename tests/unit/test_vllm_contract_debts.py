@@ -1,7 +1,8 @@
 """The contract's debts (plugin/vllm_contract/kinds.py): each write of ours to a
 vLLM private attribute and each vLLM ``__init__`` we skip is an entry of its
 own kind, every such entry is named in the allow-list below, and the list
-only shrinks (STYLE.md 12; issue 45: none is the goal).
+only shrinks (we own what we change of vLLM through its public methods; none
+is the goal).
 
 An entry of a debt kind that is not in the list fails; a listed one that is
 gone fails too, so that a paid debt leaves the list with the code. And a

@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {args.out}, {args.out.with_suffix('.md')}, {args.out.with_suffix('.png')}, "
         f"logs in {log_dir}"
     )
-    # Stock vLLM may refuse to start here (FACTS): the others must have run.
+    # Stock vLLM may refuse to start here (it checks the NUMA node's free memory,
+    # docs/memory.md): the others must have run.
     missing = [k for k in args.servers if k != "stock-vllm" and not summary[k]]
     return 1 if missing else 0
 

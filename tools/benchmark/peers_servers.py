@@ -10,8 +10,8 @@ Four kinds, each started fresh by the benchmark (peers.py), one at a time:
     vllm-uma-disk   vllm-uma with a host pool and a disk tier (not in the
                     default set: what a restart can restore)
     stock-vllm      vLLM's own OpenAI server, no plugin (servers.StockServer);
-                    it may refuse to start (FACTS: it checks the NUMA node's
-                    free memory), which the run records and goes on
+                    it may refuse to start (it checks the NUMA node's free
+                    memory: docs/memory.md), which the run records and goes on
 
 Every vLLM server gets the same context (--max-model-len), the run's
 precision (--dtype, bfloat16 unless the run says float32: a zoo build's
@@ -49,7 +49,8 @@ LLAMA_CPP = "llama.cpp"
 KINDS = ("llama.cpp", "vllm-uma", "vllm-uma-bs128", "vllm-uma-disk", "stock-vllm")
 DEFAULT_KINDS = ("llama.cpp", "vllm-uma", "vllm-uma-bs128", "stock-vllm")
 POLL_S = 0.05
-# Compiled vLLM starts in 55-70 s here (FACTS), stock vLLM compiles too.
+# A compiled vLLM server took 55-70 s to start on this machine (2 cores);
+# stock vLLM compiles too.
 START_TIMEOUT_S = max(READY_TIMEOUT_S, 900)
 
 
@@ -78,9 +79,9 @@ class LlamaServer(Server):
 
 
 def llama_args(setup: Setup) -> list[str]:
-    """One slot (-np 1: the whole context for one request, as FACTS measured;
-    four requests at once then queue), the cores as threads, and the name
-    the requests use."""
+    """One slot (-np 1: llama-server splits -c among its slots, so one slot
+    gives one request the whole context; four requests at once then queue,
+    docs/benchmark.md), the cores as threads, and the name the requests use."""
     return [
         "-m", str(setup.gguf), "-c", str(setup.context), "-np", "1",
         "-t", str(setup.threads), "--alias", setup.served_name,

@@ -24,7 +24,7 @@ In the spirit of SQLite's crash tests. What runs:
 - ``disk_full.py``: for ``--full-disk-share``, the store on a small tmpfs
   of the campaign's own, filled to its last byte in a share of the rounds.
 - ``__main__.py``: ``python -m tools.crash_campaign``, printing
-  ``kills=N rounds=N violations=N``; docs/crash_campaign.md has the command.
+  ``kills=N rounds=N violations=N``; docs/faults.md ("The crash campaign") has the command.
 
 Nothing crosses a process boundary but signals, one "ready" byte on a pipe
 per start, the files of the store, and each worker's log.

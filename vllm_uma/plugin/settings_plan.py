@@ -28,7 +28,7 @@ Why not the plan itself in ``additional_config``: vLLM's ``compute_hash``
 hashes that dict into the compile-cache key (json.dumps, sorted keys), and
 the plan holds the pool size, the disk root and the namespace inputs, none
 of which changes the compiled graph; each new value would cost a fresh
-compile (about 30 s at start-up on the default model, FACTS.md). The
+compile (about 30 s at start-up on the default model, docs/architecture.md). The
 marker is the same in every run, so the key is what the user's own
 ``--additional-config`` makes it. ``additional_config`` stays a dict: vLLM
 writes keys of its own into it (arg_utils.py, the gdn/kda backends).

@@ -19,10 +19,12 @@ Every check looks at vLLM itself, never at a copy of its answer:
   and the functions it calls, exactly;
 - a class's public names: exactly the reviewed ones.
 
-Two kinds are debts (STYLE.md 12: own what you change of a library), each
-checked like its plain twin and marked ``debt`` so that the report shows it
-and a unit test (tests/unit/test_vllm_contract_debts.py) fails when one
-appears beyond its explicit, shrinking allow-list:
+Two kinds are debts (we own what we change of a library: we subclass or
+wrap it through its public methods, never write its private attributes or
+skip its ``__init__``), each checked like its plain twin and marked
+``debt`` so that the report shows it and a unit test
+(tests/unit/test_vllm_contract_debts.py) fails when one appears beyond its
+explicit, shrinking allow-list:
 
 - ``PrivateWrite``: our code changes a private attribute vLLM set
   (assigns, deletes from, or mutates it in place, itself or through a
