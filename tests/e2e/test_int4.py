@@ -29,8 +29,8 @@ pytestmark = pytest.mark.slow
 
 NAME = models.DEFAULT_MODEL_NAME + int4.SUFFIX
 CHECK = smollm2.INT4_CHECK
-# vLLM's line when it builds a 4-bit linear (auto_gptq.py): the int4 kernel, not a fallback.
-KERNEL_LINE = "Using CPUWNA16LinearKernel for AutoGPTQLinearMethod"
+# vLLM's line when it builds a 4-bit linear (auto_gptq.py): our kernel (plugin/int4_linear.py).
+KERNEL_LINE = "Using TorchInt4LinearKernel for AutoGPTQLinearMethod"
 
 
 @pytest.fixture(scope="module")
