@@ -22,7 +22,7 @@ from vllm.v1.kv_offload.base import LookupResult
 from volume_kit import ext4_loop_mount, run_tool
 
 from tests.unit.disk_tier_kit import CTX, Jobs, Primary, block_files, counters, key, make_tier
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.unit.disk_tier_kit import CTX, FILE, Jobs, Primary, WarningLog, counters, key, make_tier
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
 
 
@@ -69,11 +69,11 @@ def test_a_start_on_a_full_disk_serves_and_settles_the_store_once_there_is_space
     """The start-up's reconcile cannot write the ledger on a full volume: the
     tier starts with what the ledger lists, and settles the rest (a crashed
     writer's row, a file the ledger lost) once a store finds space; its
-    changes reach the tier's own index (tier_settle.py)."""
+    changes reach the tier's own index (full_disk.py)."""
     import sqlite3
 
     from tools.crash_campaign.disk_full import DiskFiller
-    from vllm_uma.kv_offload.disk.block_state import BlockState
+    from vllm_uma.kv_offload.disk.index import BlockState
 
     primary = Primary()
     root = small_fs / "kv"

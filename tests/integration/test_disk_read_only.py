@@ -14,7 +14,7 @@ import pytest
 from volume_kit import ext4_loop_mount, run_tool
 
 from tests.unit.disk_tier_kit import Jobs, Primary, counters, key, make_tier
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 from vllm_uma.kv_offload.disk.ledger.db import LedgerError
 
 

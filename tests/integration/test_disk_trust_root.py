@@ -51,7 +51,7 @@ def test_a_noindex_another_user_owns_is_refused(tmp_path):
 def open_store_at(root):
     from types import SimpleNamespace
 
-    from vllm_uma.kv_offload.disk.messages import DiskWarnings
+    from vllm_uma.kv_offload.disk.reports import DiskWarnings
     from vllm_uma.kv_offload.disk.tier_startup import open_store
 
     config = SimpleNamespace(root_dir=root)

@@ -21,7 +21,7 @@ import numpy as np
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 
-from vllm_uma.kv_offload.disk import io_tasks, messages
+from vllm_uma.kv_offload.disk import io_tasks, reports
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES, file_bytes
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.tier import DiskTier
@@ -161,7 +161,7 @@ class WarningLog(logging.Handler):
     def __init__(self, logger: logging.Logger | None = None):
         super().__init__(self.LEVEL)
         self.messages: list[str] = []
-        self._logger = messages.logger if logger is None else logger
+        self._logger = reports.logger if logger is None else logger
         self._saved_level = logging.NOTSET
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -1,5 +1,5 @@
 """L3 block files (vllm_uma/kv_offload/disk/: block_file.py, block_write.py,
-block_read.py, direct_io.py): format, atomic writes, and every way a file can be
+block_read.py): format, atomic writes, and every way a file can be
 unfit to serve."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import crc32c
 import pytest
 
 from vllm_uma.kv_offload.disk import block_file as bf
-from vllm_uma.kv_offload.disk import direct_io
+from vllm_uma.kv_offload.disk import block_write as direct_io
 from vllm_uma.kv_offload.disk.block_file import BadBlock, BadReason
 from vllm_uma.kv_offload.disk.block_read import read_block
 from vllm_uma.kv_offload.disk.block_write import write_block

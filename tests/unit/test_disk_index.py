@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_uma.kv_offload.disk.block_state import BlockState
-from vllm_uma.kv_offload.disk.index import DiskIndex
+from vllm_uma.kv_offload.disk.index import BlockState, DiskIndex
 
 
 def test_a_store_is_a_miss_until_committed_and_gone_if_aborted():

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.unit.ledger_kit import NS, Unlinks, never, ref
-from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.index import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.db import LedgerError
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
 from vllm_uma.kv_offload.disk.ledger.startup import open_ledger, reconcile
-from vllm_uma.kv_offload.disk.messages import DiskWarnings
+from vllm_uma.kv_offload.disk.reports import DiskWarnings
 from vllm_uma.kv_offload.disk.store_scan import FoundBlock
 
 OTHER = b"\x22" * 16
@@ -291,10 +291,10 @@ def held_lock(path, seconds: float | None):
 @pytest.fixture
 def said(monkeypatch):
     """The disk tier's warnings, as logged."""
-    from vllm_uma.kv_offload.disk import messages
+    from vllm_uma.kv_offload.disk import reports
 
     lines: list[str] = []
-    monkeypatch.setattr(messages.logger, "warning", lambda fmt, *a: lines.append(fmt % a))
+    monkeypatch.setattr(reports.logger, "warning", lambda fmt, *a: lines.append(fmt % a))
     return lines
 
 

@@ -33,7 +33,7 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
 )
 
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 from vllm_uma.kv_offload.disk.tier import DiskTier
 
 

@@ -30,7 +30,7 @@ from vllm.v1.kv_offload.base import LookupResult
 
 from vllm_uma.kv_offload.disk import block_file as bf
 from vllm_uma.kv_offload.disk import io_tasks, layout
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 from vllm_uma.kv_offload.disk import tier as tier_module
 from vllm_uma.kv_offload.disk.block_write import write_block
 from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Shared

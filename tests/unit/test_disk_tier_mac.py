@@ -14,7 +14,7 @@ from disk_tier_kit import NS, ROW, InfoLog, Jobs, Primary, WarningLog, counters,
 
 from vllm_uma.kv_offload import block_mac
 from vllm_uma.kv_offload.disk import block_file as bf
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 from vllm_uma.kv_offload.disk import tier as tier_module
 from vllm_uma.kv_offload.disk.settings import DiskTierSettingsError, check_disk_tier
 from vllm_uma.kv_offload.mac_keys import parse_keys

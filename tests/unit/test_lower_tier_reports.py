@@ -10,7 +10,7 @@ import math
 from disk_tier_kit import counters
 from vllm.v1.kv_offload.base import Locality, Medium
 
-from vllm_uma.kv_offload.disk import metrics as disk_metrics
+from vllm_uma.kv_offload.disk import reports as disk_metrics
 from vllm_uma.kv_offload.lower_tier.metrics import TierMetrics
 from vllm_uma.kv_offload.lower_tier.reports import TierReports, Warnings
 from vllm_uma.kv_offload.network import metrics as network_metrics

@@ -19,7 +19,7 @@ from disk_tier_kit import key as disk_key
 from memory_release_kit import CTX, ROW, ROWS, PoolWorld, k
 from vllm.v1.kv_offload.base import Medium, OffloadingEvent
 
-from vllm_uma.kv_offload.disk import metrics as disk_metrics
+from vllm_uma.kv_offload.disk import reports as disk_metrics
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.pool_manager import UmaPoolManager
 from vllm_uma.memory_release.pool_rows import PoolRows

@@ -119,14 +119,6 @@ ALLOWED = {
         "a ContextVar, one value per thread and task, not shared: valkey-py builds the "
         "parser and the connection, so the bounds reach them no other way"
     ),
-    "kv_offload/disk/metrics.py:NAMES": (
-        "a table of the disk tier's metric names (lower_tier/metrics.TierMetrics), set in "
-        "its __init__ and never written after"
-    ),
-    "kv_offload/network/metrics.py:NAMES": (
-        "a table of the network tier's metric names (lower_tier/metrics.TierMetrics), set "
-        "in its __init__ and never written after"
-    ),
     "plugin/precision.py:has_bf16_arithmetic": (
         "a cache of what this CPU can do: the same answer for the process's life"
     ),

@@ -17,7 +17,7 @@ a read-only SQLite connection, the files by name (never followed).
 - after a restart (whose start-up scan and reconcile settle what the dead
   left), no temp file and no unfinished row belongs to a dead process. On
   a full disk the reconcile cannot write the ledger and is put off
-  (vllm_uma/kv_offload/disk/tier_settle.py): ``settled=False`` then
+  (vllm_uma/kv_offload/disk/full_disk.py): ``settled=False`` then
   spares the dead processes' rows (they still count in the totals and the
   cap), never their temp files, which the scan removes.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from vllm_uma.kv_offload.disk import admin
 from vllm_uma.kv_offload.disk.block_file import is_temp_name, key_from_name, writer_pid
-from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.index import BlockState
 from vllm_uma.kv_offload.disk.layout import NOINDEX
 from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE
 

@@ -9,22 +9,22 @@ serving never waits on the disk.
 The tier vLLM calls (scheduler thread):
     tier.py              DiskTier: lookups, store and load submission, life cycle
     tier_startup.py      open the store, load what it holds (once, before serving)
-    tier_settle.py       the start-up's settling, when a full disk put it off
-    completion.py        the I/O's outcomes applied to the index; jobs finished
-    jobs.py              one vLLM transfer job in flight (../lower_tier/jobs.py), its pins
-    index.py             which blocks are on disk, for lookups without a syscall
-    block_state.py       WRITING / PRESENT / DELETING, for the index and the ledger
-    full_disk.py         a full volume: stores paused, retried, resumed
-    metrics.py           its /metrics counters besides the shared ones (../lower_tier/)
-    messages.py          what the tier logs: start-up, full disk, bad blocks, stop
+    completion.py        a disk job (../lower_tier/jobs.py, its pins and deadline); the
+                         I/O's outcomes applied to the index; jobs finished
+    index.py             which blocks are on disk, for lookups without a syscall; a
+                         block's states (WRITING / PRESENT / DELETING), index and ledger
+    full_disk.py         a full volume: stores paused, retried, resumed; the start-up's
+                         settling, when a full disk put it off
+    reports.py           its /metrics counters besides the shared ones (../lower_tier/),
+                         and what it logs: full disk, bad blocks, stop, each kind once
 The files (I/O threads, start-up):
     block_file.py        one block per file: the header, the names, BadBlock
-    block_write.py       a block file written atomically (temp file, rename)
+    block_write.py       a block file written atomically (temp file, rename); whether
+                         rows and the volume take O_DIRECT
     block_read.py        a block file read back checked, or why it cannot be served
-    direct_io.py         whether rows and the volume take O_DIRECT
     layout.py            directories under root_dir, walked without following a link
-    store_scan.py        the start-up scan: block files found, stale temp files removed
-    pids.py              whether a temp file's or a ledger row's writer is alive
+    store_scan.py        the start-up scan: block files found, stale temp files removed;
+                         whether a temp file's or a ledger row's writer is alive
     io_tasks.py          one block file stored, loaded or deleted, the ledger kept; the
                          I/O threads that run them (../lower_tier/threads.py: loads first)
     io_descriptors.py    what is submitted (BlockIO) and what comes back (Outcome)

@@ -33,7 +33,7 @@ from vllm_uma.kv_offload.disk.block_file import (
     check_header,
     file_id,
 )
-from vllm_uma.kv_offload.disk.direct_io import O_DIRECT
+from vllm_uma.kv_offload.disk.block_write import O_DIRECT
 from vllm_uma.kv_offload.mac_keys import KeyRing
 
 

@@ -1,4 +1,4 @@
-"""L3: write one block file, atomically, by rename.
+"""L3: write one block file, atomically, by rename; whether O_DIRECT can be used.
 
 Runs on the disk tier's I/O threads (engine-core process); nothing here
 touches vLLM. The format is block_file.py's.
@@ -10,11 +10,19 @@ temp file that a later start-up deletes once its writer is gone
 (store_scan.py). There is no fsync: after a power loss a renamed file may
 hold zeros or stale bytes, and the checksum rejects it on load (the block is
 then recomputed), which costs less than an fsync per block.
+
+O_DIRECT moves a block between the disk and a primary-tier row without a
+page-cache copy, which on a unified-memory machine would take RAM from the
+KV tiers. Whether the rows and the volume take it is asked once, at the
+disk tier's start-up (``is_direct_capable``, ``probe_direct``:
+tier_startup.py); the I/O threads then open every block file with or
+without it (here and in block_read.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import mmap
 import os
@@ -28,7 +36,6 @@ from vllm_uma.kv_offload.disk.block_file import (
     pack_header,
     temp_name,
 )
-from vllm_uma.kv_offload.disk.direct_io import O_DIRECT
 from vllm_uma.kv_offload.mac_keys import KeyRing
 
 
@@ -102,3 +109,40 @@ def _fill_and_rename(
 def _name(path: Path, dir_fd: int | None) -> Path | str:
     """What to pass the kernel: the name relative to ``dir_fd``, else the path."""
     return path.name if dir_fd is not None else path
+
+
+# O_DIRECT needs buffer address, length and file offset aligned to the
+# device's logical block (512 B or 4 KiB); a page covers both.
+DIRECT_ALIGN = mmap.PAGESIZE
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def is_direct_capable(buffer: memoryview) -> bool:
+    """Whether ``buffer`` can take part in O_DIRECT I/O (page-aligned address
+    and length, writable so that its address can be taken)."""
+    if not O_DIRECT or buffer.readonly or buffer.nbytes % DIRECT_ALIGN:
+        return False
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    return address % DIRECT_ALIGN == 0
+
+
+def probe_direct(directory: Path) -> bool:
+    """Whether files in ``directory`` accept O_DIRECT (ext4/xfs do; some
+    overlay, network and older tmpfs mounts refuse it with EINVAL)."""
+    if not O_DIRECT:
+        return False
+    path = directory / temp_name(".direct-probe")
+    page = mmap.mmap(-1, DIRECT_ALIGN)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | O_DIRECT, 0o600)
+        try:
+            os.write(fd, page)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        page.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)

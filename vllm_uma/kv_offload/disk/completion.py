@@ -7,6 +7,10 @@ thread and needs no lock. Every job vLLM submitted ends in exactly one
 ``JobResult``: when its last block's outcome is applied, at once when no
 block needed I/O, or, for a load the I/O threads have not started in time,
 when it is given up (a miss, recomputed).
+
+A disk job (``PendingJob``) is the lower tier's ``Job`` (lower_tier/jobs.py)
+with one part per block file on the I/O threads (io_tasks.py), and what
+its loads pinned and when it gives up on those no I/O thread has started.
 """
 
 from __future__ import annotations
@@ -15,24 +19,48 @@ import collections
 import queue
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.kv_offload.tiering.base import JobResult
 
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 from vllm_uma.kv_offload.disk.block_file import BadReason, FileId
-from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
-from vllm_uma.kv_offload.disk.index import DiskIndex
-from vllm_uma.kv_offload.disk.io_descriptors import Outcome, StoreFailure
-from vllm_uma.kv_offload.disk.jobs import PendingJob
+from vllm_uma.kv_offload.disk.index import BlockState, DiskIndex
+from vllm_uma.kv_offload.disk.io_descriptors import Outcome, StoreFailure, Ticket
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.feed import FeedBatch
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
-from vllm_uma.kv_offload.disk.messages import BAD_BLOCK, DiskWarnings
-from vllm_uma.kv_offload.lower_tier.jobs import JobBook
+from vllm_uma.kv_offload.disk.reports import BAD_BLOCK, DiskWarnings
+from vllm_uma.kv_offload.lower_tier.jobs import Job, JobBook
 from vllm_uma.kv_offload.lower_tier.reports import TierReports
 from vllm_uma.kv_offload.lower_tier.threads import drain
+
+
+@dataclass
+class PendingJob(Job):
+    written: list[OffloadKey] = field(default_factory=list)  # stores, for the event
+    serials: dict[OffloadKey, int] = field(default_factory=dict)  # load pins
+    # Loads still without an outcome, and when the job gives up on those
+    # that have not started (monotonic seconds; inf for stores).
+    tickets: dict[OffloadKey, Ticket] = field(default_factory=dict)
+    deadline: float = float("inf")
+
+    def note(self, outcome: Outcome) -> bool:
+        """Count one block's outcome in; True when it was the last."""
+        self.tickets.pop(outcome.ref.key, None)
+        if outcome.ok:
+            return self.part_done(outcome.nbytes, outcome.start, outcome.end)
+        return self.part_done()
+
+    def give_up(self) -> list[OffloadKey]:
+        """Past the deadline: the loads no I/O thread has started become
+        misses; returns their keys (the caller counts them in)."""
+        given_up = [key for key, ticket in self.tickets.items() if ticket.cancel()]
+        for key in given_up:
+            del self.tickets[key]
+        return given_up
 
 
 class Completion:
@@ -67,6 +95,13 @@ class Completion:
 
     def has_pending_work(self) -> bool:
         return self._jobs.has_pending_work() or bool(self.deleting)
+
+    def skip_reason(self, ref: BlockRef) -> str | None:
+        """Why a store of ``ref`` writes nothing (the metric label), or None."""
+        if ref in self.deleting:
+            return "deleting"  # wait for the unlink, or it could hit the new file
+        state = self._index.state(ref)
+        return None if state is None else state.label
 
     def track(self, job: PendingJob) -> None:
         """A submitted job; a load with blocks to read gets its deadline."""

@@ -13,16 +13,34 @@ them.
 
 Every entry carries a serial, new for each ``begin_store``/``add_present``:
 an outcome that arrives after its block was removed and stored again cannot
-unpin or remove the newer block.
+unpin or remove the newer block. A block's state (``BlockState``) is the
+same enum here and in the ledger.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Generic, TypeVar
 
-from vllm_uma.kv_offload.disk.block_state import BlockState
+
+# The states of a block, one enum for this index (WRITING and PRESENT) and
+# the shared ledger (all three). SQLite stores the int value in
+# ``blocks.state``: the numbers are part of the ledger's on-disk format, read
+# by every server on the store, and must never be renumbered.
+class BlockState(IntEnum):
+    WRITING = 0  # reserved, bytes on their way to a temp file
+    PRESENT = 1  # the final file exists and may be loaded
+    # Ledger only: a victim whose file is being unlinked; still counted, and
+    # its name taken, so that no store lands under it before the unlink.
+    DELETING = 2
+
+    @property
+    def label(self) -> str:
+        """The metric label of a store skipped for this state ("writing", ...)."""
+        return self.name.lower()
+
 
 Name = TypeVar("Name", bound=Hashable)
 

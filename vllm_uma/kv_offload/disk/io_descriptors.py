@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path
 
 from vllm_uma.kv_offload.disk.block_file import BadReason, FileId
-from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.index import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.room import Refusal

@@ -34,8 +34,8 @@ from collections.abc import Callable
 
 from vllm_uma.kv_offload.disk.block_file import PROCESS_ERRNOS, BadBlock, BadReason, file_bytes
 from vllm_uma.kv_offload.disk.block_read import read_block
-from vllm_uma.kv_offload.disk.block_state import BlockState
 from vllm_uma.kv_offload.disk.block_write import write_block
+from vllm_uma.kv_offload.disk.index import BlockState
 from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Outcome, StoreFailure, failed
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.db import is_disk_full

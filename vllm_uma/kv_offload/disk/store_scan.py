@@ -20,10 +20,10 @@ from vllm_uma.kv_offload.disk.block_file import (
     NAMESPACE_BYTES,
     is_temp_name,
     key_from_name,
+    pid_is_alive,
     writer_pid,
 )
 from vllm_uma.kv_offload.disk.layout import BlockRef
-from vllm_uma.kv_offload.disk.pids import pid_is_alive
 from vllm_uma.kv_offload.disk.progress import Progress
 
 # A temp file older than this is left over whatever its pid says (the pid

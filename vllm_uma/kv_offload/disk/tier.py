@@ -48,9 +48,9 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 from vllm_uma.kv_offload.disk.block_file import FileId
-from vllm_uma.kv_offload.disk.completion import Completion
+from vllm_uma.kv_offload.disk.completion import Completion, PendingJob
 from vllm_uma.kv_offload.disk.full_disk import FullDisk
 from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_descriptors import BlockIO, Outcome, Shared, StoreFailure, Ticket
@@ -61,15 +61,12 @@ from vllm_uma.kv_offload.disk.io_tasks import (
     start_io_threads,
     store_task,
 )
-from vllm_uma.kv_offload.disk.jobs import PendingJob
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.feed import LedgerFeed
 from vllm_uma.kv_offload.disk.ledger.room import Refusal
-from vllm_uma.kv_offload.disk.messages import DiskWarnings
+from vllm_uma.kv_offload.disk.reports import DiskWarnings
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings
-from vllm_uma.kv_offload.disk.tier_settle import DeferredSettle
-from vllm_uma.kv_offload.disk.tier_startup import load_existing, open_store, settle
-from vllm_uma.kv_offload.lower_tier.reports import TierReports
+from vllm_uma.kv_offload.disk.tier_startup import load_existing, open_store, settle_later
 from vllm_uma.kv_offload.lower_tier.threads import Priority
 from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.log import get_logger
@@ -116,41 +113,21 @@ class DiskTier(SecondaryTierManager):
         self._ns = namespace_id
         self._warnings = DiskWarnings(settings.root_dir)
         self._store = open_store(
-            settings,
-            namespace_id,
-            namespace_info,
-            primary_kv_view,
-            self.block_size_bytes,
+            settings, namespace_id, namespace_info, primary_kv_view, self.block_size_bytes,
             self._warnings,
-        )
+        )  # fmt: skip
         self._index: DiskIndex[BlockRef] = DiskIndex()
-        # KV events without an ownership, as vLLM's own fs tier: one marks
-        # a pool shared by many engines (kvcr), which a router credits as
-        # remote and refuses with LOCAL locality.
-        self._reports = TierReports(
-            m.NAMES, self.medium, self.locality, settings.enable_kv_events, self._warnings.once
-        )
-        self._reports.stats.gauge(m.CAP_BYTES, settings.cap_bytes or 0)
+        self._reports = m.tier_reports(settings, self.medium, self.locality, self._warnings)
         self._full = FullDisk() if full_disk is None else full_disk
-        self._done = self._completion(load_deadline_s)
+        # What applies the I/O's outcomes (completion.py); it calls back to
+        # touch the blocks a load restored and to delete a bad block's file.
+        self._done = Completion(
+            self._ns, self._index, self._reports, self._warnings, self._full,
+            self._store.file_bytes, load_deadline_s, self._touch, self._delete_file,
+        )  # fmt: skip
         self._last_stamp = 0
         self._closed = False
         self._start(io_threads)
-
-    def _completion(self, load_deadline_s: float) -> Completion:
-        """What applies the I/O's outcomes (completion.py); it calls back to
-        touch the blocks a load restored and to delete a bad block's file."""
-        return Completion(
-            self._ns,
-            self._index,
-            self._reports,
-            self._warnings,
-            self._full,
-            self._store.file_bytes,
-            load_deadline_s,
-            self._touch,
-            self._delete_file,
-        )
 
     def _start(self, num_threads: int) -> None:
         """The I/O threads, what the store holds, then the feed from there."""
@@ -168,13 +145,8 @@ class DiskTier(SecondaryTierManager):
         self._feed = LedgerFeed(ledger, namespace_id, writer, found.seq, self._outcomes)
         self._settle = None
         if not found.settled:  # a full disk: tried again once stores find space
-            self._settle = DeferredSettle(
-                lambda: settle(
-                    store, settings.cap_bytes, f"{writer}-settle", self._protected,
-                    self._warnings, live_writer=writer,
-                ),
-                self._warnings,
-            )  # fmt: skip
+            cap = settings.cap_bytes
+            self._settle = settle_later(store, cap, self._protected, self._warnings)
 
     def _protected(self, ref: BlockRef) -> bool:
         """I/O threads: a block our load reads, or that a lookup just hit
@@ -231,7 +203,7 @@ class DiskTier(SecondaryTierManager):
             self._pool.submit(Priority.STORE, settling.run, None)
         for key, chunk in reversed(pairs):
             ref = BlockRef(self._ns, key)
-            skip = self._skip_reason(ref)
+            skip = self._done.skip_reason(ref)
             if skip is not None:
                 self._reports.store_skipped(reason=skip)
                 continue
@@ -247,12 +219,6 @@ class DiskTier(SecondaryTierManager):
             io = self._block_io(job, ref, chunk, stamp=self._stamp())
             self._pool.submit(Priority.STORE, store_task, io)
         self._done.track(job)
-
-    def _skip_reason(self, ref: BlockRef) -> str | None:
-        if ref in self._done.deleting:
-            return "deleting"  # wait for the unlink, or it could hit the new file
-        state = self._index.state(ref)
-        return None if state is None else state.label
 
     def _delete_file(self, ref: BlockRef, seen: FileId | None) -> None:
         deleting = self._done.deleting

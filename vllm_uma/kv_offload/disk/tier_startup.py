@@ -8,7 +8,7 @@ then this namespace's blocks into the tier's index. The tier's shutdown
 closes the store again (``OpenStore.close``). On a full volume the ledger
 cannot be written: the tier then starts with the blocks the ledger lists,
 and the reconcile and the eviction (``settle``) run later, on an I/O
-thread, once stores find space (tier_settle.py).
+thread, once stores find space (full_disk.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_uma.kv_offload.disk import metrics as m
+from vllm_uma.kv_offload.disk import reports as m
 from vllm_uma.kv_offload.disk.block_file import file_bytes
-from vllm_uma.kv_offload.disk.direct_io import DIRECT_ALIGN, is_direct_capable, probe_direct
+from vllm_uma.kv_offload.disk.block_write import DIRECT_ALIGN, is_direct_capable, probe_direct
+from vllm_uma.kv_offload.disk.full_disk import DeferredSettle
 from vllm_uma.kv_offload.disk.index import DiskIndex
 from vllm_uma.kv_offload.disk.io_tasks import unlinker
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
@@ -34,7 +35,7 @@ from vllm_uma.kv_offload.disk.ledger.startup import (
     reconcile,
     unwritable_ledger,
 )
-from vllm_uma.kv_offload.disk.messages import DiskWarnings, log_startup
+from vllm_uma.kv_offload.disk.reports import DiskWarnings, log_startup
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.store_scan import scan_store
 from vllm_uma.kv_offload.disk.trust import StoreTrustError
@@ -102,7 +103,7 @@ class Existing:
 
     seq: int  # the ledger's last change the index includes: the feed's start
     used_bytes: int  # the store's bytes, all servers
-    settled: bool  # False: a full disk put the reconcile off (tier_settle.py)
+    settled: bool  # False: a full disk put the reconcile off (full_disk.py)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def settle(
     live_writer: str | None = None,
 ) -> Settled:
     """The store's files and its ledger made to agree, then brought within
-    the cap: at start-up, or later (tier_settle.py). Raises SQLite's error
+    the cap: at start-up, or later (full_disk.py). Raises SQLite's error
     when the volume is full (ledger.db.is_disk_full)."""
     found, temps = scan_store(store.layout.noindex)
     path = store.ledger.path
@@ -145,6 +146,23 @@ def settle(
     return Settled(len(found), temps, victims)
 
 
+def settle_later(
+    store: OpenStore,
+    cap_bytes: int | None,
+    protected: Callable[[BlockRef], bool],
+    warnings: DiskWarnings,
+) -> DeferredSettle:
+    """The settling a full disk put off at start-up, tried again once
+    stores find space (full_disk.py), under a writer name of its own."""
+    writer = store.writer
+    return DeferredSettle(
+        lambda: settle(
+            store, cap_bytes, f"{writer}-settle", protected, warnings, live_writer=writer
+        ),
+        warnings,
+    )
+
+
 def load_existing(
     store: OpenStore,
     settings: DiskTierSettings,
@@ -157,7 +175,7 @@ def load_existing(
     """Scan, reconcile and evict to the cap; this namespace's blocks into
     ``index``, announced as KV events; the start-up line logged. On a full
     volume the ledger cannot be written: the tier starts with the blocks the
-    ledger has, and settles the store once it has space (tier_settle.py)."""
+    ledger has, and settles the store once it has space (full_disk.py)."""
     # A large store takes a while to walk: say so first (log_startup
     # then says what was found).
     warnings.scanning()

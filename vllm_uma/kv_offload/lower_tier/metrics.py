@@ -16,28 +16,59 @@ module defines.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
 from vllm.v1.kv_offload.base import OffloadingCounterMetadata, OffloadingMetricMetadata
 
 
+@dataclass(frozen=True)
 class TierMetrics:
     """The names every lower tier counts under: ``tier`` ("disk",
     "network") in the prefix, ``where`` in the help ("the disk tier"),
     ``bad`` the name of its unusable values ("bad_blocks")."""
 
-    def __init__(self, tier: str, where: str, bad: str):
-        self.tier, self.where = tier, where
-        self.prefix = prefix = f"vllm:kv_offload_{tier}_"
-        self.written_blocks = prefix + "written_blocks"
-        self.written_bytes = prefix + "written_bytes"
-        self.read_blocks = prefix + "read_blocks"
-        self.read_bytes = prefix + "read_bytes"
-        self.lookup_hits = prefix + "lookup_hits"
-        self.bad_values = prefix + bad
-        self.store_failed = prefix + "store_failed_blocks"
-        self.store_skipped = prefix + "store_skipped_blocks"
+    tier: str
+    where: str
+    bad: str
+
+    @property
+    def prefix(self) -> str:
+        return f"vllm:kv_offload_{self.tier}_"
+
+    @property
+    def written_blocks(self) -> str:
+        return self.prefix + "written_blocks"
+
+    @property
+    def written_bytes(self) -> str:
+        return self.prefix + "written_bytes"
+
+    @property
+    def read_blocks(self) -> str:
+        return self.prefix + "read_blocks"
+
+    @property
+    def read_bytes(self) -> str:
+        return self.prefix + "read_bytes"
+
+    @property
+    def lookup_hits(self) -> str:
+        return self.prefix + "lookup_hits"
+
+    @property
+    def bad_values(self) -> str:
+        return self.prefix + self.bad
+
+    @property
+    def store_failed(self) -> str:
+        return self.prefix + "store_failed_blocks"
+
+    @property
+    def store_skipped(self) -> str:
+        return self.prefix + "store_skipped_blocks"
 
     def moved_definitions(self) -> dict[str, OffloadingMetricMetadata]:
         """The counters of blocks and bytes moved, and of lookup hits."""

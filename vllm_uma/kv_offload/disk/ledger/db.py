@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.index import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef
 
 LEDGER_FILE = "ledger.sqlite3"
@@ -30,7 +30,7 @@ BUSY_TIMEOUT_S = 10.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (
     ns BLOB NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL,
-    state INTEGER NOT NULL,          -- a BlockState's int value (block_state.py)
+    state INTEGER NOT NULL,          -- a BlockState's int value (index.py)
     last_use INTEGER NOT NULL,       -- ns since the epoch: the LRU order
     writer TEXT NOT NULL, writer_pid INTEGER NOT NULL, since REAL NOT NULL,
     PRIMARY KEY (ns, key)) WITHOUT ROWID;

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import NamedTuple
 
-from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.block_file import pid_is_alive
+from vllm_uma.kv_offload.disk.index import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.db import add_used, log_change, meta_value, used
-from vllm_uma.kv_offload.disk.pids import pid_is_alive
 
 # A row being written or deleted this long is abandoned whatever its pid
 # says (the pid may have been reused, or be another host's).

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from vllm_uma.kv_offload.disk.block_state import BlockState
+from vllm_uma.kv_offload.disk.block_file import pid_is_alive
+from vllm_uma.kv_offload.disk.index import BlockState
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.db import (
@@ -43,8 +44,7 @@ from vllm_uma.kv_offload.disk.ledger.db import (
     log_change,
 )
 from vllm_uma.kv_offload.disk.ledger.room import STALE_WRITE_S
-from vllm_uma.kv_offload.disk.messages import DiskWarnings
-from vllm_uma.kv_offload.disk.pids import pid_is_alive
+from vllm_uma.kv_offload.disk.reports import DiskWarnings
 from vllm_uma.kv_offload.disk.store_scan import FoundBlock
 
 # How long a start-up step waits for another process's hold on the ledger:
@@ -141,7 +141,7 @@ def reconcile(
     is gone, and the used total recounted from the rows. ``exists`` is asked
     inside the transaction, so it is the truth where ``found`` may be stale.
     ``live_writer``: this process's tier whose rows are its writes in
-    flight, when the reconcile runs after its start-up (tier_settle.py);
+    flight, when the reconcile runs after its start-up (full_disk.py);
     other rows of this pid are an earlier tier's, abandoned."""
     files = {block.ref: block for block in found}
     now = time.time()

@@ -1,18 +1,88 @@
-"""L3: what the disk tier tells the operator in the log, each kind once.
+"""L3: what the disk tier reports of its own: its /metrics counters and its log lines.
 
-Scheduler thread of the engine-core process. A failing disk fails the same
-way many times a second; the first occurrence of each kind is logged with
-the value and the fix, later ones only count in the metrics.
+Scheduler thread of the engine-core process (and the tier's start-up), on
+top of the lower tier's reports (../lower_tier/reports.py: the counters
+every tier has, KV events, bad values, the start-up line's shape). The
+metrics: the names and Prometheus definitions of the disk tier's counters
+(``definitions``, the tier's ``build_metric_definitions``); vLLM ships the
+counts to the API server's /metrics, where a counter gets ``_total``:
+``vllm:kv_offload_disk_written_blocks_total``. The log: a failing disk
+fails the same way many times a second; the first occurrence of each kind
+is logged with the value and the fix (``DiskWarnings``), later ones only
+count in the metrics.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_uma.kv_offload.disk.metrics import LOADS_GIVEN_UP, STORE_FAILED
+from vllm.v1.kv_offload.base import (
+    Locality,
+    Medium,
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+)
+
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings, GiB
+from vllm_uma.kv_offload.lower_tier.metrics import TierMetrics
 from vllm_uma.kv_offload.lower_tier.reports import TierReports, Warnings
 from vllm_uma.log import get_logger
+
+NAMES = TierMetrics("disk", "the disk tier", bad="bad_blocks")
+PREFIX = NAMES.prefix
+WRITTEN_BLOCKS = NAMES.written_blocks
+WRITTEN_BYTES = NAMES.written_bytes
+READ_BLOCKS = NAMES.read_blocks
+READ_BYTES = NAMES.read_bytes
+LOOKUP_HITS = NAMES.lookup_hits
+BAD_BLOCKS = NAMES.bad_values
+STORE_SKIPPED = NAMES.store_skipped
+STORE_FAILED = NAMES.store_failed
+EVICTED_BLOCKS = PREFIX + "evicted_blocks"
+PEER_CHANGES = PREFIX + "peer_changes"
+LOADS_GIVEN_UP = PREFIX + "loads_given_up"
+USED_BYTES = PREFIX + "used_bytes"
+CAP_BYTES = PREFIX + "cap_bytes"
+
+
+def definitions() -> dict[str, OffloadingMetricMetadata]:
+    counter, gauge = OffloadingCounterMetadata, OffloadingGaugeMetadata
+    return {
+        **NAMES.moved_definitions(),
+        EVICTED_BLOCKS: counter("Block files deleted to stay within the disk cap."),
+        BAD_BLOCKS: counter(
+            "Block files found unusable on restore (then deleted and recomputed), "
+            "by reason: missing, truncated, corrupted, foreign, unreadable, not_a_file, and "
+            "with signed block files unsigned, unknown_key, forged (block_mac.py).",
+            labelnames=("reason",),
+        ),
+        STORE_SKIPPED: counter(
+            "Blocks not written because the store already holds them or is "
+            "writing or deleting them (this server or another), by reason.",
+            labelnames=("reason",),
+        ),
+        STORE_FAILED: counter(
+            "Blocks the disk tier could not write, by reason: too_big, no_room "
+            "(everything else pinned), disk_full, io_error, ledger (the shared "
+            "ledger was busy or unwritable).",
+            labelnames=("reason",),
+        ),
+        LOADS_GIVEN_UP: counter(
+            "Block restores still queued past their deadline, given up and "
+            "recomputed (I/O threads stuck on a hung file system?)."
+        ),
+        PEER_CHANGES: counter(
+            "Blocks of this server's namespace that other servers on the same "
+            "store added or removed, seen through the shared ledger, by change.",
+            labelnames=("change",),
+        ),
+        USED_BYTES: gauge(
+            "Bytes of block files under root_dir, all namespaces and servers (the ledger's count)."
+        ),
+        CAP_BYTES: gauge("The disk tier's cap in bytes (0: no cap)."),
+    }
+
 
 logger = get_logger(__name__)
 
@@ -168,6 +238,18 @@ class DiskWarnings:
             detail,
             self._root_dir,
         )
+
+
+def tier_reports(
+    settings: DiskTierSettings, medium: Medium, locality: Locality, warnings: DiskWarnings
+) -> TierReports:
+    """The disk tier's counts, KV events and start-up line (lower_tier/reports.py)."""
+    # KV events without an ownership, as vLLM's own fs tier: one marks a
+    # pool shared by many engines (kvcr), which a router credits as remote
+    # and refuses with LOCAL locality.
+    reports = TierReports(NAMES, medium, locality, settings.enable_kv_events, warnings.once)
+    reports.stats.gauge(CAP_BYTES, settings.cap_bytes or 0)
+    return reports
 
 
 def log_startup(
