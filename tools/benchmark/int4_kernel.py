@@ -13,17 +13,23 @@ thread a core, as vLLM CPU binds them), each linear layer of the model's
 step (from its config.json; vLLM fuses q/k/v and gate/up as it serves
 them) through:
 
-- ``bf16``: ``torch.nn.functional.linear`` on bf16 weights (what the bf16
-  build computes; vLLM CPU's unquantized linear is torch's);
+- ``bf16``: the bf16 build's linear as vLLM CPU computes it: the layer
+  given to vLLM's own ``dispatch_cpu_unquantized_gemm``, which picks its
+  kernel by shape (oneDNN's matmul on a prepacked weight, or its small-GEMM
+  kernel), then called as vLLM calls it;
 - ``vllm int4``: ``torch.ops._C.cpu_gemm_wna16``, the op vLLM's
-  CPUWNA16LinearKernel calls for a GPTQ layer (the 4-bit build's path; w4a16,
-  ``isa_hint`` as vLLM picks it), on a weight of the shape vLLM repacks to;
+  CPUWNA16LinearKernel calls for a GPTQ layer (w4a16, ``isa_hint`` as vLLM
+  picks it), on a weight of the shape vLLM repacks to; what 4-bit builds
+  ran on before plugin/int4_linear.py;
 - ``torch int4``: ``aten._weight_int4pack_mm_for_cpu``, PyTorch's own CPU
   int4 matmul (the one gpt-fast and torchao use), on the same shapes and
-  group size: what another kernel would give, with no change to the model.
+  group size: what our TorchInt4LinearKernel (plugin/int4_linear.py) calls.
 
-Weights are random (timing does not depend on values). Each figure is the
-median of ``--repeats`` calls after a warm-up; the step's sum is the layer
+Weights are random (timing does not depend on values). A step reads each
+weight once from memory, so each kernel cycles through copies of its
+weight worth 512 MiB (copies_for): a small layer timed on one copy would
+be timed from the cache. Each figure is the median of ``--repeats`` calls
+after a warm-up; the step's sum is the layer
 times the layer count plus the lm_head (bf16 in our 4-bit builds). The
 floor is the step's weight bytes over this machine's read bandwidth
 (a large tensor summed with the same threads): what a kernel bound only by
@@ -40,6 +46,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = 128  # the group size of our 4-bit builds (models/gptq_rtn.py picks 128 where it divides)
+# Each kernel cycles through copies of its weight worth this many bytes,
+# well past any L3 here (tens of MB), at most MAX_COPIES of them.
+ROTATION_BYTES = 512 * 2**20
+MAX_COPIES = 64
 
 
 def layer_shapes(config: dict) -> dict[str, tuple[int, int]]:
@@ -85,24 +95,74 @@ def read_bandwidth_gb_s(torch, gib: float = 1.0) -> float:
     return big.numel() * 4 / (ms / 1000) / 1e9
 
 
-def kernels(torch, ops, k: int, n: int, rows: int):
-    """The three ways to compute x[rows, k] @ W[k, n], ready to call."""
+def copies_for(weight_bytes: int) -> int:
+    """How many copies of a weight to cycle through so that one pass reads
+    more than any CPU cache holds: a decode step reads each weight once,
+    from memory, and a layer timed on one copy would be timed from cache."""
+    return max(1, min(MAX_COPIES, -(-ROTATION_BYTES // weight_bytes)))
+
+
+def _cycling(calls: list):
+    """One call a time, each to the next copy in turn."""
+    state = {"i": 0}
+
+    def call():
+        state["i"] = (state["i"] + 1) % len(calls)
+        return calls[state["i"]]()
+
+    return call
+
+
+def dense_linear(torch, k: int, n: int, rows: int):
+    """x[rows, k] @ W[k, n] in bf16 as vLLM CPU computes an unquantized linear."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
     x = torch.randn(rows, k, dtype=torch.bfloat16)
-    w_bf16 = torch.randn(n, k, dtype=torch.bfloat16)
-    # vLLM's w4a16 layout after _process_gptq_weights_w4a16: 16 output
-    # channels a block, 8 nibbles an int32, blocks contiguous over k.
-    q_weight = torch.randint(-(2**31), 2**31 - 1, (n // 16, k * 2), dtype=torch.int32)
-    scales = torch.rand(k // GROUP, n, dtype=torch.bfloat16)
-    codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    scale_zeros = torch.rand(k // GROUP, n, 2, dtype=torch.bfloat16)
+    calls = []
+    for _ in range(copies_for(k * n * 2)):
+        dense = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+        dense.weight.requires_grad_(False)
+        dispatch_cpu_unquantized_gemm(dense, remove_weight=False)
+        calls.append(lambda d=dense: d.cpu_linear(x, d.weight, None))
+    return _cycling(calls)
+
+
+def vllm_int4(torch, ops, k: int, n: int, rows: int):
+    """The same through vLLM CPU's int4 op, on weights of the shape its
+    CPUWNA16LinearKernel repacks GPTQ's to (16 output channels a block, 8
+    nibbles an int32, blocks contiguous over k)."""
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
     isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+    calls = []
+    for _ in range(copies_for(k * n // 2)):
+        q_weight = torch.randint(-(2**31), 2**31 - 1, (n // 16, k * 2), dtype=torch.int32)
+        scales = torch.rand(k // GROUP, n, dtype=torch.bfloat16)
+        calls.append(lambda q=q_weight, s=scales: ops.cpu_gemm_wna16(x, q, s, None, None, 8, isa))
+    return _cycling(calls)
+
+
+def torch_int4(torch, k: int, n: int, rows: int):
+    """The same through PyTorch's CPU int4 matmul, as our kernel calls it."""
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    calls = []
+    for _ in range(copies_for(k * n // 2)):
+        codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        scale_zeros = torch.rand(k // GROUP, n, 2, dtype=torch.bfloat16)
+        calls.append(
+            lambda p=packed, sz=scale_zeros: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, p, GROUP, sz
+            )
+        )
+    return _cycling(calls)
+
+
+def kernels(torch, ops, k: int, n: int, rows: int) -> dict:
+    """The three ways to compute x[rows, k] @ W[k, n], ready to call."""
     return {
-        "bf16": lambda: torch.nn.functional.linear(x, w_bf16),
-        "vllm int4": lambda: ops.cpu_gemm_wna16(x, q_weight, scales, None, None, 8, isa),
-        "torch int4": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x, packed, GROUP, scale_zeros
-        ),
+        "bf16": dense_linear(torch, k, n, rows),
+        "vllm int4": vllm_int4(torch, ops, k, n, rows),
+        "torch int4": torch_int4(torch, k, n, rows),
     }
 
 
@@ -120,10 +180,9 @@ def measure(config: dict, rows_list: list[int], repeats: int, threads: int) -> d
                 kind: round(median_ms(fn, repeats), 4)
                 for kind, fn in kernels(torch, ops, k, n, rows).items()
             }
-        x = torch.randn(rows, config["hidden_size"], dtype=torch.bfloat16)
-        head = torch.randn(config["vocab_size"], config["hidden_size"], dtype=torch.bfloat16)
         lm_ms = median_ms(
-            lambda x=x, head=head: torch.nn.functional.linear(x, head), max(5, repeats // 5)
+            dense_linear(torch, config["hidden_size"], config["vocab_size"], rows),
+            max(5, repeats // 5),
         )
         step = {
             kind: round(layers * sum(t[kind] for t in table.values()) + lm_ms, 2)
