@@ -190,3 +190,14 @@ def test_only_vllm_cpus_avx512_builds_have_the_int4_kernel():
     assert not library_has("_C_AVX2.abi3.so", b"cpu_gemm_wna16")
     assert library_has("_C_AVX512.abi3.so", b"cpu_gemm_wna16")
     assert library_has("_C.abi3.so", b"cpu_gemm_wna16")  # AVX-512 with bfloat16
+
+
+def test_a_bad_int4_kernel_choice_is_refused_before_vllm_loads(ours, monkeypatch):
+    monkeypatch.setenv("VLLM_UMA_INT4_KERNEL", "fast")
+    assert refusal(ours, "bfloat16", AVX512_BF16) == (
+        "VLLM_UMA_INT4_KERNEL='fast' is invalid: it must be 'torch' (PyTorch's CPU int4 "
+        "matmul, the default) or 'vllm' (vLLM's cpu_gemm_wna16). Set one or unset it."
+    )
+    for value in ("vllm", "torch", "TORCH", ""):
+        monkeypatch.setenv("VLLM_UMA_INT4_KERNEL", value)
+        assert refusal(ours, "bfloat16", AVX512_BF16) is None

@@ -10,6 +10,9 @@ compute in bfloat16 or float16 activations only
 after its 10-40 s of imports. Both are told here from config.json, the
 command line and /proc/cpuinfo, in one line with the fix.
 
+A ``VLLM_UMA_INT4_KERNEL`` other than ``torch`` or ``vllm`` (plugin/int4_choice.py)
+is refused here too, for 4-bit weights, rather than by the engine core.
+
 Where ``--dtype auto`` is float32: with this plugin active, on an x86 CPU
 without bfloat16 arithmetic (plugin/precision.py). Nothing is decided for a
 model that is not a local directory, on another architecture, or when the
@@ -25,6 +28,7 @@ from pathlib import Path
 from vllm_uma.commands.preflight import PreflightError
 from vllm_uma.plugin import vllm_contract
 from vllm_uma.plugin.cpu_features import CpuFeatures
+from vllm_uma.plugin.int4_choice import chosen
 
 vllm_contract.require(__name__)
 
@@ -107,6 +111,10 @@ def check_int4(
     weights = int4_weights(model)
     if weights is None:
         return
+    try:
+        chosen()
+    except ValueError as exc:
+        raise PreflightError(str(exc)) from None
     reason = kernel_refusal(model, weights, cpu)
     if reason is None and dtype_decided:
         reason = dtype_refusal(model, weights, dtype, cpu, plugin)

@@ -56,6 +56,7 @@ from vllm.scalar_type import scalar_types
 
 from vllm_uma.log import get_logger
 from vllm_uma.plugin import vllm_contract
+from vllm_uma.plugin.int4_choice import CHOICE_ENV, chosen
 
 vllm_contract.require(__name__)
 
@@ -63,24 +64,12 @@ logger = get_logger(__name__)
 
 VLLM_KERNEL = "CPUWNA16LinearKernel"
 DISABLED_ENV = "VLLM_DISABLED_KERNELS"
-CHOICE_ENV = "VLLM_UMA_INT4_KERNEL"  # "torch" (default) or "vllm"
 # vLLM's names for AutoGPTQConfig (quantization/__init__.py). Not AWQ: its
 # layers have zero points, which ours does not take, and vLLM's op would
 # then be disabled for nothing.
 GPTQ_METHODS = ("gptq", "auto_gptq", "gptq_marlin")
 # PyTorch's CPU int4 matmul takes these group sizes (its kernel's check).
 GROUP_SIZES = (32, 64, 128, 256)
-
-
-def chosen(environ=os.environ) -> str:
-    """Which int4 op the user asked for: 'torch' (ours, default) or 'vllm'."""
-    value = environ.get(CHOICE_ENV, "").strip().lower() or "torch"
-    if value not in ("torch", "vllm"):
-        raise ValueError(
-            f"{CHOICE_ENV}={value!r} is invalid: it must be 'torch' (PyTorch's CPU int4 "
-            f"matmul, the default) or 'vllm' (vLLM's cpu_gemm_wna16). Set one or unset it."
-        )
-    return value
 
 
 def install(quantization: str | None, environ=os.environ) -> bool:
