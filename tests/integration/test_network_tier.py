@@ -8,7 +8,7 @@ import struct
 
 import crc32c
 import pytest
-from network_tier_kit import make_tier, settled_lookup, started_engine
+from network_tier_kit import answered_lookup, make_tier, started_engine
 from vllm.v1.kv_offload.base import Locality, LookupResult, ReqContext
 
 from tests.unit.disk_tier_kit import CTX, NS, OTHER_NS, Jobs, Primary, WarningLog, counters, key
@@ -54,7 +54,7 @@ def test_stored_rows_come_back_byte_for_byte(engine, tier, primary):
     assert raw[: len(MAGIC)] == MAGIC and raw[HEADER_BYTES:] == data[1]
     assert b"{" + keys[1][:-4].hex().encode() + b"}" in value_name(NS, keys[1])
     primary.clear()
-    assert [settled_lookup(tier, k) for k in keys] == [LookupResult.HIT] * 3
+    assert [answered_lookup(tier, k) for k in keys] == [LookupResult.HIT] * 3
     result = jobs.loaded(keys, [5, 6, 7])
     assert result.success and result.transfer_bytes == 3 * len(data[0])
     assert [primary.row(r) for r in (5, 6, 7)] == data
@@ -66,7 +66,7 @@ def test_stored_rows_come_back_byte_for_byte(engine, tier, primary):
 def test_a_lookup_is_retry_until_the_lookup_thread_answered(tier):
     ctx = ReqContext(req_id="fresh")
     assert tier.lookup(key(40), ctx) is LookupResult.RETRY  # no round trip here
-    assert settled_lookup(tier, key(40), ctx) is LookupResult.MISS
+    assert answered_lookup(tier, key(40), ctx) is LookupResult.MISS
 
 
 def test_another_namespace_does_not_see_our_blocks(engine, tier, primary):
@@ -74,7 +74,7 @@ def test_another_namespace_does_not_see_our_blocks(engine, tier, primary):
     assert Jobs(tier).stored([key(1)], [0]).success
     other = make_tier(engine, primary, OTHER_NS)
     try:
-        assert settled_lookup(other, key(1)) is LookupResult.MISS
+        assert answered_lookup(other, key(1)) is LookupResult.MISS
     finally:
         other.shutdown()
 
@@ -96,7 +96,7 @@ def _bad_value_is_a_counted_miss(engine, tier, primary, spoil, reason):
     primary.fill(3, seed=77)
     before = primary.row(3)
     with WarningLog(tier_module.logger) as log:
-        assert settled_lookup(tier, key(1)) is LookupResult.HIT  # it exists
+        assert answered_lookup(tier, key(1)) is LookupResult.HIT  # it exists
         result = jobs.loaded([key(1)], [3])
     assert not result.success and not result.successful_keys
     assert primary.row(3) == before  # nothing of a bad value lands in a row

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import valkey
-from network_tier_kit import make_tier, settled_lookup, started_cluster, wait_for
+from network_tier_kit import answered_lookup, make_tier, started_cluster, wait_for
 from valkey.crc import key_slot
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
@@ -99,7 +99,7 @@ def test_blocks_land_on_every_node_and_come_back_byte_for_byte(cluster, clients,
     assert all(client.dbsize() > 0 for client in clients)
     assert sum(client.dbsize() for client in clients) == 24
     primary.clear()
-    assert [settled_lookup(tier, k) for k in keys] == [LookupResult.HIT] * 24
+    assert [answered_lookup(tier, k) for k in keys] == [LookupResult.HIT] * 24
     for first in range(0, 24, 8):
         primary.clear()
         result = jobs.loaded(keys[first : first + 8], list(range(8)))
@@ -208,7 +208,7 @@ def test_a_killed_node_misses_its_slots_only_and_the_tier_serves_the_others(
             assert len(down) == 1 and f":{cluster.nodes[dead].port}/" in down[0]
             assert tier._link.up  # the other nodes answer
             ctx = ReqContext(req_id="after the kill")
-            assert [settled_lookup(tier, k, ctx) for k in keys] == [
+            assert [answered_lookup(tier, k, ctx) for k in keys] == [
                 LookupResult.MISS if k in lost else LookupResult.HIT for k in keys
             ]
             # Once the others flag it as failed, they keep serving their slots

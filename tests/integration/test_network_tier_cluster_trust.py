@@ -16,7 +16,7 @@ import socket
 import threading
 
 import pytest
-from network_tier_kit import make_tier, settled_lookup, started_cluster, wait_for
+from network_tier_kit import answered_lookup, make_tier, started_cluster, wait_for
 from valkey.crc import key_slot
 from vllm.v1.kv_offload.base import LookupResult
 
@@ -128,9 +128,9 @@ def test_a_node_outside_the_allowed_hosts_never_hears_the_password(
         assert not stored.success  # the refused node's two blocks
         primary.clear()
         for k in trusted_keys:
-            assert settled_lookup(tier, k) is LookupResult.HIT
+            assert answered_lookup(tier, k) is LookupResult.HIT
         for k in elsewhere_keys:
-            assert settled_lookup(tier, k) is LookupResult.MISS
+            assert answered_lookup(tier, k) is LookupResult.MISS
         loaded = jobs.loaded(trusted_keys + elsewhere_keys, list(range(6)))
         # The trusted nodes' blocks come back; the others are left to recompute.
         assert set(loaded.successful_keys) == set(trusted_keys)

@@ -12,7 +12,7 @@ import tracemalloc
 
 import pytest
 from engine_proxy import EngineProxy, Mode
-from network_tier_kit import make_tier, settled_lookup, started_engine, wait_for
+from network_tier_kit import answered_lookup, make_tier, started_engine, wait_for
 from vllm.v1.kv_offload.base import LookupResult
 
 from tests.unit.disk_tier_kit import CTX, NS, Jobs, Primary, counters, key
@@ -58,7 +58,7 @@ def stored(tier, primary, n: int) -> tuple[Jobs, list[bytes], list[bytes]]:
     keys = [key(i) for i in range(n)]
     data = [primary.fill(row, seed=row + 1) for row in range(n)]
     assert jobs.stored(keys, list(range(n))).success
-    assert [settled_lookup(tier, k) for k in keys] == [LookupResult.HIT] * n
+    assert [answered_lookup(tier, k) for k in keys] == [LookupResult.HIT] * n
     primary.clear()
     return jobs, keys, data
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from network_tier_kit import make_tier, settled_lookup, started_engine, wait_for
+from network_tier_kit import answered_lookup, make_tier, started_engine, wait_for
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from tests.unit.disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
@@ -74,7 +74,7 @@ def test_an_engine_killed_mid_load_fails_its_blocks_within_the_timeout_then_serv
             assert any("answers again" in line for line in info.messages)
         assert jobs.stored([key(0)], [0]).success
         primary.clear()
-        assert settled_lookup(tier, key(0), ReqContext(req_id="after")) is LookupResult.HIT
+        assert answered_lookup(tier, key(0), ReqContext(req_id="after")) is LookupResult.HIT
         assert jobs.loaded([key(0)], [7]).success and primary.row(7) == data[0]
         stats = counters(tier.get_stats())
         assert stats[(m.LOAD_MISSES, ("engine_down",))] == 5
@@ -89,7 +89,7 @@ def test_a_frozen_engine_is_a_miss_after_the_timeout_not_a_hang(start_engine, pr
     try:
         engine.freeze()
         start = time.monotonic()
-        assert settled_lookup(tier, key(1)) is LookupResult.MISS
+        assert answered_lookup(tier, key(1)) is LookupResult.MISS
         assert time.monotonic() - start < TIMEOUT_S + 1.0
         assert not tier._link.up
     finally:
@@ -174,7 +174,7 @@ def test_a_small_engine_evicts_old_blocks_and_keeps_taking_stores(start_engine, 
             assert jobs.stored([key(i) for i in range(first, first + 8)], list(range(8))).success
         assert engine.client().info("stats")["evicted_keys"] > 0
         ctx = ReqContext(req_id="scan")
-        verdicts = [settled_lookup(tier, key(i), ctx) for i in range(400)]
+        verdicts = [answered_lookup(tier, key(i), ctx) for i in range(400)]
         assert verdicts[-1] is LookupResult.HIT  # the newest stays
         assert LookupResult.MISS in verdicts[:100]  # the oldest went
     finally:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from network_tier_kit import make_tier, settled_lookup, started_engine, started_tls_engine
+from network_tier_kit import answered_lookup, make_tier, started_engine, started_tls_engine
 from vllm.v1.kv_offload.base import LookupResult
 
 from tests.unit.disk_tier_kit import NS, Jobs, Primary, key
@@ -64,7 +64,7 @@ def test_a_block_round_trips_over_tls_with_the_password(engine, certs, primary, 
             data = [primary.fill(row, seed=row + 3) for row in range(2)]
             assert jobs.stored([key(0), key(1)], [0, 1]).success
             primary.clear()
-            assert settled_lookup(tier, key(1)) is LookupResult.HIT
+            assert answered_lookup(tier, key(1)) is LookupResult.HIT
             assert jobs.loaded([key(0), key(1)], [2, 3]).success
             assert [primary.row(2), primary.row(3)] == data
         finally:
