@@ -77,7 +77,7 @@ def test_a_device_failing_writes_keeps_restores_and_fails_stores_cleanly(failing
     fail()
     assert _write_sees_eio(mount)  # a real EIO from the kernel, not an injected one
     assert not jobs.stored([key(2), key(3)], [2, 3]).success  # fails, nothing raised
-    assert counters(tier.get_stats())[(m.STORE_FAILED, ("io_error",))] >= 1
+    assert counters(tier.get_stats())[(m.NAMES.store_failed, ("io_error",))] >= 1
     primary.clear()
     assert jobs.loaded([key(0)], [3]).success  # what was stored is still restored
     assert primary.row(3) == expected

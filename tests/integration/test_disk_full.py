@@ -54,7 +54,7 @@ def test_stores_pause_on_a_real_enospc_and_resume_when_space_is_back(small_fs):
         paused = jobs.stored([key(3)], [3])
         assert not paused.success  # refused without trying, for now
         stats = counters(tier.get_stats())
-        assert stats[(m.STORE_FAILED, ("disk_full",))] >= 2
+        assert stats[(m.NAMES.store_failed, ("disk_full",))] >= 2
         assert any("is full" in message for message in log.messages)
         filler.unlink()  # the other user frees space
         now[0] += 5  # the pause is over: the next store tries again

@@ -55,7 +55,7 @@ def test_a_volume_gone_read_only_keeps_restores_and_refuses_a_new_start(ext4):
     expected = primary.row(0)
     _break(trigger, mount)
     assert not jobs.stored([key(2)], [2]).success  # a store fails, nothing raised
-    assert counters(tier.get_stats())[(m.STORE_FAILED, ("ledger",))] >= 1
+    assert counters(tier.get_stats())[(m.NAMES.store_failed, ("ledger",))] >= 1
     primary.clear()
     assert jobs.loaded([key(0)], [3]).success  # restores go on
     assert primary.row(3) == expected

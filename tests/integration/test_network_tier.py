@@ -59,8 +59,8 @@ def test_stored_rows_come_back_byte_for_byte(engine, tier, primary):
     assert result.success and result.transfer_bytes == 3 * len(data[0])
     assert [primary.row(r) for r in (5, 6, 7)] == data
     stats = counters(tier.get_stats())
-    assert stats[(m.WRITTEN_BLOCKS, ())] == 3 and stats[(m.READ_BLOCKS, ())] == 3
-    assert stats[(m.LOOKUP_HITS, ())] == 3
+    assert stats[(m.NAMES.written_blocks, ())] == 3 and stats[(m.NAMES.read_blocks, ())] == 3
+    assert stats[(m.NAMES.lookup_hits, ())] == 3
 
 
 def test_a_lookup_is_retry_until_the_lookup_thread_answered(tier):
@@ -84,7 +84,7 @@ def test_a_store_of_a_block_just_stored_is_skipped(tier, primary):
     jobs = Jobs(tier)
     assert jobs.stored([key(1)], [0]).success
     assert jobs.stored([key(1)], [0]).success
-    assert counters(tier.get_stats())[(m.STORE_SKIPPED, ())] == 1
+    assert counters(tier.get_stats())[(m.NAMES.store_skipped, ())] == 1
 
 
 def _bad_value_is_a_counted_miss(engine, tier, primary, spoil, reason):
@@ -101,7 +101,7 @@ def _bad_value_is_a_counted_miss(engine, tier, primary, spoil, reason):
     assert not result.success and not result.successful_keys
     assert primary.row(3) == before  # nothing of a bad value lands in a row
     stats = counters(tier.get_stats())
-    assert stats[(m.BAD_VALUES, (reason,))] == 1
+    assert stats[(m.NAMES.bad_values, (reason,))] == 1
     assert stats[(m.LOAD_MISSES, (reason,))] == 1
     assert engine.client().exists(name) == 0  # deleted: no lookup finds it again
     # The request's verdict turned to a miss: vLLM does not try again.
@@ -195,7 +195,7 @@ def test_a_rotation_reads_the_previous_keys_values_and_signs_with_the_new_one(
     try:
         result = Jobs(after).loaded([key(1), key(2)], [4, 5])
         assert list(result.successful_keys) == [key(2)]
-        assert counters(after.get_stats())[(m.BAD_VALUES, ("unknown_key",))] == 1
+        assert counters(after.get_stats())[(m.NAMES.bad_values, ("unknown_key",))] == 1
     finally:
         after.shutdown()
 

@@ -106,7 +106,7 @@ def test_blocks_land_on_every_node_and_come_back_byte_for_byte(cluster, clients,
         assert result.success
         assert [primary.row(r) for r in range(8)] == [data[rows[first + r]] for r in range(8)]
     stats = counters(tier.get_stats())
-    assert stats[(m.WRITTEN_BLOCKS, ())] == 24 and stats[(m.READ_BLOCKS, ())] == 24
+    assert stats[(m.NAMES.written_blocks, ())] == 24 and stats[(m.NAMES.read_blocks, ())] == 24
 
 
 def _engine_counts(clients) -> list[tuple[int, int]]:
@@ -177,7 +177,7 @@ def test_a_bad_value_on_one_node_is_a_counted_miss_and_the_rest_is_served(
     served = [r for r in range(8) if r != bad]
     assert [primary.row(r) for r in served] == [data[r] for r in served]
     stats = counters(tier.get_stats())
-    assert stats[(m.BAD_VALUES, ("corrupted",))] == 1
+    assert stats[(m.NAMES.bad_values, ("corrupted",))] == 1
     assert stats[(m.LOAD_MISSES, ("corrupted",))] == 1
     assert owner.exists(name) == 0  # deleted on its own node
     assert len(log.messages) == 1 and "corrupted" in log.messages[0]
@@ -293,7 +293,7 @@ def test_a_moved_slot_is_a_counted_miss_until_the_map_is_read_again(
     try:
         with WarningLog(tier_module.logger) as log:
             assert not jobs.stored([k], [0]).success  # node 1 answers MOVED
-        assert counters(tier.get_stats())[(m.STORE_FAILED, ("moved",))] == 1
+        assert counters(tier.get_stats())[(m.NAMES.store_failed, ("moved",))] == 1
         assert log.messages == []  # the cluster's state, not a fault: counted only
         to_port = cluster.nodes[2].port
         wait_for(lambda: [n.port for n in tier._link.route([name])] == [to_port], what="the map")

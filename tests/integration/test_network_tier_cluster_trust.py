@@ -137,7 +137,7 @@ def test_a_node_outside_the_allowed_hosts_never_hears_the_password(
         assert [primary.row(r) for r in range(4)] == data[:4]
         assert listener.connections == 0 and not listener.heard(PASSWORD)
         stats = counters(tier.get_stats())
-        assert stats[(m.STORE_FAILED, ("node_refused",))] == 2
+        assert stats[(m.NAMES.store_failed, ("node_refused",))] == 2
         assert stats[(m.LOAD_MISSES, ("node_refused",))] == 2
         assert stats[(m.REFUSED_NODES, ())] == 1
     finally:

@@ -125,7 +125,7 @@ def test_a_huge_value_is_refused_unread_and_deleted(engine, proxy, tier, primary
     assert proxy.flood_sent < 64 << 20, f"{proxy.flood_sent} bytes of the value were taken"
     stats = counters(tier.get_stats())
     assert stats[(m.LOAD_MISSES, ("oversized",))] == 1
-    assert stats[(m.BAD_VALUES, ("oversized",))] == 1
+    assert stats[(m.NAMES.bad_values, ("oversized",))] == 1
     assert stats[(m.LOAD_MISSES, ("unread",))] == 1  # after it on the dropped connection
     # Never found again: deleted from the engine (the real one held a good value).
     assert not engine.client().exists(value_name(NS, keys[0]))

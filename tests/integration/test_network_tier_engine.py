@@ -78,7 +78,7 @@ def test_an_engine_killed_mid_load_fails_its_blocks_within_the_timeout_then_serv
         assert jobs.loaded([key(0)], [7]).success and primary.row(7) == data[0]
         stats = counters(tier.get_stats())
         assert stats[(m.LOAD_MISSES, ("engine_down",))] == 5
-        assert stats[(m.STORE_FAILED, ("engine_down",))] == 2
+        assert stats[(m.NAMES.store_failed, ("engine_down",))] == 2
     finally:
         tier.shutdown()
 
@@ -197,7 +197,7 @@ def test_a_full_engine_refuses_stores_once_per_episode_and_takes_them_again(star
             client.config_set("maxmemory", "64mb")
             assert jobs.stored([key(3)], [0]).success
             assert any("takes writes again" in line for line in info.messages)
-        assert counters(tier.get_stats())[(m.STORE_FAILED, ("engine_full",))] == 2
+        assert counters(tier.get_stats())[(m.NAMES.store_failed, ("engine_full",))] == 2
     finally:
         tier.shutdown()
 

@@ -102,7 +102,11 @@ def test_every_store_job_gets_exactly_one_result_even_when_all_keys_are_skipped(
     assert present.success and present.transfer_bytes == 0
     assert len(block_files(tmp_path)) == 2
     skipped = counters(tier.get_stats())
-    assert skipped[(m.STORE_SKIPPED, ("writing",))] + skipped[(m.STORE_SKIPPED, ("present",))] == 3
+    assert (
+        skipped[(m.NAMES.store_skipped, ("writing",))]
+        + skipped[(m.NAMES.store_skipped, ("present",))]
+        == 3
+    )
     assert not tier.has_pending_work()
     tier.shutdown()
 
@@ -194,7 +198,7 @@ def test_a_store_of_format_version_1_files_is_restored_after_the_upgrade(tmp_pat
     jobs = Jobs(tier)
     assert jobs.loaded([key(0), key(1)], [6, 7]).success
     assert [primary.row(6), primary.row(7)] == data
-    assert not any(name == m.BAD_BLOCKS for name, _ in counters(tier.get_stats()))
+    assert not any(name == m.NAMES.bad_values for name, _ in counters(tier.get_stats()))
     jobs.stored([key(2)], [2])
     versions = {p.name: p.read_bytes()[8:10] for p in block_files(tmp_path)}
     assert versions[key(2).hex() + ".kvb"] == b"\x02\x00"
@@ -293,16 +297,16 @@ def test_metrics_count_traffic_and_every_name_is_defined(tmp_path, primary):
     tier.drain_jobs()  # the used-bytes gauge comes with the ledger feed
     tier.get_finished_jobs()
     got = counters(tier.get_stats())
-    assert got[(m.WRITTEN_BLOCKS, ())] == 2 and got[(m.WRITTEN_BYTES, ())] == 2 * 8192
-    assert got[(m.READ_BLOCKS, ())] == 1 and got[(m.READ_BYTES, ())] == 8192
-    assert got[(m.LOOKUP_HITS, ())] == 1
+    assert got[(m.NAMES.written_blocks, ())] == 2 and got[(m.NAMES.written_bytes, ())] == 2 * 8192
+    assert got[(m.NAMES.read_blocks, ())] == 1 and got[(m.NAMES.read_bytes, ())] == 8192
+    assert got[(m.NAMES.lookup_hits, ())] == 1
     assert got[(m.USED_BYTES, ())] == 2 * FILE
     assert tier.get_stats() is None  # nothing new since the last call
     definitions = DiskTier.build_metric_definitions({})
     for name, labels in got:
         assert name.startswith("vllm:kv_offload_disk_")
         assert len(definitions[name].labelnames) == len(labels)
-    assert isinstance(definitions[m.WRITTEN_BLOCKS], OffloadingCounterMetadata)
+    assert isinstance(definitions[m.NAMES.written_blocks], OffloadingCounterMetadata)
     assert isinstance(definitions[m.USED_BYTES], OffloadingGaugeMetadata)
     tier.shutdown()
 

@@ -122,7 +122,7 @@ def test_a_bad_block_is_never_served_but_removed_and_recomputed(tmp_path, primar
     tier.drain_jobs()
     tier.get_finished_jobs()
     assert not path_of(tmp_path, key(1)).exists()
-    assert counters(tier.get_stats())[(m.BAD_BLOCKS, (reason,))] == 1
+    assert counters(tier.get_stats())[(m.NAMES.bad_values, (reason,))] == 1
     assert [(e.keys, e.removed) for e in tier.take_events()] == [([key(1)], True)]
     assert len(log.messages) == 1 and reason in log.messages[0]
     tier.shutdown()
@@ -138,7 +138,7 @@ def test_the_same_kind_of_bad_block_is_logged_once(tmp_path, primary):
         assert not jobs.loaded([key(0)], [4]).success
         assert not jobs.loaded([key(1)], [5]).success
     assert len(log.messages) == 1
-    assert counters(tier.get_stats())[(m.BAD_BLOCKS, ("truncated",))] == 2
+    assert counters(tier.get_stats())[(m.NAMES.bad_values, ("truncated",))] == 2
     tier.shutdown()
 
 
@@ -205,7 +205,7 @@ def test_a_full_disk_stops_all_stores_with_one_warning_and_serving_goes_on(
     assert attempts == 2 and len(calls) == 2
     assert len(log.messages) == 1
     assert str(tmp_path) in log.messages[0] and "max_size_gib" in log.messages[0]
-    assert counters(tier.get_stats())[(m.STORE_FAILED, ("disk_full",))] == 4
+    assert counters(tier.get_stats())[(m.NAMES.store_failed, ("disk_full",))] == 4
     assert tier.used_bytes == bf.file_bytes(8192)  # key 0 only
     primary.clear()
     assert jobs.loaded([key(0)], [7]).success and primary.row(7) == data
@@ -255,7 +255,7 @@ def test_a_store_is_refused_when_everything_else_is_pinned(tmp_path, primary, mo
     release = held_io(monkeypatch, "read_block")
     load = jobs.load([key(0)], [6])
     assert not jobs.stored([key(1)], [1]).success
-    assert counters(tier.get_stats())[(m.STORE_FAILED, ("no_room",))] == 1
+    assert counters(tier.get_stats())[(m.NAMES.store_failed, ("no_room",))] == 1
     release.set()
     assert jobs.wait(load)[0].success
     tier.drain_jobs()  # the restore's touch is in the ledger: no longer protected
@@ -334,7 +334,7 @@ def test_an_unexpected_error_on_an_io_thread_ends_the_job_and_keeps_the_file(
         assert not jobs.loaded([key(0)], [5]).success
     # A bug of ours is not a bad file: the block stays, on disk and indexed.
     assert len(log.messages) == 1 and "RuntimeError('a bug')" in log.messages[0]
-    assert (m.BAD_BLOCKS, ("unreadable",)) not in counters(tier.get_stats())
+    assert (m.NAMES.bad_values, ("unreadable",)) not in counters(tier.get_stats())
     assert len(block_files(tmp_path)) == 1
     assert tier.lookup(key(0), CTX) is LookupResult.HIT
     tier.shutdown()
@@ -379,7 +379,7 @@ def test_a_symlinked_subdirectory_is_never_followed(tmp_path, primary):
     assert not stored.success
     # Nothing outside was read into a row, written, or deleted.
     assert sorted((p.name, p.stat().st_size) for p in outside.iterdir()) == before
-    assert counters(tier.get_stats())[(m.BAD_BLOCKS, ("not_a_file",))] == 2
+    assert counters(tier.get_stats())[(m.NAMES.bad_values, ("not_a_file",))] == 2
     tier.shutdown()
 
 

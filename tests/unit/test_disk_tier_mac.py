@@ -85,7 +85,7 @@ def test_a_file_without_a_valid_tag_is_a_counted_miss_and_removed(tmp_path, prim
         tier.drain_jobs()
         tier.get_finished_jobs()
         assert not block_path(root, key(1)).exists()
-        assert counters(tier.get_stats())[(m.BAD_BLOCKS, ("unsigned",))] == 1
+        assert counters(tier.get_stats())[(m.NAMES.bad_values, ("unsigned",))] == 1
         assert len(log.messages) == 1 and "unsigned" in log.messages[0]
     finally:
         tier.shutdown()

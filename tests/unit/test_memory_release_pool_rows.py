@@ -137,9 +137,9 @@ def test_disk_tier_holds_a_block_once_written(tmp_path, monkeypatch):
     assert not tier.holds(disk_key(1))
     stats = tier.get_stats()
     data = {} if stats is None else stats.data["data"]
-    assert disk_metrics.LOOKUP_HITS not in data  # holds is not a lookup
+    assert disk_metrics.NAMES.lookup_hits not in data  # holds is not a lookup
     tier.lookup(disk_key(0), DISK_CTX)
-    assert disk_metrics.LOOKUP_HITS in tier.get_stats().data["data"]
+    assert disk_metrics.NAMES.lookup_hits in tier.get_stats().data["data"]
 
 
 def test_the_pool_and_the_disk_tier_answer_the_releasers_one_question(tmp_path):

@@ -245,7 +245,7 @@ class Completion:
             self._warnings.load_error(outcome.detail)
             return
         reason = outcome.failure.value
-        self._reports.bad(reason, 1, BAD_BLOCK, outcome.detail, reason, m.BAD_BLOCKS)
+        self._reports.bad(reason, 1, BAD_BLOCK, outcome.detail, reason, m.NAMES.bad_values)
         # Only the generation this load read: a newer store of the key stays.
         if self._index.remove(ref, serial) is not None:
             self._reports.event([ref.key], removed=True)

@@ -30,20 +30,11 @@ from vllm_uma.kv_offload.lower_tier.reports import TierReports, Warnings
 from vllm_uma.log import get_logger
 
 NAMES = TierMetrics("disk", "the disk tier", bad="bad_blocks")
-PREFIX = NAMES.prefix
-WRITTEN_BLOCKS = NAMES.written_blocks
-WRITTEN_BYTES = NAMES.written_bytes
-READ_BLOCKS = NAMES.read_blocks
-READ_BYTES = NAMES.read_bytes
-LOOKUP_HITS = NAMES.lookup_hits
-BAD_BLOCKS = NAMES.bad_values
-STORE_SKIPPED = NAMES.store_skipped
-STORE_FAILED = NAMES.store_failed
-EVICTED_BLOCKS = PREFIX + "evicted_blocks"
-PEER_CHANGES = PREFIX + "peer_changes"
-LOADS_GIVEN_UP = PREFIX + "loads_given_up"
-USED_BYTES = PREFIX + "used_bytes"
-CAP_BYTES = PREFIX + "cap_bytes"
+EVICTED_BLOCKS = NAMES.prefix + "evicted_blocks"
+PEER_CHANGES = NAMES.prefix + "peer_changes"
+LOADS_GIVEN_UP = NAMES.prefix + "loads_given_up"
+USED_BYTES = NAMES.prefix + "used_bytes"
+CAP_BYTES = NAMES.prefix + "cap_bytes"
 
 
 def definitions() -> dict[str, OffloadingMetricMetadata]:
@@ -51,18 +42,18 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
     return {
         **NAMES.moved_definitions(),
         EVICTED_BLOCKS: counter("Block files deleted to stay within the disk cap."),
-        BAD_BLOCKS: counter(
+        NAMES.bad_values: counter(
             "Block files found unusable on restore (then deleted and recomputed), "
             "by reason: missing, truncated, corrupted, foreign, unreadable, not_a_file, and "
             "with signed block files unsigned, unknown_key, forged (block_mac.py).",
             labelnames=("reason",),
         ),
-        STORE_SKIPPED: counter(
+        NAMES.store_skipped: counter(
             "Blocks not written because the store already holds them or is "
             "writing or deleting them (this server or another), by reason.",
             labelnames=("reason",),
         ),
-        STORE_FAILED: counter(
+        NAMES.store_failed: counter(
             "Blocks the disk tier could not write, by reason: too_big, no_room "
             "(everything else pinned), disk_full, io_error, ledger (the shared "
             "ledger was busy or unwritable).",
@@ -144,7 +135,7 @@ class DiskWarnings:
             "Disk KV tier: a block could not be written (%s); it stays in RAM only. "
             "Later errors of this kind count in %s and are not logged.",
             detail,
-            STORE_FAILED,
+            NAMES.store_failed,
         )
 
     def unlink(self, detail: str) -> None:
@@ -184,7 +175,7 @@ class DiskWarnings:
             "I/O error or a read-only database: the kernel log (dmesg) says what the "
             'volume did. Later failures count in %s{reason="ledger"}.',
             detail,
-            STORE_FAILED,
+            NAMES.store_failed,
         )
 
     def ledger_rebuilt(self, path: Path, detail: str, aside: Path) -> None:

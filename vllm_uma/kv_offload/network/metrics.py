@@ -20,18 +20,9 @@ from vllm.v1.kv_offload.base import (
 from vllm_uma.kv_offload.lower_tier.metrics import TierMetrics
 
 NAMES = TierMetrics("network", "the network tier's engine", bad="bad_values")
-PREFIX = NAMES.prefix
-WRITTEN_BLOCKS = NAMES.written_blocks
-WRITTEN_BYTES = NAMES.written_bytes
-READ_BLOCKS = NAMES.read_blocks
-READ_BYTES = NAMES.read_bytes
-LOOKUP_HITS = NAMES.lookup_hits
-BAD_VALUES = NAMES.bad_values
-STORE_FAILED = NAMES.store_failed
-STORE_SKIPPED = NAMES.store_skipped
-LOAD_MISSES = PREFIX + "load_missed_blocks"
-ENGINE_UP = PREFIX + "engine_up"
-REFUSED_NODES = PREFIX + "refused_nodes"
+LOAD_MISSES = NAMES.prefix + "load_missed_blocks"
+ENGINE_UP = NAMES.prefix + "engine_up"
+REFUSED_NODES = NAMES.prefix + "refused_nodes"
 
 
 def definitions() -> dict[str, OffloadingMetricMetadata]:
@@ -47,19 +38,19 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
             "oversized, unsigned, unknown_key, forged).",
             labelnames=("reason",),
         ),
-        BAD_VALUES: counter(
+        NAMES.bad_values: counter(
             "Values found unusable on restore (then deleted and recomputed), by reason: "
             "truncated, corrupted, foreign (another namespace, key or format), oversized "
             "(longer than one block: refused unread), unsigned (no MAC tag), unknown_key (a "
             "tag by a key this server lacks), forged (a tag that does not match).",
             labelnames=("reason",),
         ),
-        STORE_FAILED: counter(
+        NAMES.store_failed: counter(
             "Blocks the network tier could not store, by reason: engine_down, engine_full "
             "(OOM: the engine refuses writes), moved, node_refused, refused, error.",
             labelnames=("reason",),
         ),
-        STORE_SKIPPED: counter(
+        NAMES.store_skipped: counter(
             "Blocks not sent because this server saw them in the engine moments ago."
         ),
         ENGINE_UP: gauge(
