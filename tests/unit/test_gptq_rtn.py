@@ -19,6 +19,7 @@ from vllm.scalar_type import scalar_types
 
 from vllm_uma.models import gptq_rtn
 from vllm_uma.models.recipe import PrepareError
+from vllm_uma.plugin.int4_linear import TorchInt4LinearKernel
 
 # (out, in) of one decoder layer's linears; SmolLM2-135M: hidden 576,
 # intermediate 1536, 3 KV heads of 64. Qwen2.5-Coder-1.5B: 1536, 8960, 2 of 128.
@@ -98,6 +99,7 @@ def test_group_size_of_the_recipes_and_vllms_cpu_kernel_takes_every_layer(shapes
             zero_points=False,
         )
         assert CPUWNA16LinearKernel.can_implement(config) == (True, None)
+        assert TorchInt4LinearKernel.can_implement(config) == (True, None)  # ours, which serves it
 
 
 def test_a_shape_that_cannot_be_grouped_is_refused_with_the_rule():

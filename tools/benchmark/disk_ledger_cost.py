@@ -44,9 +44,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from tools.benchmark.lib.geometry import kv_bytes_per_token
+from tools.benchmark.lib.geometry import add_block_size_argument, kv_bytes_per_token
 from tools.benchmark.lib.report import Column, Table, at_rank, write_json
-from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
 # In tokens, so that every block size stores the same bytes.
@@ -271,12 +270,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=REPO)
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--servers", default="1,3")
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_TOKENS,
-        help="tokens per KV block: vllm-uma's default, or 128 (vLLM CPU's) to compare",
-    )
+    add_block_size_argument(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     geo = Geometry.of(args.block_size, kv_bytes_per_token())

@@ -44,12 +44,11 @@ from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.floors import disk_tier_read_gbps, drop_page_cache
-from tools.benchmark.lib.geometry import kv_row_bytes
+from tools.benchmark.lib.geometry import add_block_size_argument, kv_row_bytes
 from tools.benchmark.lib.report import write_json
 from vllm_uma.kv_offload.disk.io_tasks import DEFAULT_IO_THREADS
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.disk.tier import DiskTier
-from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
 MiB, GiB = 1 << 20, 1 << 30
@@ -186,12 +185,7 @@ def restore(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=None, help="where the temp files go")
-    ap.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_TOKENS,
-        help="tokens per KV block: vllm-uma's default, or 128 (vLLM CPU's) to compare",
-    )
+    add_block_size_argument(ap)
     ap.add_argument(
         "--blocks",
         type=int,

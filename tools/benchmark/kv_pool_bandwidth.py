@@ -41,12 +41,16 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from tools.benchmark.lib import model_choice
 from tools.benchmark.lib.copies_env import copies_environment
 from tools.benchmark.lib.floors import best_of, memcpy_gbps
-from tools.benchmark.lib.geometry import kv_bytes_per_token, kv_row_bytes, model_layers
+from tools.benchmark.lib.geometry import (
+    add_block_size_argument,
+    kv_bytes_per_token,
+    kv_row_bytes,
+    model_layers,
+)
 from vllm_uma import models
 from vllm_uma.kv_offload.host_pool import HostPool
 from vllm_uma.kv_offload.mover import HostPoolMover, default_copy_threads
 from vllm_uma.kv_offload.streaming_copies import ENV
-from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
 
 TARGET = 0.8  # of memcpy, for both directions
 TRANSFER_TOKENS = 8192  # a transfer's default: 64 blocks of 128 tokens, 256 of 32
@@ -122,12 +126,7 @@ def parse_args() -> argparse.Namespace:
         help=f"whose KV layout is copied: a recipe ({', '.join(models.RECIPES)}), "
         "a model zoo build (python -m tools.model_zoo list) or a model directory",
     )
-    ap.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_TOKENS,
-        help="tokens per KV block: vllm-uma's default, or 128 (vLLM CPU's) to compare",
-    )
+    add_block_size_argument(ap)
     ap.add_argument(
         "--blocks",
         type=int,

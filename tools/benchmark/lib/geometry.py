@@ -9,6 +9,7 @@ own: the same model has 4x smaller rows at 32 tokens than at 128.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -58,3 +59,16 @@ def kv_row_bytes(
     if len(set(kinds)) > 1:
         per_group = min(kinds.count(kind) for kind in set(kinds))
     return block_tokens * kv_bytes_per_token(model_dir, dtype) // layers * per_group
+
+
+def add_block_size_argument(parser: argparse.ArgumentParser) -> None:
+    """``--block-size`` of the tools that size rows without a server: vllm-uma's
+    default block (plugin/block_size.py), or another (128, vLLM CPU's) to compare."""
+    from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
+
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        help="tokens per KV block: vllm-uma's default, or 128 (vLLM CPU's) to compare",
+    )
