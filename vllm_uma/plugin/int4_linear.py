@@ -2,12 +2,12 @@
 
 Why. vLLM CPU 0.32 computes a GPTQ layer (4 bits, symmetric: uint4b8)
 with its ``cpu_gemm_wna16`` op (CPUWNA16LinearKernel), which on a CPU
-without AMX runs a decode step's linears barely faster than bf16 (120
-against 135 ms on Qwen2.5-Coder-1.5B; tools/benchmark/int4_kernel.py,
-docs/benchmark.md). PyTorch ships its own CPU int4 matmul,
-``aten._weight_int4pack_mm_for_cpu`` (the one gpt-fast and torchao use),
-which does the same layers in 58 ms there. This kernel computes GPTQ
-layers with it.
+without AMX runs a decode step's linears no faster than bf16 (124.6
+against 125.2 ms on Qwen2.5-Coder-1.5B, weights read from memory;
+tools/benchmark/int4_kernel.py, docs/benchmark.md). PyTorch ships its own
+CPU int4 matmul, ``aten._weight_int4pack_mm_for_cpu`` (the one gpt-fast
+and torchao use), which does the same layers in 52.0 ms there. This
+kernel computes GPTQ layers with it.
 
 Where it plugs in, and in which process. vLLM chooses a mixed-precision
 linear kernel per layer (``choose_mp_linear_kernel``) from a per-platform
@@ -65,8 +65,8 @@ logger = get_logger(__name__)
 VLLM_KERNEL = "CPUWNA16LinearKernel"
 DISABLED_ENV = "VLLM_DISABLED_KERNELS"
 # vLLM's names for AutoGPTQConfig (quantization/__init__.py). Not AWQ: its
-# layers have zero points, which ours does not take, and vLLM's op would
-# then be disabled for nothing.
+# layers have zero points, which ours does not take; with vLLM's op taken
+# out of the choice they would have no kernel at all.
 GPTQ_METHODS = ("gptq", "auto_gptq", "gptq_marlin")
 # PyTorch's CPU int4 matmul takes these group sizes (its kernel's check).
 GROUP_SIZES = (32, 64, 128, 256)
