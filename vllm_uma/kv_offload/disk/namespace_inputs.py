@@ -6,7 +6,7 @@ where the namespace is made, sees only vLLM's OffloadingConfig (a model
 name, a dtype, the layout); the rest lives in the API server's VllmConfig.
 So the API server reads it here, once, while the platform checks the flags,
 and passes the result to the engine in the plugin's settings plan
-(plugin/settings.py) as :class:`NamespaceInputs`:
+(plugin/settings_plan.py) as :class:`NamespaceInputs`:
 
 - the model as vLLM loads it: name or path, ``--revision``,
   ``--download-dir`` (another snapshot is other weights);

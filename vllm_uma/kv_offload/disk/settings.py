@@ -12,7 +12,7 @@ written or a volume too small for the default cap fails start-up there, with
 one line naming the value, the rule and the fix. A root_dir another user
 owns or may write is refused here too (trust.py). The resolved
 ``DiskTierSettings`` travels to the engine-core process in the plugin's
-settings plan (plugin/settings.py), so the directory is created, probed and
+settings plan (plugin/settings_plan.py), so the directory is created, probed and
 measured once, in one process.
 
 With ``secret_file`` or ``secret_env`` (the network tier's settings, the
