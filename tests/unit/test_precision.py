@@ -81,4 +81,7 @@ def test_no_note_when_the_command_line_chose_the_dtype():
     assert precision.dtype_given(["vllm-uma", "serve", "--dtype", "float32"])
     assert precision.dtype_given(["serve", "--dtype=float32"])
     assert not precision.dtype_given(["serve", "--max-model-len", "2048", "--dtype-x"])
+    # --dtype auto leaves the choice to the plugin, as no flag does: the line is said.
+    assert not precision.dtype_given(["serve", "--dtype", "auto"])
+    assert not precision.dtype_given(["serve", "--dtype=AUTO"])
     assert precision.auto_note(torch.float32, False, given=True) is None

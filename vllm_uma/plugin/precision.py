@@ -60,10 +60,21 @@ def supported_dtypes(vllm_list: list[torch.dtype], bf16_arithmetic: bool) -> lis
 
 
 def dtype_given(argv: Sequence[str]) -> bool:
-    """Whether a command line names the dtype (``--dtype X`` or ``--dtype=X``):
-    vLLM's config keeps only the dtype it resolved, not whether the user
-    asked for it, and the API server's argv is the user's."""
-    return any(arg == "--dtype" or arg.startswith("--dtype=") for arg in argv)
+    """Whether a command line chooses the dtype (``--dtype X`` or
+    ``--dtype=X``, X not ``auto``): vLLM's config keeps only the dtype it
+    resolved, not whether the user asked for it, and the API server's argv
+    is the user's. ``--dtype auto`` leaves the choice to us, as no flag
+    does, so the float32 line is still said."""
+    for i, arg in enumerate(argv):
+        if arg == "--dtype":
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        elif arg.startswith("--dtype="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        if value.strip().lower() != "auto":
+            return True
+    return False
 
 
 def auto_note(dtype: torch.dtype, bf16_arithmetic: bool, given: bool = False) -> str | None:
