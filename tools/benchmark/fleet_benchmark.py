@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -46,13 +45,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import psutil
 import requests
 
 from tools.benchmark.fleet_report import chart, figures, print_table
 from tools.benchmark.lib import client
 from tools.benchmark.lib.prompts import MODEL, document
 from tools.benchmark.lib.report import write_json
+from tools.benchmark.lib.servers import kill_listener
 from tools.harness.server import free_port, metric
 from vllm_uma.commands.kv_events_endpoint import private_dir
 from vllm_uma.fleet.plan import FleetPlan, FleetRequest, plan_fleet
@@ -99,14 +98,6 @@ def server_totals(url: str) -> dict[str, float]:
         "prompt": metric(body, "vllm:prompt_tokens_total"),
         "requests": metric(body, "vllm:request_success_total"),
     }
-
-
-def kill_server(url: str) -> None:
-    port = int(url.rsplit(":", 1)[1])
-    for conn in psutil.net_connections("tcp"):
-        if conn.laddr.port == port and conn.pid:
-            os.killpg(os.getpgid(conn.pid), signal.SIGKILL)
-            return
 
 
 def router_lookups(router_metrics: str) -> dict[str, float]:
@@ -165,7 +156,7 @@ def converse(fleet: Fleet, plan: FleetPlan, args) -> Turns:
     for turn in range(args.turns):
         if turn == 2 and not args.no_restart:
             turns.carried = server_totals(servers[1])  # its counters restart from 0
-            kill_server(servers[1])
+            kill_listener(servers[1])
             _wait_back(fleet, servers[1])
         one = partial(_one_turn, plan.router_url, conversations, turns, turn=turn)
         with ThreadPoolExecutor(max_workers=args.conversations) as pool:

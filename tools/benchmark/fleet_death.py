@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -48,14 +47,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import requests
 
 from tools.benchmark.lib import client
 from tools.benchmark.lib.log import progress
 from tools.benchmark.lib.prompts import MODEL, document
 from tools.benchmark.lib.report import write_json
-from tools.benchmark.lib.servers import block_tokens
+from tools.benchmark.lib.servers import block_tokens, kill_listener
 from tools.harness.server import free_port, metric
 from vllm_uma.commands.kv_events_endpoint import private_dir
 from vllm_uma.fleet.plan import FleetPlan, FleetRequest, plan_fleet
@@ -200,15 +198,6 @@ def server_of_last_turn(urls: list[str], before: list[dict], tokens: int) -> str
     return grew[0]
 
 
-def kill_server(url: str) -> None:
-    port = int(url.rsplit(":", 1)[1])
-    for conn in psutil.net_connections("tcp"):
-        if conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-            os.killpg(os.getpgid(conn.pid), signal.SIGKILL)
-            return
-    raise RuntimeError(f"no process listens on {url}")
-
-
 def wait_healthy(urls: list[str], timeout: float = BACK_TIMEOUT_S) -> None:
     for url in urls:
         client.wait_healthy(url, timeout)
@@ -252,7 +241,7 @@ def one_round(index: int, args, plan: FleetPlan, block: int) -> dict:
         progress(f"round {index}: turn {turn}, {last.prompt_tokens} tokens, {last.ttft_s:.2f} s")
     victim = server_of_last_turn(r.urls, before, last.prompt_tokens)
     time.sleep(delay)
-    kill_server(victim)
+    kill_listener(victim)
     progress(f"round {index}: {victim} killed {delay:g} s after its last reply")
     survivor = next(u for u in r.urls if u != victim)
     computed = last.prompt_tokens + last.completion_tokens
@@ -290,7 +279,7 @@ def kill_while_decoding(r: Round, args, prompt: str, before: list[dict]) -> tupl
             f"the turn ended before the kill {r.delay:g} s after its first token: raise "
             f"--decode-tokens ({args.decode_tokens})"
         )
-    kill_server(victim)
+    kill_listener(victim)
     reader.join(60)
     return victim, next(u for u in r.urls if u != victim)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,3 +112,18 @@ def block_tokens(serve_args: list[str]) -> int:
         if flag.startswith("--block-size="):
             return int(flag.split("=", 1)[1])
     return DEFAULT_BLOCK_TOKENS
+
+
+def kill_listener(url: str) -> None:
+    """SIGKILL the process group of whatever listens on ``url``'s port (a
+    server's death, as the fleet benchmarks stage it: the API server and its
+    engine core at once). Raises if nothing listens there, so a benchmark
+    never measures a death that did not happen."""
+    import psutil
+
+    port = int(url.rsplit(":", 1)[1])
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+            os.killpg(os.getpgid(conn.pid), signal.SIGKILL)
+            return
+    raise RuntimeError(f"no process listens on {url}")
