@@ -1,5 +1,5 @@
 # The interpreter scripts/install.sh builds the venv with. Sourced, not run:
-# it only defines functions (tests/unit/test_choose_python.py runs them on
+# it only defines functions (tests/integration/test_choose_python.py runs them on
 # stub interpreters).
 #
 # The Python versions vllm-uma installs on, 3.MIN_MINOR to 3.MAX_MINOR: the

@@ -18,7 +18,7 @@ own disk store. float32, so that tokens compare exactly.
   names one key file (--api-key-file), as the KV secret.
 
 A stop takes a joined fleet's servers out of the router's rotation
-(vllm-router's /remove_worker): tests/unit/test_fleet_supervisor.py, against
+(vllm-router's /remove_worker): tests/integration/test_fleet_supervisor.py, against
 a stand-in router, to keep this module's time to its one server start per
 host.
 """
