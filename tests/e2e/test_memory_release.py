@@ -40,13 +40,41 @@ IDLE_SECONDS = 6
 RESERVE = re.compile(r"KV warm reserve: the next (\d+) free KV blocks")
 
 
-def l1_resident(server) -> int:
-    """The kernel's count of the KV cache's resident pages (smaps Rss)."""
+def l1_resident(server, timeout_s: float = 10) -> int:
+    """The kernel's count of the KV cache's resident pages (smaps Rss).
+
+    Looked for again for up to ``timeout_s``: once in a full suite on two
+    busy cores the mapping was not found at the warm reserve's line and the
+    module alone found it every time; a mapping split for a moment (a lock
+    or advice over part of it) is the suspect, not proven. If it stays
+    unfound, the message lists the large anonymous mappings there are."""
     line = next(x for x in server.log().splitlines() if BREAKDOWN_PREFIX in x)
     b = parse_breakdown(line)
-    found = kv_resident(model_process(server.proc.pid).pid, b["kv_cache"], b["kv_offload_pool"], 1)
-    assert found.found_l1, "no KV cache mapping of the breakdown's size in smaps"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid = model_process(server.proc.pid).pid
+        found = kv_resident(pid, b["kv_cache"], b["kv_offload_pool"], 1)
+        if found.found_l1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert found.found_l1, (
+        f"no KV cache mapping of the breakdown's size ({b['kv_cache']:,} B) in pid {pid}'s "
+        f"smaps; its anonymous mappings over 64 MiB: {large_anonymous_mappings(pid)}"
+    )
     return found.l1
+
+
+def large_anonymous_mappings(pid: int) -> list[str]:
+    out = []
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if fields[0].endswith(":") or len(fields) > 5:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if end - start > 64 << 20:
+                out.append(f"{fields[0]} {fields[1]} {(end - start):,} B")
+    return out
 
 
 def wait_for_log(server, text: str, timeout_s: float = 30) -> None:
