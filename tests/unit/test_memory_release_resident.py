@@ -45,3 +45,17 @@ def test_resident_pages_of_the_kv_cache_and_the_pool_are_counted_exactly():
 def test_nothing_found_is_said():
     found = kv_resident(os.getpid(), 1 << 40, 77 * PAGE, PAGE)  # no 1 TiB mapping here
     assert (found.found_l1, found.found_pool, found.total) == (False, False, 0)
+
+
+def test_a_kv_cache_in_a_mapping_rounded_and_aligned_for_huge_pages_is_found():
+    # What a server showed: a 21,012,480,000-byte KV cache in a mapping
+    # 3,149,824 B larger (the size rounded up to 2 MiB, 2 MiB of alignment,
+    # 68 KiB of header). Here a mapping as much larger than the asked size.
+    asked = 4099 * PAGE
+    extra = 3_149_824
+    kv = mmap.mmap(-1, asked + extra, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    kv.madvise(mmap.MADV_DONTFORK)  # no merge with a neighbour (first test)
+    try:
+        assert kv_resident(os.getpid(), asked, 1 << 40, PAGE).found_l1
+    finally:
+        kv.close()

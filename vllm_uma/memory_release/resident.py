@@ -8,8 +8,10 @@ per-thread batches and also includes code paged in, Python's heap...).
 The two mappings are found by what the ``memory breakdown:`` line says:
 
 - the KV cache (L1): the private anonymous mapping vLLM's one backing
-  allocation lives in, ``kv_cache`` bytes (malloc adds a page of header, or
-  up to 2 MiB where it aligns for huge pages);
+  allocation lives in, ``kv_cache`` bytes and up to SLACK more: the size
+  rounded up to 2 MiB and 2 MiB of alignment for huge pages, plus the
+  allocator's header (a 21,012,480,000-byte KV cache lived in a mapping
+  3,149,824 B larger: 2 MiB-rounding 983,040, alignment 2 MiB, 68 KiB);
 - the host pool (L2): the shared anonymous mapping (``/dev/zero (deleted)``)
   of whole pool rows, so at most ``kv_offload_pool`` bytes and more than
   ``kv_offload_pool`` minus one row.
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# malloc's header rounded up to pages, or a 2 MiB alignment for huge pages.
-SLACK = (2 << 20) + 2 * 4096
+# The size rounded up to 2 MiB, a 2 MiB alignment for huge pages, and the
+# allocator's header (tens of KiB) rounded up to pages.
+SLACK = (4 << 20) + (128 << 10)
 
 
 @dataclass(frozen=True)
