@@ -40,23 +40,14 @@ IDLE_SECONDS = 6
 RESERVE = re.compile(r"KV warm reserve: the next (\d+) free KV blocks")
 
 
-def l1_resident(server, timeout_s: float = 10) -> int:
-    """The kernel's count of the KV cache's resident pages (smaps Rss).
-
-    Looked for again for up to ``timeout_s``: once in a full suite on two
-    busy cores the mapping was not found at the warm reserve's line and the
-    module alone found it every time; a mapping split for a moment (a lock
-    or advice over part of it) is the suspect, not proven. If it stays
-    unfound, the message lists the large anonymous mappings there are."""
+def l1_resident(server) -> int:
+    """The kernel's count of the KV cache's resident pages (smaps Rss). A
+    failure lists the large anonymous mappings there are (it once told that
+    the KV cache's mapping was 3 MiB larger than resident.py's slack)."""
     line = next(x for x in server.log().splitlines() if BREAKDOWN_PREFIX in x)
     b = parse_breakdown(line)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid = model_process(server.proc.pid).pid
-        found = kv_resident(pid, b["kv_cache"], b["kv_offload_pool"], 1)
-        if found.found_l1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    pid = model_process(server.proc.pid).pid
+    found = kv_resident(pid, b["kv_cache"], b["kv_offload_pool"], 1)
     assert found.found_l1, (
         f"no KV cache mapping of the breakdown's size ({b['kv_cache']:,} B) in pid {pid}'s "
         f"smaps; its anonymous mappings over 64 MiB: {large_anonymous_mappings(pid)}"
