@@ -4,6 +4,9 @@ to pretend when nothing listens there."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,7 +48,9 @@ def test_the_listener_and_its_group_are_killed():
             time.sleep(0.05)
         assert not _alive(child)
     finally:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the child too, should an assert fail first
+        proc.wait(timeout=10)
 
 
 def test_nothing_listening_is_an_error_not_a_death():
