@@ -21,15 +21,9 @@ import time
 from pathlib import Path
 
 from vllm_uma.kv_offload.disk import admin
+from vllm_uma.log import human_size
 
 PROG = "vllm-uma kv-store"
-
-
-def human_size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
 
 
 def _when(ns: int) -> str:

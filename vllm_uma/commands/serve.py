@@ -20,6 +20,8 @@ What this adds on top of ``vllm serve``:
   in about a second: read from the raw command line (``serve_line.py``)
   before vLLM or torch is imported (10-40 s here); any other start-up error
   is shortened to its message (set VLLM_LOGGING_LEVEL=DEBUG for the traceback);
+- ``/v1/uma/pins``: pin a prefix in the lower tiers with a time to live,
+  list and unpin (kv_offload/pins/, docs/sessions.md);
 - ``--api-key-file PATH``: vLLM's ``--api-key`` read from a file (a key on
   the command line is world-readable in /proc), required on every path but
   /health and /metrics (fleet/server_guard.py): how a fleet's servers take
@@ -48,6 +50,7 @@ from vllm_uma.plugin.uma_settings import NAMESPACE
 from vllm_uma.plugin.vllm_version import UnsupportedVllmError, require_supported_vllm
 
 PROG = "vllm-uma serve"
+PIN_ROUTES = "vllm_uma.kv_offload.pins.http_api.PinRoutes"
 _OTHER_RECIPES = sorted(name for name in models.RECIPES if name != models.DEFAULT_MODEL_NAME)
 
 SERVE_DESCRIPTION = f"""vLLM's OpenAI-compatible server on the unified-memory platform.
@@ -302,6 +305,9 @@ def prepare(argv: list[str]) -> tuple[argparse.Namespace, str] | int:
         args = parse_serve_args(argv)
     except models.PrepareError as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    # The pins API (docs/sessions.md), innermost of our middlewares: the
+    # --api-key-file guard and a user's own sit outside it.
+    args.middleware = [PIN_ROUTES, *args.middleware]
     try:
         apply_api_key_file(args, os.environ)
     except ApiKeyError as exc:

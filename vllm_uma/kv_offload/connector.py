@@ -24,7 +24,9 @@ Scheduler side: vLLM's OffloadingConnectorScheduler, plus
   until released, and their stores retried every step, before running
   requests' stores;
 - counters of blocks stored and restored, restore hits, retries and dropped
-  blocks (metrics.py).
+  blocks (metrics.py);
+- a request that asks to be pinned gets its full-block keys back in its
+  ``kv_transfer_params`` (pins/request_keys.py).
 Worker side: vLLM's OffloadingConnectorWorker; the connector adds the
 released ids to ``get_finished``.
 
@@ -63,6 +65,7 @@ from vllm.v1.request import RequestStatus
 from vllm_uma.kv_offload import metrics
 from vllm_uma.kv_offload.attention_kernel import with_attention_kernels
 from vllm_uma.kv_offload.holds import AtFinish, HoldOutcome, Holds
+from vllm_uma.kv_offload.pins.request_keys import PIN_PARAM, asks_pin, pin_reply
 from vllm_uma.kv_offload.pool_size import spec_config
 from vllm_uma.kv_offload.spec import make_spec
 from vllm_uma.log import get_logger
@@ -100,6 +103,9 @@ class UmaConnectorScheduler(OffloadingConnectorScheduler):
         status = self._req_status.get(request.request_id)
         if status is None:
             return delay, params
+        if asks_pin(request.kv_transfer_params):
+            # After vLLM's request_finished: it brought the keys up to date.
+            params = {**(params or {}), PIN_PARAM: self._pin_reply(request, status)}
         unstored = self._unstored_chunks(status)
         decision = self._holds.on_finished(request.request_id, unstored, self._loading(status))
         if decision is AtFinish.TOO_BIG:
@@ -194,6 +200,13 @@ class UmaConnectorScheduler(OffloadingConnectorScheduler):
             max(0, status.storable_chunks(group, state, offloadable) - state.next_stored_chunk_idx)
             for group, state in zip(self.config.kv_group_configs, status.group_states, strict=True)
         )
+
+    def _pin_reply(self, request, status: RequestOffloadState) -> dict:
+        """The prompt's full-block keys, every KV group's (pins/request_keys.py)."""
+        keys = []
+        for group, state in zip(self.config.kv_group_configs, status.group_states, strict=True):
+            keys += state.offload_keys[: request.num_prompt_tokens // group.tokens_per_chunk]
+        return pin_reply(self.manager, keys, request.num_prompt_tokens)
 
     def _loading(self, status: RequestOffloadState) -> bool:
         jobs = (self._jobs.get(job_id) for job_id in status.transfer_jobs)

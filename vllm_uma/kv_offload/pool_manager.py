@@ -48,6 +48,7 @@ from vllm.v1.kv_offload.base import OffloadingEvent, OffloadKey
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.tiering.manager import CPUPrimaryTierOffloadingManager
 
+from vllm_uma.kv_offload.pins.pool_policy import IsPinned, PinAware
 from vllm_uma.plugin import vllm_contract
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -86,7 +87,19 @@ class PoolManager:
     def __init__(self, *, num_chunks: int, **kwargs):
         # Before vLLM's __init__, which sets the three fields: in the book.
         self.book = RowBook(num_chunks)
+        self._is_pinned: IsPinned | None = None
         super().__init__(num_chunks=num_chunks, **kwargs)
+
+    def keep_pinned(self, is_pinned: IsPinned) -> bool:
+        """Keep the blocks ``is_pinned`` names (pins/): vLLM's eviction
+        through the policy, ours in ``release_idle``. False if the policy is
+        not pin-aware (a user's own): then pins hold in the disk tier only."""
+        policy = self._policy
+        if not isinstance(policy, PinAware):
+            return False
+        policy.set_pinned(is_pinned)
+        self._is_pinned = is_pinned
+        return True
 
     def rows_in_use(self) -> int:
         """Rows holding a block (being written, read or idle)."""
@@ -110,9 +123,15 @@ class PoolManager:
         self, count: int, keep: Callable[[OffloadKey], bool] | None = None
     ) -> list[int]:
         """Evict up to ``count`` idle rows, least recently used first,
-        skipping keys ``keep`` says to keep; the rows, now on the free list."""
+        skipping keys ``keep`` says to keep and pinned ones; the rows, now
+        on the free list."""
         idle = self._idle_keys()
-        protected = {key for key in idle if keep(key)} if keep is not None else set()
+        pinned = self._is_pinned
+        protected = {
+            key
+            for key in idle
+            if (keep is not None and keep(key)) or (pinned is not None and pinned(key))
+        }
         count = min(count, len(idle) - len(protected))
         if count <= 0:
             return []

@@ -40,6 +40,7 @@ from vllm_uma.kv_offload.config import OffloadPlan
 from vllm_uma.kv_offload.disk.layout import NOINDEX, Layout
 from vllm_uma.kv_offload.disk.namespace import FINGERPRINTS_FILE, namespace_for, weights_fingerprint
 from vllm_uma.kv_offload.mover import HostPoolMover
+from vllm_uma.kv_offload.pins.pool_policy import pin_aware_policy
 from vllm_uma.kv_offload.pool_manager import UmaPoolManager, UmaPrimaryTier
 from vllm_uma.kv_offload.staging_store import StagingTieringManager
 from vllm_uma.models.publish import default_cache_root
@@ -216,11 +217,16 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
                 f"set up by the vllm-uma platform; without one, use UmaOffloadingSpec."
             )
         namespace, fingerprint = self._namespace(offload)
+        # Pins live in the disk tier's ledger; the pool keeps them through
+        # a pin-aware twin of vLLM's policy (pins/pool_policy.py).
+        pin_policy = None
+        if offload.disk is not None:
+            pin_policy = pin_aware_policy(self.eviction_policy, self.cache_policy_module_path)
         primary = UmaPrimaryTier(
             num_chunks=self.num_chunks,
             mmap_region=PoolRegion(self._context),
-            cache_policy=self.eviction_policy,
-            cache_policy_module_path=self.cache_policy_module_path,
+            cache_policy=pin_policy or self.eviction_policy,
+            cache_policy_module_path=None if pin_policy else self.cache_policy_module_path,
             enable_events=self.kv_events_config.enable_kv_cache_events,
         )
         tiers = []
@@ -235,6 +241,14 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
                 tier.shutdown()
             primary.shutdown()
             raise
+        if offload.disk is not None:
+            disk_tier = tiers[0]
+            if not primary.keep_pinned(disk_tier.is_pinned):
+                logger.info(
+                    "KV offloading: cache policy %r is not one of vLLM's (lru, arc): pinned "
+                    "prefixes are kept on disk only, not in the host pool.",
+                    self.eviction_policy,
+                )
         logger.info(
             "KV offloading: namespace %s (weights blake3 %s...) for the %s tier(s).",
             namespace.hex,

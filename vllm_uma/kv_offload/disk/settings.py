@@ -42,9 +42,14 @@ from vllm_uma.kv_offload.disk.trust import check_store_root
 GiB = 1 << 30
 TIER_TYPE = "fs"
 DEFAULT_CAP_FRACTION = 0.10
+# Pins (pins/) may hold at most this share of the cap and of the host pool.
+DEFAULT_PIN_SHARE = 0.5
 KNOWN_TIER_KEYS = frozenset(
-    {"type", "root_dir", "max_size_gib", "enable_kv_events", "secret_file", "secret_env"}
-)
+    {
+        "type", "root_dir", "max_size_gib", "enable_kv_events", "secret_file", "secret_env",
+        "pin_share",
+    }
+)  # fmt: skip
 
 
 class DiskTierSettingsError(ValueError):
@@ -66,6 +71,8 @@ class DiskTierSettings:
     # block files unsigned, as before (the store is this host's own).
     secret_file: str | None = None
     secret_env: str | None = None
+    # The share of the cap (and of the host pool's rows) pins may hold.
+    pin_share: float = DEFAULT_PIN_SHARE
 
 
 def parse_disk_tier(
@@ -80,6 +87,7 @@ def parse_disk_tier(
     warnings = []
     events = _kv_events(raw.get("enable_kv_events"), kv_events_enabled, warnings)
     secret_file, secret_env = _signing(raw)
+    share = pin_share(raw.get("pin_share"))
     prepare_root(root_dir)
     warning = _filesystem_warning(root_dir)
     if warning is not None:
@@ -94,6 +102,7 @@ def parse_disk_tier(
             cap_reason=reason,
             secret_file=secret_file,
             secret_env=secret_env,
+            pin_share=share,
         ),
         warnings,
     )
@@ -112,6 +121,7 @@ def check_disk_tier(secondary_tiers: Any) -> None:
     root_dir = _root_dir(raw.get("root_dir"))
     _kv_events(raw.get("enable_kv_events"), True, [])
     _signing(raw)
+    pin_share(raw.get("pin_share"))
     try:
         untrusted = check_store_root(root_dir) if root_dir.is_dir() else None
     except OSError:
@@ -153,6 +163,24 @@ def _the_fs_tier(secondary_tiers: Any) -> dict[str, Any]:
             f"are {sorted(KNOWN_TIER_KEYS)}. Remove or correct them."
         )
     return raw
+
+
+def pin_share(value: Any) -> float:
+    """The fs tier's pin_share, checked: a number above 0 and at most 1."""
+    if value is None:
+        return DEFAULT_PIN_SHARE
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= 1
+    ):
+        raise DiskTierSettingsError(
+            f"fs tier pin_share={value!r} is invalid: it is the share of the cap (and of the "
+            f"host pool) that pinned prefixes may hold, a number above 0 and at most 1 "
+            f"(default {DEFAULT_PIN_SHARE})."
+        )
+    return float(value)
 
 
 def _signing(raw: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -153,6 +153,17 @@ class DiskTier(SecondaryTierManager):
         (its load comes at the end of the step), is no victim of ours."""
         return ref in self._index.pinned or self._feed.is_touched(ref)
 
+    def is_pinned(self, key: OffloadKey) -> bool:
+        """A live pin of our namespace holds this block (as of the feed's
+        last read, at most a second old): the host pool keeps it too."""
+        return key in self._feed.pinned
+
+    @property
+    def pin_facts(self) -> tuple[bytes, int]:
+        """What a pin records of this tier: its namespace and the bytes of
+        one block file."""
+        return self._ns, self._store.file_bytes
+
     def _stamp(self) -> int:
         """A place in the shared LRU order: wall-clock ns, strictly rising."""
         self._last_stamp = max(time.time_ns(), self._last_stamp + 1)

@@ -226,6 +226,18 @@ ENTRIES = (
         "chunks already handed to a store",
     ),
     Attribute(f"{OFF}.scheduler:RequestGroupState", "block_ids", RELEASE, "a request's L1 blocks"),
+    Attribute(
+        f"{OFF}.scheduler:RequestGroupState",
+        "offload_keys",
+        C,
+        "a pinned request's keys, up to date after vLLM's request_finished",
+    ),
+    Attribute(
+        f"{OFF}.scheduler:GroupOffloadConfig", "tokens_per_chunk", C, "a pin's full blocks"
+    ),
+    InstanceAttribute(
+        "vllm.v1.request:Request", "kv_transfer_params", C, "a request that asks to be pinned"
+    ),
     Attribute(JOB, "keys", C, "blocks a completed job moved (counted)"),
     Attribute(JOB, "is_store", C, "store or load (counted apart)"),
     Attribute(JOB, "fenced_block_ids", RELEASE, "blocks a store fenced"),

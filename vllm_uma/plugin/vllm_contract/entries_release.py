@@ -32,6 +32,7 @@ BLOCK = "vllm.v1.core.kv_cache_utils:KVCacheBlock"
 PM = ("vllm_uma.kv_offload.pool_manager",)
 RELEASE = ("vllm_uma.memory_release.scheduler",)
 BLOCKS = ("vllm_uma.memory_release.l1_blocks",)
+PINS = ("vllm_uma.kv_offload.pins.pool_policy",)
 # The lower tiers announce their stores and removals with the same event.
 TIER_REPORTS = ("vllm_uma.kv_offload.lower_tier.reports",)
 
@@ -92,6 +93,27 @@ ENTRIES = (
         "chunks",
         PM,
         "read with a default (ARC has none): a rename would silently release nothing",
+    ),
+    # -- kv_offload/pins/pool_policy.py: vLLM's policies, pinned keys protected
+    *(
+        Text(
+            policy,
+            "evict",
+            PINS,
+            "asks only `in` of its protected set (ours adds pinned keys to `in`)",
+            text=text,
+        )
+        for policy, text in (
+            ("vllm.v1.kv_offload.cpu.policies.lru:LRUCachePolicy", "if key in protected"),
+            ("vllm.v1.kv_offload.cpu.policies.arc:ARCCachePolicy", "key not in protected"),
+        )
+    ),
+    Method(
+        "vllm.v1.kv_offload.cpu.policies.factory:CachePolicyFactory",
+        "register_cache_policy",
+        PINS,
+        "registers the pin-aware twins under names of ours",
+        ("name", "module_path", "class_name"),
     ),
     Attribute(CHUNK, "ref_cnt", PM, "0 means idle"),
     Attribute(CHUNK, "chunk_id", PM, "the row number"),

@@ -40,6 +40,16 @@ CREATE TABLE IF NOT EXISTS changes (
     ns BLOB NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL,
     added INTEGER NOT NULL, writer TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS pins (
+    ns BLOB NOT NULL, name TEXT NOT NULL,
+    expires REAL,                    -- seconds since the epoch; NULL: until unpinned
+    created REAL NOT NULL, tokens INTEGER NOT NULL,
+    block_bytes INTEGER NOT NULL,    -- one block file of the namespace
+    PRIMARY KEY (ns, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pin_blocks (
+    ns BLOB NOT NULL, name TEXT NOT NULL, pos INTEGER NOT NULL, key BLOB NOT NULL,
+    PRIMARY KEY (ns, name, pos)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS pin_blocks_key ON pin_blocks (ns, key);
 INSERT OR IGNORE INTO meta VALUES ('used', 0);
 INSERT OR IGNORE INTO meta VALUES ('deleting', 0);
 """
@@ -87,6 +97,11 @@ class LedgerDB:
             with self._lock:
                 self._conns.append(conn)
         return conn
+
+    def read(self) -> sqlite3.Connection:
+        """This thread's connection, for reads outside a transaction (each
+        statement sees one committed state; WAL readers never wait)."""
+        return self._conn()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

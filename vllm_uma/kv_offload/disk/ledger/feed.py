@@ -8,7 +8,11 @@ FEED_INTERVAL_S it
   tier's namespace made by other writers (our own the tier applied already),
   and puts one ``FeedBatch`` on the tier's outcome queue, so the scheduler
   thread applies them to its index with the I/O outcomes, never waiting on
-  the ledger itself.
+  the ledger itself;
+- every PINS_EVERY_S, reads the keys live pins of its namespace hold
+  (pins/book.py) into ``pinned``, a frozenset replaced whole (the host
+  pool's cache policy reads it on the scheduler thread, no lock), and now
+  and then removes pins whose time is up.
 
 A reader that fell behind the ledger's pruning (changes are kept
 CHANGES_KEPT_S) gets a full snapshot of its namespace instead.
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 
 from vllm_uma.kv_offload.disk.layout import BlockRef
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
+from vllm_uma.kv_offload.pins import book
 from vllm_uma.log import get_logger
 
 logger = get_logger(__name__)
@@ -34,6 +39,10 @@ logger = get_logger(__name__)
 FEED_INTERVAL_S = 0.1
 CHANGES_KEPT_S = 600.0
 _PRUNE_EVERY_S = 60.0
+# A pin made or removed through any server reaches the host pool's policy
+# within this long (the disk tier's own victims skip pins at once: the
+# ledger's query).
+PINS_EVERY_S = 1.0
 
 
 @dataclass
@@ -69,6 +78,8 @@ class LedgerFeed:
         self._stop = threading.Event()
         self._last_prune = time.monotonic()
         self._failed = False
+        self.pinned: frozenset[bytes] = frozenset()
+        self._pins_read = -PINS_EVERY_S
         self._thread = threading.Thread(target=self._run, name="uma-kv-ledger", daemon=True)
         self._thread.start()
 
@@ -93,9 +104,13 @@ class LedgerFeed:
                 self._ledger.retry_deferred()
                 self._write_touches()
                 batch = self._read_changes()
+                if time.monotonic() - self._pins_read >= PINS_EVERY_S:
+                    self._pins_read = time.monotonic()
+                    self.pinned = book.live_keys(self._ledger, self._ns)
                 if time.monotonic() - self._last_prune > _PRUNE_EVERY_S:
                     self._last_prune = time.monotonic()
                     self._ledger.prune_changes(CHANGES_KEPT_S)
+                    book.prune_expired(self._ledger)
             except sqlite3.Error as exc:
                 # Busy past the timeout, or the disk is full: the touches are
                 # kept for the next try; the index stays as it is meanwhile.

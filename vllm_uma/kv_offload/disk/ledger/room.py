@@ -26,6 +26,13 @@ from vllm_uma.kv_offload.disk.ledger.db import add_used, log_change, meta_value,
 STALE_WRITE_S = 3600
 _PAGE = 256  # victim candidates read per query
 
+# A block that a live pin holds (pins/book.py): never a victim of the LRU.
+# One parameter, the time now; correlated with the row of ``blocks`` read.
+PINNED_BLOCK = (
+    "EXISTS (SELECT 1 FROM pin_blocks pb JOIN pins p ON p.ns=pb.ns AND p.name=pb.name "
+    "WHERE pb.ns=blocks.ns AND pb.key=blocks.key AND (p.expires IS NULL OR p.expires>?))"
+)
+
 Protected = Callable[[BlockRef], bool]
 
 
@@ -72,14 +79,15 @@ def make_room(
 
 
 def _candidates(db: sqlite3.Connection) -> Iterator[Victim]:
-    """Present blocks least recent first, then rows a dead process left
-    being written or deleted."""
+    """Present blocks no live pin holds, least recent first, then rows a
+    dead process left being written or deleted."""
     after = (-1, b"", b"")
     while True:
         page = db.execute(
             "SELECT ns, key, size, last_use FROM blocks WHERE state=? "
-            "AND (last_use, ns, key) > (?, ?, ?) ORDER BY last_use, ns, key LIMIT ?",
-            (BlockState.PRESENT, *after, _PAGE),
+            f"AND (last_use, ns, key) > (?, ?, ?) AND NOT {PINNED_BLOCK} "
+            "ORDER BY last_use, ns, key LIMIT ?",
+            (BlockState.PRESENT, *after, time.time(), _PAGE),
         ).fetchall()
         for ns, key, size, _ in page:
             yield Victim(BlockRef(ns, key), size, BlockState.PRESENT)

@@ -1,0 +1,266 @@
+"""API server process: ``/v1/uma/pins``, the pins API of ``vllm-uma serve``.
+
+An ASGI middleware (``vllm-uma serve`` adds it with vLLM's own
+``--middleware`` when a disk tier is on), so the routes sit beside vLLM's
+without touching its router. Behind vLLM's API key: with ``--api-key`` (or
+``$VLLM_API_KEY``) the routes are wrapped in vLLM's own
+AuthenticationMiddleware, as every ``/v1`` path is; ``--api-key-file``'s
+guard (fleet/server_guard.py) sits outside this one.
+
+    POST   /v1/uma/pins          {"name", one of "prompt" | "messages" |
+                                  "prompt_token_ids", "ttl_s" (null: until
+                                  unpinned), "model" (optional)}
+    GET    /v1/uma/pins          the live pins of the store, all models
+    DELETE /v1/uma/pins/NAME     unpin (``?namespace=HEX`` if two models
+                                  have a pin of that name)
+
+A POST runs the prompt through vLLM's completions (or, for messages, chat)
+endpoint in-process (asgi_call.py) with ``max_tokens: 1``: what no tier
+holds is prefilled and stored down the tiers (the warm-up), what one holds
+is restored; the engine answers with the prompt's full-block keys
+(request_keys.py), and the pin is written to the ledger (book.py) off the
+event loop, its budget checked in the same transaction. Errors are vLLM's
+shape, ``{"error": {"message", "type", "code"}}``: 400 for a bad request,
+404 for an unknown pin, 409 for a pin the budget refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from vllm_uma.kv_offload.disk import admin
+from vllm_uma.kv_offload.disk.layout import NOINDEX
+from vllm_uma.kv_offload.disk.ledger.db import LedgerDB
+from vllm_uma.kv_offload.pins import book
+from vllm_uma.kv_offload.pins.asgi_call import post_json
+from vllm_uma.kv_offload.pins.request_keys import PIN_PARAM
+from vllm_uma.log import get_logger
+from vllm_uma.log import human_size
+
+logger = get_logger(__name__)
+
+PREFIX = "/v1/uma/pins"
+PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
+KNOWN_KEYS = frozenset({"name", "ttl_s", "model", *PROMPT_KEYS})
+MAX_BODY = 16 << 20  # a 32k-token prompt as JSON is well under 1 MiB
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class PinRoutes:
+    """Pure ASGI middleware: ``/v1/uma/pins`` here, every other path on."""
+
+    def __init__(self, app):
+        self.app = app
+        self._handler = None
+        self._ledger: LedgerDB | None = None
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not (path == PREFIX or path.startswith(PREFIX + "/")):
+            await self.app(scope, receive, send)
+            return
+        if self._handler is None:
+            self._handler = self._guarded(scope["app"])
+        await self._handler(scope, receive, send)
+
+    def _guarded(self, vllm_app):
+        args = vllm_app.state.args
+        tokens = [key for key in (args.api_key or [os.environ.get("VLLM_API_KEY")]) if key]
+        if not tokens:
+            return self._route
+        from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+        return AuthenticationMiddleware(self._route, tokens=tokens)
+
+    async def _route(self, scope, receive, send):
+        try:
+            status, reply = await self._answer(scope, receive)
+        except ApiError as exc:
+            status, reply = exc.status, _error(exc.status, str(exc))
+        except book.PinError as exc:
+            status = 404 if isinstance(exc, book.PinNotFound) else 400
+            reply = _error(status, str(exc))
+        body = json.dumps(reply).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _answer(self, scope, receive) -> tuple[int, Any]:
+        method, path = scope["method"], scope["path"]
+        disk = _disk_settings(scope["app"])
+        if path == PREFIX and method == "POST":
+            return await self._pin(scope, disk, await _json_body(receive))
+        if path == PREFIX and method == "GET":
+            pins = await asyncio.to_thread(book.pins, self._ledger_of(disk))
+            now = time.time()
+            return 200, {
+                "pins": [_described(p, now, disk.root_dir) for p in pins],
+                "pin_share": disk.pin_share,
+                "disk_budget_bytes": book.PinBudget(disk.pin_share, disk.cap_bytes).disk_bytes,
+            }
+        if path.startswith(PREFIX + "/") and method == "DELETE":
+            name = unquote(path[len(PREFIX) + 1 :])
+            query = parse_qs(scope.get("query_string", b"").decode())
+            namespace = _namespace_arg(query.get("namespace", [None])[0])
+            gone = await asyncio.to_thread(book.unpin, self._ledger_of(disk), name, namespace)
+            logger.info("Unpinned %r (namespace %s).", name, gone[0].namespace.hex())
+            return 200, {"unpinned": [p.as_json(time.time()) for p in gone]}
+        raise ApiError(
+            405 if path == PREFIX or path.startswith(PREFIX + "/") else 404,
+            f"{method} {path} is not a pins route: POST or GET {PREFIX}, DELETE {PREFIX}/NAME.",
+        )
+
+    async def _pin(self, scope, disk, body: Any) -> tuple[int, Any]:
+        request = _pin_request(body)
+        name = book.check_name(request.get("name"))
+        ttl_s = book.check_ttl(request.get("ttl_s"))
+        vllm_app = scope["app"]
+        started = time.monotonic()
+        status, reply = await post_json(self.app, scope, *_warm_request(vllm_app, request))
+        if status != 200:
+            return status, reply  # vLLM's own error: a bad prompt, an unknown model
+        facts = (reply.get("kv_transfer_params") or {}).get(PIN_PARAM)
+        if not isinstance(facts, dict):
+            raise ApiError(500, "the engine did not report the prompt's blocks")
+        if "error" in facts:
+            raise ApiError(400, facts["error"])
+        budget = book.PinBudget(disk.pin_share, disk.cap_bytes, facts["pool_rows"])
+        namespace = bytes.fromhex(facts["namespace"])
+        keys = [bytes.fromhex(key) for key in facts["keys"]]
+        try:
+            made = await asyncio.to_thread(
+                book.pin, self._ledger_of(disk), namespace, name, keys,
+                block_bytes=facts["block_bytes"], tokens=facts["tokens"], ttl_s=ttl_s,
+                budget=budget,
+            )  # fmt: skip
+        except book.PinError as exc:
+            logger.warning("Pin refused: %s", exc)
+            raise ApiError(409, str(exc)) from None
+        seconds = time.monotonic() - started
+        logger.info(
+            "Pinned %r: %d tokens, %d blocks (%s), %s, in %.1f s (prefill or restore included).",
+            name, made.tokens, made.blocks, human_size(made.bytes),
+            "until unpinned" if ttl_s is None else f"for {ttl_s:g} s", seconds,
+        )  # fmt: skip
+        usage = reply.get("usage") or {}
+        return 200, {
+            **_described(made, time.time(), disk.root_dir),
+            "seconds": round(seconds, 3),
+            "prompt_tokens": usage.get("prompt_tokens"),
+        }
+
+    def _ledger_of(self, disk) -> LedgerDB:
+        if self._ledger is None:
+            self._ledger = LedgerDB(Path(disk.root_dir) / NOINDEX)
+        return self._ledger
+
+
+def _disk_settings(vllm_app):
+    from vllm_uma.plugin.settings_plan import SettingsPlanError, read_plan
+
+    try:
+        plan = read_plan(vllm_app.state.vllm_config)
+    except SettingsPlanError as exc:
+        raise ApiError(400, f"pins need the vllm-uma platform: {exc}") from None
+    disk = None if plan.offload is None else plan.offload.disk
+    if disk is None:
+        raise ApiError(
+            400,
+            "pins live in the disk KV tier's ledger, and this server has none: serve with an "
+            "fs tier in 'secondary_tiers' (docs/sessions.md).",
+        )
+    return disk
+
+
+async def _json_body(receive) -> Any:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "the client went away before the body was read")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ApiError(400, f"the body is over {human_size(MAX_BODY)}")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise ApiError(400, f"the body is not JSON ({exc})") from None
+
+
+def _pin_request(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(
+            400, f"the body must be a JSON object with a name and a prompt, not {body!r:.80}"
+        )
+    unknown = sorted(set(body) - KNOWN_KEYS)
+    if unknown:
+        raise ApiError(400, f"unknown key(s) {unknown}; the known keys are {sorted(KNOWN_KEYS)}.")
+    given = [key for key in PROMPT_KEYS if body.get(key) is not None]
+    if len(given) != 1:
+        raise ApiError(
+            400,
+            f"give exactly one of {list(PROMPT_KEYS)} (the prefix to pin); got {given or 'none'}.",
+        )
+    return body
+
+
+def _warm_request(vllm_app, request: dict) -> tuple[str, dict]:
+    """vLLM's endpoint and body for the prompt: one token out, the pin asked."""
+    args = vllm_app.state.args
+    model = request.get("model") or (args.served_model_name or [args.model])[0]
+    common = {"model": model, "max_tokens": 1, "kv_transfer_params": {PIN_PARAM: True}}
+    if request.get("messages") is not None:
+        return "/v1/chat/completions", {**common, "messages": request["messages"]}
+    prompt = request.get("prompt")
+    return "/v1/completions", {
+        **common,
+        "prompt": request["prompt_token_ids"] if prompt is None else prompt,
+    }
+
+
+def _namespace_arg(value: str | None) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise ApiError(400, f"namespace={value!r} is not hex (GET {PREFIX} shows them)") from None
+
+
+def _described(pin: book.Pin, now: float, root) -> dict:
+    info = admin.read_info(Path(root) / NOINDEX / pin.namespace.hex())
+    return {**pin.as_json(now), "model": (info or {}).get("model")}
+
+
+def _error(status: int, message: str) -> dict:
+    kind = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError"}
+    return {
+        "error": {
+            "message": message,
+            "type": kind.get(status, "InternalServerError"),
+            "code": status,
+        }
+    }
