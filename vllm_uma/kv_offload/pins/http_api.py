@@ -40,8 +40,7 @@ from vllm_uma.kv_offload.disk.ledger.db import LedgerDB
 from vllm_uma.kv_offload.pins import book
 from vllm_uma.kv_offload.pins.asgi_call import post_json
 from vllm_uma.kv_offload.pins.request_keys import PIN_PARAM
-from vllm_uma.log import get_logger
-from vllm_uma.log import human_size
+from vllm_uma.log import get_logger, human_size
 
 logger = get_logger(__name__)
 

@@ -232,9 +232,7 @@ ENTRIES = (
         C,
         "a pinned request's keys, up to date after vLLM's request_finished",
     ),
-    Attribute(
-        f"{OFF}.scheduler:GroupOffloadConfig", "tokens_per_chunk", C, "a pin's full blocks"
-    ),
+    Attribute(f"{OFF}.scheduler:GroupOffloadConfig", "tokens_per_chunk", C, "a pin's full blocks"),
     InstanceAttribute(
         "vllm.v1.request:Request", "kv_transfer_params", C, "a request that asks to be pinned"
     ),
