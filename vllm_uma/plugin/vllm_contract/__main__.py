@@ -18,14 +18,17 @@ def report(entries=ENTRIES, out=sys.stdout) -> int:
     counted at the end."""
     failures = 0
     for entry in entries:
-        found = entry.problem()
-        if found is None:
+        # A Members entry's members are checked one by one: each failure is
+        # its own line, naming the member.
+        found = [(leaf, problem) for leaf in entry.leaves() if (problem := leaf.problem())]
+        if not found:
             mark = f"[{entry.debt}] " if entry.debt else ""
             users = ", ".join(entry.users)
             print(f"OK    {mark}{entry.name}: {entry.expected()} ({users})", file=out)
         else:
             failures += 1
-            print(f"FAIL  {failure_line(entry, found)}", file=out)
+            for leaf, problem in found:
+                print(f"FAIL  {failure_line(leaf, problem)}", file=out)
     debts = [entry.debt for entry in entries if entry.debt]
     if debts:
         kinds = ", ".join(f"{debts.count(d)} {d}" for d in sorted(set(debts)))

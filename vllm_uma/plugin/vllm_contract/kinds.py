@@ -19,6 +19,10 @@ Every check looks at vLLM itself, never at a copy of its answer:
   and the functions it calls, exactly;
 - a class's public names: exactly the reviewed ones.
 
+``Members`` (members.py) gathers the entries of one vLLM class or module
+into one: each member is still an entry of its own kind, users and why,
+checked as such, and a failure names that member alone.
+
 Two kinds are debts (we own what we change of a library: we subclass or
 wrap it through its public methods, never write its private attributes or
 skip its ``__init__``), each checked like its plain twin and marked
@@ -134,6 +138,10 @@ class Entry:
     def name(self) -> str:
         owner = self.owner.replace(":", ".")
         return f"{owner}.{self.member}" if self.member else owner
+
+    def leaves(self) -> tuple[Entry, ...]:
+        """The entries checked one by one: this one (a ``Members`` has several)."""
+        return (self,)
 
     def expected(self) -> str:
         raise NotImplementedError
