@@ -14,9 +14,15 @@ from vllm_uma.plugin.vllm_contract.kinds import (
     SkippedInit,
     Text,
 )
+from vllm_uma.plugin.vllm_contract.members import members
 
 CPU_WORKER = "vllm.v1.worker.cpu_worker:CPUWorker"
 MODEL_CONFIG_FILE = "vllm.config.model"
+VLLM_CONFIG_FILE = "vllm.config.vllm"
+CPU_PLATFORM = "vllm.platforms.cpu:CpuPlatform"
+LAUNCHER_FILE = "vllm.entrypoints.launchers.launcher"
+GPU_WORKER_FILE = "vllm.v1.worker.gpu_worker"
+MODEL_RUNNER = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
 
 WORKER = ("vllm_uma.plugin.worker",)
 LAZY = ("vllm_uma.plugin.lazy_kv",)
@@ -43,6 +49,15 @@ NAMESPACE_MODEL_FIELDS = (
     "quantization_config",
     "model_class_overrides",
 )
+
+
+def _extra_keys(module: str, *keys: str) -> tuple[Text, ...]:
+    """Keys of vLLM's offloading settings that refusals.KNOWN_EXTRA_KEYS lets through."""
+    return tuple(
+        Text(module, "", OFFLOAD_REFUSALS, "KNOWN_EXTRA_KEYS passes it to vLLM", text=f'"{key}"')
+        for key in keys
+    )
+
 
 ENTRIES = (
     # -- plugin/worker.py: UmaWorker skips CPUWorker.__init__
@@ -78,65 +93,82 @@ ENTRIES = (
         "called in place of CPUWorker.__init__",
         params=("vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker"),
     ),
-    Method(
+    members(
         CPU_WORKER,
-        "load_model",
-        WORKER,
-        "overridden: measures and wires the weights",
-        ("load_dummy_weights",),
-    ),
-    Method(CPU_WORKER, "determine_available_memory", WORKER, "overridden: our budget", ()),
-    Method(
-        CPU_WORKER,
-        "initialize_from_config",
-        WORKER,
-        "overridden: lazy KV, page map",
-        ("kv_cache_config",),
-    ),
-    Method(CPU_WORKER, "shutdown", WORKER, "overridden: closes the page map first", ()),
-    *(
         Method(
             CPU_WORKER,
-            name,
+            "load_model",
             WORKER,
-            "overridden: refused under a disk or network tier (kv_offload/weight_updates.py); "
-            "a rename would let it change the weights under the start-up namespace",
-            params,
-        )
-        for name, params in (
-            ("reload_weights", ("args", "kwargs")),
-            ("reset_weights", ()),
-            ("update_config", ("overrides",)),
-        )
+            "overridden: measures and wires the weights",
+            ("load_dummy_weights",),
+        ),
+        Method(CPU_WORKER, "determine_available_memory", WORKER, "overridden: our budget", ()),
+        Method(
+            CPU_WORKER,
+            "initialize_from_config",
+            WORKER,
+            "overridden: lazy KV, page map",
+            ("kv_cache_config",),
+        ),
+        Method(CPU_WORKER, "shutdown", WORKER, "overridden: closes the page map first", ()),
+        *(
+            Method(
+                CPU_WORKER,
+                name,
+                WORKER,
+                "overridden: refused under a disk or network tier (kv_offload/weight_updates.py); "
+                "a rename would let it change the weights under the start-up namespace",
+                params,
+            )
+            for name, params in (
+                ("reload_weights", ("args", "kwargs")),
+                ("reset_weights", ()),
+                ("update_config", ("overrides",)),
+            )
+        ),
+        Method(CPU_WORKER, "_should_warm_up_model", WORKER, "our budget warms up as vLLM's", ()),
+        Method(
+            CPU_WORKER,
+            "_maybe_get_memory_pool_context",
+            WORKER,
+            "overridden (private): the lazy KV allocation runs inside it",
+            ("tag",),
+        ),
     ),
-    Method(CPU_WORKER, "_should_warm_up_model", WORKER, "our budget warms up as vLLM's", ()),
-    Method(
-        CPU_WORKER,
-        "_maybe_get_memory_pool_context",
-        WORKER,
-        "overridden (private): the lazy KV allocation runs inside it",
-        ("tag",),
+    members(
+        MODEL_RUNNER,
+        Method(
+            MODEL_RUNNER,
+            "warming_up_model",
+            WORKER,
+            "called as CPUWorker's determine_available_memory does",
+            (),
+        ),
+        InstanceAttribute(
+            MODEL_RUNNER,
+            "kv_caches",
+            WORKER,
+            "read with a default: a rename would turn the KV release off",
+        ),
     ),
-    Method(
-        "vllm.v1.worker.cpu_model_runner:CPUModelRunner",
-        "warming_up_model",
-        WORKER,
-        "called as CPUWorker's determine_available_memory does",
-        (),
-    ),
-    InstanceAttribute(
-        "vllm.v1.worker.cpu_model_runner:CPUModelRunner",
-        "kv_caches",
-        WORKER,
-        "read with a default: a rename would turn the KV release off",
-    ),
-    # -- plugin/lazy_kv.py (imports no vLLM module: texts)
-    Text(
-        "vllm.v1.worker.gpu_worker",
-        "",
-        LAZY + WORKER,
-        "the KV cache is allocated inside this context, which UmaWorker makes lazy",
-        text='self._maybe_get_memory_pool_context(tag="kv_cache")',
+    # -- plugin/lazy_kv.py (imports no vLLM module: texts) and kv_offload/weight_updates.py
+    members(
+        GPU_WORKER_FILE,
+        Text(
+            GPU_WORKER_FILE,
+            "",
+            LAZY + WORKER,
+            "the KV cache is allocated inside this context, which UmaWorker makes lazy",
+            text='self._maybe_get_memory_pool_context(tag="kv_cache")',
+        ),
+        Text(
+            GPU_WORKER_FILE,
+            "",
+            WEIGHT_UPDATES,
+            "without a weight-transfer config the worker has no engine, and update_weights fails",
+            text="        if self.vllm_config.weight_transfer_config is not None:\n"
+            "            self.weight_transfer_engine = WeightTransferEngineFactory.create_engine(",
+        ),
     ),
     Text(
         "vllm.v1.worker.utils",
@@ -154,21 +186,67 @@ ENTRIES = (
         "which the scheduler gets too: the engine's context rides on it",
         text="vllm_config=self.vllm_config,",
     ),
-    # -- plugin/platform.py
-    Text(
-        "vllm.platforms.cpu:CpuPlatform",
-        "check_and_update_config",
-        ("vllm_uma.plugin.platform",),
-        "keep_single_worker_in_process undoes this switch of a single worker",
-        text='parallel_config.distributed_executor_backend = "mp"',
+    # -- plugin/platform.py, compiled_model.py, block_size.py: vLLM CPU's config hook
+    members(
+        CPU_PLATFORM,
+        Text(
+            CPU_PLATFORM,
+            "check_and_update_config",
+            ("vllm_uma.plugin.platform",),
+            "keep_single_worker_in_process undoes this switch of a single worker",
+            text='parallel_config.distributed_executor_backend = "mp"',
+        ),
+        Text(
+            CPU_PLATFORM,
+            "check_and_update_config",
+            COMPILED,
+            "vLLM CPU's compiled mode is one Dynamo trace with torch's inductor named by "
+            "string; the platform swaps that string for our backend's name",
+            text="compilation_config.mode = CompilationMode.DYNAMO_TRACE_ONCE",
+        ),
+        Text(
+            CPU_PLATFORM,
+            "check_and_update_config",
+            BLOCK_SIZE,
+            "without --block-size, vLLM CPU sets 128 in its config hook (after its MLA and "
+            "DeepSeek-V4 cases): block_size.apply_default replaces that 128 right after",
+            text="elif not cache_config.user_specified_block_size:\n"
+            "            cache_config.block_size = 128",
+        ),
     ),
-    # -- plugin/settings_plan.py: why the plan is not in additional_config (texts)
-    Text(
-        "vllm.config.vllm",
-        "",
-        ("vllm_uma.plugin.settings_plan",),
-        "additional_config is hashed into the compile-cache key: only a constant marker there",
-        text="json.dumps(additional_config, sort_keys=True)",
+    # -- VllmConfig's file: settings_plan.py, kv_offload/refusals.py, config.py and
+    # weight_updates.py (texts)
+    members(
+        VLLM_CONFIG_FILE,
+        Text(
+            VLLM_CONFIG_FILE,
+            "",
+            ("vllm_uma.plugin.settings_plan",),
+            "additional_config is hashed into the compile-cache key: only a constant marker there",
+            text="json.dumps(additional_config, sort_keys=True)",
+        ),
+        Text(
+            VLLM_CONFIG_FILE,
+            "",
+            OFFLOAD_REFUSALS + OFFLOAD_CONFIG,
+            "vLLM names the connector after our hook; we keep its name (CONNECTOR)",
+            text='config_connector = "OffloadingConnector"',
+        ),
+        Text(
+            VLLM_CONFIG_FILE,
+            "",
+            OFFLOAD_REFUSALS,
+            "KNOWN_EXTRA_KEYS passes it to vLLM",
+            text='"cpu_bytes_to_use"',
+        ),
+        Text(
+            VLLM_CONFIG_FILE,
+            "",
+            WEIGHT_UPDATES + OFFLOAD_CONFIG,
+            "translate reads VllmConfig.weight_transfer_config: a rename would let "
+            "update_weights run under the tiers",
+            text="weight_transfer_config: WeightTransferConfig | None = None",
+        ),
     ),
     # -- commands/kv_events_endpoint.py: the private default socket (texts)
     Text(
@@ -179,26 +257,29 @@ ENTRIES = (
         text='endpoint.startswith(("ipc://", "inproc://"))',
     ),
     # -- lifeline.py: how an orphaned engine core may be stopped (texts)
-    Text(
+    members(
         ENGINE_CORE_FILE,
-        "",
-        LIFELINE,
-        "the engine core's own SIGTERM handler, which _stop_engine_core calls",
-        text="signal.signal(signal.SIGTERM, signal_handler)",
-    ),
-    Text(
-        ENGINE_CORE_FILE,
-        "",
-        LIFELINE,
-        "that handler only records the request (safe to call from a thread)",
-        text="shutdown_requested = True",
-    ),
-    Text(
-        ENGINE_CORE_FILE,
-        "",
-        LIFELINE,
-        "SIG_DFL before the teardown: no signal may reach it then",
-        text="signal.signal(signal.SIGTERM, signal.SIG_DFL)",
+        Text(
+            ENGINE_CORE_FILE,
+            "",
+            LIFELINE,
+            "the engine core's own SIGTERM handler, which _stop_engine_core calls",
+            text="signal.signal(signal.SIGTERM, signal_handler)",
+        ),
+        Text(
+            ENGINE_CORE_FILE,
+            "",
+            LIFELINE,
+            "that handler only records the request (safe to call from a thread)",
+            text="shutdown_requested = True",
+        ),
+        Text(
+            ENGINE_CORE_FILE,
+            "",
+            LIFELINE,
+            "SIG_DFL before the teardown: no signal may reach it then",
+            text="signal.signal(signal.SIGTERM, signal.SIG_DFL)",
+        ),
     ),
     # -- plugin/cpu_kernels.py: why a low oneDNN cap aborts on AMX (texts)
     Text(
@@ -217,19 +298,30 @@ ENTRIES = (
         "(from the platform hook) comes after it",
         text="signal.signal(signal.SIGTERM, _interrupt_init)",
     ),
-    Text(
-        "vllm.entrypoints.launchers.launcher",
-        "",
-        ("vllm_uma.startup_stop",),
-        "serving replaces our handlers with vLLM's own (graceful: the disk tier drains)",
-        text="loop.add_signal_handler(signal.SIGTERM, signal_handler)",
-    ),
-    Text(
-        "vllm.entrypoints.launchers.launcher",
-        "",
-        ("vllm_uma.startup_stop",),
-        "and so for SIGINT",
-        text="loop.add_signal_handler(signal.SIGINT, signal_handler)",
+    # -- startup_stop.py and commands/engine_watch.py: serving's handlers and log line
+    members(
+        LAUNCHER_FILE,
+        Text(
+            LAUNCHER_FILE,
+            "",
+            ("vllm_uma.startup_stop",),
+            "serving replaces our handlers with vLLM's own (graceful: the disk tier drains)",
+            text="loop.add_signal_handler(signal.SIGTERM, signal_handler)",
+        ),
+        Text(
+            LAUNCHER_FILE,
+            "",
+            ("vllm_uma.startup_stop",),
+            "and so for SIGINT",
+            text="loop.add_signal_handler(signal.SIGINT, signal_handler)",
+        ),
+        Text(
+            LAUNCHER_FILE,
+            "",
+            WATCH,
+            "STOP_LINE: a stop was asked for, the engine's exit is no crash",
+            text="[shutdown] API server: shutdown triggered",
+        ),
     ),
     # -- commands/engine_watch.py: vLLM's log lines it matches (texts)
     Text(
@@ -240,45 +332,29 @@ ENTRIES = (
         text="engine core exited unexpectedly",
     ),
     Text(
-        "vllm.entrypoints.launchers.launcher",
-        "",
-        WATCH,
-        "STOP_LINE: a stop was asked for, the engine's exit is no crash",
-        text="[shutdown] API server: shutdown triggered",
-    ),
-    Text(
         "vllm.v1.engine.exceptions",
         "",
         WATCH,
         "ENGINE_DEAD: the exception vLLM logs when the engine died",
         text="class EngineDeadError(",
     ),
-    # -- kv_offload/refusals.py and config.py (import vLLM lazily: texts)
-    Text(
-        "vllm.config.vllm",
-        "",
-        OFFLOAD_REFUSALS + OFFLOAD_CONFIG,
-        "vLLM names the connector after our hook; we keep its name (CONNECTOR)",
-        text='config_connector = "OffloadingConnector"',
+    # -- kv_offload/refusals.py (imports vLLM lazily: texts): KNOWN_EXTRA_KEYS
+    members(
+        "vllm.v1.kv_offload.cpu.spec",
+        *_extra_keys(
+            "vllm.v1.kv_offload.cpu.spec", "eviction_policy", "store_threshold", "max_tracker_size"
+        ),
+    ),
+    members(
+        "vllm.v1.kv_offload.base",
+        *_extra_keys("vllm.v1.kv_offload.base", "offload_prompt_only", "self_describing_kv_events"),
     ),
     Text(
-        MODEL_CONFIG_FILE,
+        "vllm.v1.kv_offload.tiering.spec",
         "",
         OFFLOAD_REFUSALS,
-        "refuse_model reads it with a default: a rename would serve speech-to-text models",
-        text="self._model_info = ",
-    ),
-    *(
-        Text(module, "", OFFLOAD_REFUSALS, "KNOWN_EXTRA_KEYS passes it to vLLM", text=f'"{key}"')
-        for module, key in (
-            ("vllm.config.vllm", "cpu_bytes_to_use"),
-            ("vllm.v1.kv_offload.cpu.spec", "eviction_policy"),
-            ("vllm.v1.kv_offload.cpu.spec", "store_threshold"),
-            ("vllm.v1.kv_offload.cpu.spec", "max_tracker_size"),
-            ("vllm.v1.kv_offload.base", "offload_prompt_only"),
-            ("vllm.v1.kv_offload.base", "self_describing_kv_events"),
-            ("vllm.v1.kv_offload.tiering.spec", "secondary_tiers"),
-        )
+        "KNOWN_EXTRA_KEYS passes it to vLLM",
+        text='"secondary_tiers"',
     ),
     # -- kv_offload/weight_updates.py: what lets weights change at run time (texts)
     Text(
@@ -296,31 +372,7 @@ ENTRIES = (
         text="    if envs.VLLM_SERVER_DEV_MODE:\n"
         "        from vllm.entrypoints.serve import register_vllm_dev_api_routers",
     ),
-    Text(
-        "vllm.config.vllm",
-        "",
-        WEIGHT_UPDATES + OFFLOAD_CONFIG,
-        "translate reads VllmConfig.weight_transfer_config: a rename would let "
-        "update_weights run under the tiers",
-        text="weight_transfer_config: WeightTransferConfig | None = None",
-    ),
-    Text(
-        "vllm.v1.worker.gpu_worker",
-        "",
-        WEIGHT_UPDATES,
-        "without a weight-transfer config the worker has no engine, and update_weights fails",
-        text="        if self.vllm_config.weight_transfer_config is not None:\n"
-        "            self.weight_transfer_engine = WeightTransferEngineFactory.create_engine(",
-    ),
     # -- plugin/compiled_model.py: the backend whose AOT artifact vLLM can load
-    Text(
-        "vllm.platforms.cpu:CpuPlatform",
-        "check_and_update_config",
-        COMPILED,
-        "vLLM CPU's compiled mode is one Dynamo trace with torch's inductor named by string; "
-        "the platform swaps that string for our backend's name",
-        text="compilation_config.mode = CompilationMode.DYNAMO_TRACE_ONCE",
-    ),
     Text(
         "vllm.config.compilation",
         "",
@@ -336,33 +388,47 @@ ENTRIES = (
         "the AOT loader calls this on the loaded artifact: InductorArtifact provides it",
         text="loaded_fn._artifacts.compiled_fn.finalize_loading(model.vllm_config)",
     ),
-    # -- plugin/precision.py: how vLLM resolves --dtype auto
-    Text(
-        "vllm.config.model",
-        "",
-        PRECISION,
-        "--dtype auto takes the checkpoint's dtype if the platform lists it, else the "
-        "platform's first: UmaPlatform.supported_dtypes lists float32 alone without bf16 "
-        "arithmetic",
-        text="        for dtype in current_platform.supported_dtypes\n",
-    ),
-    Text(
-        "vllm.config.model",
-        "",
-        PRECISION,
-        "an explicit --dtype is not checked against the platform's list (bf16 stays servable)",
-        text="            torch_dtype = _STR_DTYPE_TO_TORCH_DTYPE[dtype]",
+    # -- ModelConfig's file: kv_offload/refusals.py, plugin/precision.py (how vLLM
+    # resolves --dtype auto) and kv_offload/disk/namespace_inputs.py (fields read with
+    # a default)
+    members(
+        MODEL_CONFIG_FILE,
+        Text(
+            MODEL_CONFIG_FILE,
+            "",
+            OFFLOAD_REFUSALS,
+            "refuse_model reads it with a default: a rename would serve speech-to-text models",
+            text="self._model_info = ",
+        ),
+        Text(
+            MODEL_CONFIG_FILE,
+            "",
+            PRECISION,
+            "--dtype auto takes the checkpoint's dtype if the platform lists it, else the "
+            "platform's first: UmaPlatform.supported_dtypes lists float32 alone without bf16 "
+            "arithmetic",
+            text="        for dtype in current_platform.supported_dtypes\n",
+        ),
+        Text(
+            MODEL_CONFIG_FILE,
+            "",
+            PRECISION,
+            "an explicit --dtype is not checked against the platform's list (bf16 stays servable)",
+            text="            torch_dtype = _STR_DTYPE_TO_TORCH_DTYPE[dtype]",
+        ),
+        *(
+            Text(
+                MODEL_CONFIG_FILE,
+                "",
+                NAMESPACE,
+                f"ModelConfig.{field}, read with a default: a rename would drop it from the "
+                f"disk tier's namespace, and two configurations could share KV",
+                text=f"    {field}: ",
+            )
+            for field in NAMESPACE_MODEL_FIELDS
+        ),
     ),
     # -- plugin/block_size.py: where vLLM CPU picks its general default block
-    Text(
-        "vllm.platforms.cpu:CpuPlatform",
-        "check_and_update_config",
-        BLOCK_SIZE,
-        "without --block-size, vLLM CPU sets 128 in its config hook (after its MLA and "
-        "DeepSeek-V4 cases): block_size.apply_default replaces that 128 right after",
-        text="elif not cache_config.user_specified_block_size:\n"
-        "            cache_config.block_size = 128",
-    ),
     Text(
         "vllm.config.cache",
         "",
@@ -376,17 +442,5 @@ ENTRIES = (
         BLOCK_SIZE,
         "vLLM CPU's attention takes any multiple of 32 tokens (the default's 32 included)",
         text="return [MultipleOf(32)]",
-    ),
-    # -- kv_offload/disk/namespace_inputs.py: ModelConfig fields read with a default
-    *(
-        Text(
-            MODEL_CONFIG_FILE,
-            "",
-            NAMESPACE,
-            f"ModelConfig.{field}, read with a default: a rename would drop it from the "
-            f"disk tier's namespace, and two configurations could share KV",
-            text=f"    {field}: ",
-        )
-        for field in NAMESPACE_MODEL_FIELDS
     ),
 )
