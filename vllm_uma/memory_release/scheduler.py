@@ -158,7 +158,7 @@ class ReleasingScheduler:
                 "executor only)."
             )
             return None
-        offload = getattr(self.connector, "connector_scheduler", None)
+        offload = getattr(self.get_kv_connector(), "connector_scheduler", None)
         busy = (lambda: blocks_in_transfer(offload)) if offload is not None else frozenset
         l1 = L1Blocks(self.kv_cache_manager.block_pool, page_map, busy)
         pool_rows, disk = None, None
@@ -308,7 +308,7 @@ class ReleasingScheduler:
         self._count_bytes(report.total, name)
 
     def _count_bytes(self, count: int, name: str) -> None:
-        offload = getattr(self.connector, "connector_scheduler", None)
+        offload = getattr(self.get_kv_connector(), "connector_scheduler", None)
         if offload is not None and count:
             with self._release_lock:
                 offload._connector_stats.increase_counter(name, count)

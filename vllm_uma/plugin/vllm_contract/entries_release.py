@@ -159,7 +159,9 @@ ENTRIES = (
         Method(SCHEDULER, "add_request", RELEASE, "overridden: notes activity", ("request",)),
         Method(SCHEDULER, "shutdown", RELEASE, "overridden: stops the release thread first", ()),
         Method(SCHEDULER, "has_requests", RELEASE, "idle means no request", ()),
-        InstanceAttribute(SCHEDULER, "connector", RELEASE, "the offloading connector, if any"),
+        Method(
+            SCHEDULER, "get_kv_connector", RELEASE, "the offloading connector, if any (public)", ()
+        ),
         InstanceAttribute(SCHEDULER, "kv_cache_manager", RELEASE, "its block_pool is L1"),
     ),
     _reviewed("vllm.v1.core.sched.async_scheduler:AsyncScheduler"),
