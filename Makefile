@@ -96,9 +96,9 @@ valkey: $(STAMP)
 
 # The network tier's TLS tests run Debian's redis-server (Redis built with
 # TLS; PyPI's valkey-server is not): its package redis-tools, installed with
-# apt-get if missing (scripts/install_tls_engine.sh says why that package).
+# apt-get if missing (scripts/install_tls_server.sh says why that package).
 tls-engine:
-	@bash scripts/install_tls_engine.sh
+	@bash scripts/install_tls_server.sh
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
 test: model model-gemma tls-engine

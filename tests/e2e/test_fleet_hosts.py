@@ -37,7 +37,7 @@ import requests
 
 from tests.e2e.traffic import BLOCKS_OF_128, EAGER, MODEL, prompt
 from tools.harness.server import metric
-from tools.harness.valkey_engine import Engine
+from tools.harness.valkey_server import Engine
 from tools.hosts import LinkShape, Network
 from vllm_uma import lifeline
 

@@ -20,7 +20,7 @@ pool and to one only the disk has. Checked per family:
 
 One family (the mixture of experts, the layout furthest from the default
 model's) also has the network tier, after the disk tier, on a real Valkey
-engine (tools/harness/valkey_engine.py), across simulated hosts
+engine (tools/harness/valkey_server.py), across simulated hosts
 (tools/hosts: network namespaces on a bridge, links shaped to 10 Gbit/s):
 the first server runs on host 1, the engine on host 3. It is then served
 again on host 2, with an empty disk directory and the same engine: its
@@ -48,7 +48,7 @@ from tests.e2e.disk_store import BLOCK_TOKENS, block_files, namespace_of
 from tests.e2e.traffic import BLOCKS_OF_128, EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
 from tools.harness.server import metric, model_process, proc_status
-from tools.harness.valkey_engine import Engine
+from tools.harness.valkey_server import Engine
 from tools.hosts import LinkShape, Network
 from tools.model_zoo import build
 from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token, parse_build_name

@@ -27,7 +27,7 @@ import pytest
 from tests.e2e.disk_store import POOL_GIB, SMALL_L1, start
 from tests.e2e.traffic import complete, metrics
 from tools.harness.server import metric
-from tools.harness.valkey_engine import Engine
+from tools.harness.valkey_server import Engine
 from vllm_uma.kv_offload.disk.block_file import FIXED_HEADER, HEADER_BYTES
 from vllm_uma.kv_offload.network.key_names import NAME_PREFIX
 from vllm_uma.kv_offload.network.value_format import pack_value

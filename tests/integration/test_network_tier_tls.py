@@ -1,5 +1,5 @@
 """The network tier over TLS (``valkeys://``) to a real engine that serves
-TLS only: Debian's redis-server (tools/harness/tls_engine.py; PyPI's
+TLS only: Debian's redis-server (tools/harness/tls_server.py; PyPI's
 valkey-server has no TLS), with a CA and certificates made for the module
 (tools/harness/certificates.py). A block round-trips; a wrong CA, a
 certificate for another host, a missing client certificate, a plain url
@@ -17,7 +17,7 @@ from vllm.v1.kv_offload.base import LookupResult
 from tests.unit.disk_tier_kit import NS, Jobs, Primary, key
 from tools.harness.certificates import make_certificates
 from vllm_uma.commands import main as cli
-from vllm_uma.kv_offload.network.engine_check import EngineRefused
+from vllm_uma.kv_offload.network.server_check import EngineRefused
 
 LRU = ("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
 CONNECT_TIMEOUT_S = 0.5

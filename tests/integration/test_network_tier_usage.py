@@ -9,7 +9,7 @@ from network_tier_kit import make_tier, started_engine
 
 from tests.unit.disk_tier_kit import NS, OTHER_NS, InfoLog, Primary, WarningLog, key
 from vllm_uma.kv_offload.mac_keys import parse_keys
-from vllm_uma.kv_offload.network import engine_check, engine_link, engine_usage
+from vllm_uma.kv_offload.network import server_check, server_link, server_usage
 from vllm_uma.kv_offload.network import tier as tier_module
 from vllm_uma.kv_offload.network.value_format import value_name
 
@@ -53,8 +53,8 @@ def test_the_start_up_line_gives_our_blocks_and_their_share_of_maxmemory(engine)
 
 def test_a_count_cut_short_says_at_least(engine, monkeypatch):
     fill(engine, NS, 64, nbytes=10)
-    monkeypatch.setattr(engine_usage, "SCAN_BATCH", 1)
-    monkeypatch.setattr(engine_check, "COUNT_MAX_KEYS", 2)
+    monkeypatch.setattr(server_usage, "SCAN_BATCH", 1)
+    monkeypatch.setattr(server_check, "COUNT_MAX_KEYS", 2)
     line = start_line(engine)
     blocks = int(line.split(": at least ")[1].split()[0])
     assert 2 <= blocks < 64
@@ -63,21 +63,21 @@ def test_a_count_cut_short_says_at_least(engine, monkeypatch):
 
 def test_a_count_stops_at_its_deadline(engine, monkeypatch):
     fill(engine, NS, 64, nbytes=10)
-    monkeypatch.setattr(engine_usage, "SCAN_BATCH", 1)
-    monkeypatch.setattr(engine_check, "COUNT_DEADLINE_S", 0.0)
+    monkeypatch.setattr(server_usage, "SCAN_BATCH", 1)
+    monkeypatch.setattr(server_check, "COUNT_DEADLINE_S", 0.0)
     assert ": at least " in start_line(engine)
 
 
 def test_an_engine_gone_during_the_count_is_a_line_not_a_failed_start(engine, monkeypatch):
     fill(engine, NS, 3)
-    real = engine_check.namespace_usage
+    real = server_check.namespace_usage
 
     def dies_first(client, *args):
         engine.stop()
         return real(client, *args)
 
-    monkeypatch.setattr(engine_check, "namespace_usage", dies_first)
-    with WarningLog(engine_link.logger) as warned, InfoLog(tier_module.logger) as log:
+    monkeypatch.setattr(server_check, "namespace_usage", dies_first)
+    with WarningLog(server_link.logger) as warned, InfoLog(tier_module.logger) as log:
         tier = make_tier(engine, Primary(), NS, namespace_info=INFO)
     try:
         assert not tier._link.up  # the link watches for it, as for any gone engine

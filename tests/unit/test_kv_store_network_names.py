@@ -1,6 +1,6 @@
 """`vllm-uma kv-store URL ...` without an engine: a URL refused before any
 connection, its help, and which key names are the tier's. On a real
-valkey-server: tests/integration/test_kv_store_engine.py."""
+valkey-server: tests/integration/test_kv_store_server.py."""
 
 from __future__ import annotations
 

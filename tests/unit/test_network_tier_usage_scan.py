@@ -1,4 +1,4 @@
-"""The network tier's count of its blocks (vllm_uma/kv_offload/network/engine_usage.py)
+"""The network tier's count of its blocks (vllm_uma/kv_offload/network/server_usage.py)
 on a stand-in client whose SCAN pages repeat a name. On a real valkey-server:
 tests/integration/test_network_tier_usage.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from disk_tier_kit import NS, key
 
-from vllm_uma.kv_offload.network import engine_usage
+from vllm_uma.kv_offload.network import server_usage
 from vllm_uma.kv_offload.network.value_format import value_name
 
 
@@ -34,5 +34,5 @@ class PagedScan:
 
 def test_a_name_scan_returns_twice_is_counted_once():
     names = [value_name(NS, key(i)) for i in range(3)]
-    usage = engine_usage.namespace_usage(PagedScan([names[:2], names[1:], [names[0]]]), NS)
+    usage = server_usage.namespace_usage(PagedScan([names[:2], names[1:], [names[0]]]), NS)
     assert (usage.blocks, usage.bytes, usage.complete) == (3, 300, True)

@@ -67,7 +67,7 @@ from tools.benchmark.lib.prompts import MODEL, document, text
 from tools.benchmark.lib.report import percentile, write_json
 from tools.benchmark.lib.servers import EXE, OFFLINE, block_tokens
 from tools.harness.server import metric
-from tools.harness.valkey_engine import Engine
+from tools.harness.valkey_server import Engine
 from tools.hosts import LinkShape, Network
 from vllm_uma.fleet.plan import ROUTER_HEALTH_FLAGS
 from vllm_uma.fleet.router_front import router_command

@@ -14,7 +14,7 @@ MAC must be cheap beside a restore and must release the GIL. Two parts:
    (checksum_speed.py's probe: 100 means held). crc32c is the reference
    (what a restore pays already).
 2. The restore path: the real network tier (tier.py) on a real engine
-   (valkey-server on loopback, tools/harness/valkey_engine.py) restores
+   (valkey-server on loopback, tools/harness/valkey_server.py) restores
    ``--blocks`` blocks (125: a 4,000-token prefix of 32-token blocks) as
    one vLLM job, the way a request's prefix is restored; unsigned
    (``"unsigned": true``) against signed with the tier's MAC (keyed
@@ -134,7 +134,7 @@ def _tier(engine, view, signing: dict):
 def part_two(size: int, blocks: int, rounds: int, work: Path) -> None:
     import itertools
 
-    from tools.harness.valkey_engine import Engine
+    from tools.harness.valkey_server import Engine
     from vllm_uma.kv_offload import block_mac
 
     secret = work / "secret"

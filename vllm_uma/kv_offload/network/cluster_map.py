@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vllm_uma.kv_offload.network.engine_nodes import (
+from vllm_uma.kv_offload.network.node_trust import NodeTrust
+from vllm_uma.kv_offload.network.server_nodes import (
     SLOTS,
     Node,
     RefusedNode,
     address_of,
     read_slot_ranges,
 )
-from vllm_uma.kv_offload.network.node_trust import NodeTrust
 from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.log import get_logger
 

@@ -2,7 +2,7 @@
 
 Engine-core process: at start-up while vLLM builds the tier, and on the
 link's watch thread when a node answers again or joins the map. One node's
-cap and policy are engine_check.py's verdict; here that verdict is asked of
+cap and policy are server_check.py's verdict; here that verdict is asked of
 every primary of a cluster (each evicts on its own: one node in
 noeviction refuses the writes of its slots forever), and the mode the
 settings name is checked against the engine:
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from valkey.exceptions import ResponseError
 
-from vllm_uma.kv_offload.network.engine_check import EngineRefused, EngineReport, check_engine
-from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, EngineLink
-from vllm_uma.kv_offload.network.engine_nodes import SLOTS, Node
+from vllm_uma.kv_offload.network.server_check import EngineRefused, EngineReport, check_engine
+from vllm_uma.kv_offload.network.server_link import LINK_ERRORS, EngineLink
+from vllm_uma.kv_offload.network.server_nodes import SLOTS, Node
 
 COVERAGE_FIX = "CONFIG SET cluster-require-full-coverage no"
 
@@ -95,7 +95,7 @@ def _is_a_cluster(node: Node) -> str:
 def _requires_full_coverage(node: Node) -> bool:
     try:
         config = node.client.config_get("cluster-require-full-coverage")
-    except ResponseError:  # CONFIG refused: engine_check.py warns of it already
+    except ResponseError:  # CONFIG refused: server_check.py warns of it already
         return False
     # One exact name asked: one pair back (bytes or str, as the client decodes).
     return next(iter(config.values()), b"") in (b"yes", "yes")

@@ -12,7 +12,7 @@ misses (``mark_miss``), so vLLM does not try the same doomed load again.
 ``batch_lookup`` here: one pipeline of EXISTS per batch and node (EXISTS
 does not touch the engine's LRU clock; the load's MGET does). A node that
 does not answer makes its keys misses, and is down until it answers again
-(engine_link.py).
+(server_link.py).
 
 Why not an index of the keys known to exist, as the disk tier keeps: other
 servers store into the engine and the engine evicts on its own, unseen, so
@@ -27,7 +27,7 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 
 from vllm_uma.kv_offload.network import round_trips
-from vllm_uma.kv_offload.network.engine_link import EngineLink
+from vllm_uma.kv_offload.network.server_link import EngineLink
 from vllm_uma.plugin import vllm_contract
 
 # vLLM internals used here, checked now: a changed one fails this import in

@@ -1,7 +1,7 @@
 """One round trip per node: how the tier's threads talk to the engine.
 
 Engine-core process, on the transfer threads and the lookup thread. A
-batch of keys is routed to its nodes (engine_nodes.py); each node's
+batch of keys is routed to its nodes (server_nodes.py); each node's
 commands go out as one pipeline, to every node before any reply is read,
 so the nodes work at the same time. A standalone engine is one node with
 one group, and a load is one MGET, as it always was. In a cluster a
@@ -9,7 +9,7 @@ multi-key command must stay within one slot, so a load is one MGET per
 slot, all of a node's in its one pipeline.
 
 A node that is down is skipped (its keys answer NoAnswer at once), one that
-fails now is put down (engine_link.py), and the others' replies are kept:
+fails now is put down (server_link.py), and the others' replies are kept:
 a gone node makes misses of its own keys only.
 
 One deadline for the whole round trip, its sends and every socket read
@@ -32,15 +32,15 @@ from collections.abc import Callable, Sequence
 
 from valkey.exceptions import InvalidResponse, ResponseError, TimeoutError, ValkeyError
 
-from vllm_uma.kv_offload.network.engine_link import (
+from vllm_uma.kv_offload.network.reply_bounds import Bounds, OversizedReply, bounded
+from vllm_uma.kv_offload.network.server_link import (
     LINK_ERRORS,
     REDIRECTIONS,
     EngineLink,
     NoAnswer,
     NodeRefused,
 )
-from vllm_uma.kv_offload.network.engine_nodes import Node, RefusedNode
-from vllm_uma.kv_offload.network.reply_bounds import Bounds, OversizedReply, bounded
+from vllm_uma.kv_offload.network.server_nodes import Node, RefusedNode
 
 # A reply to one SET, EXISTS or DEL: an integer, OK, or an error line.
 SMALL_REPLY_BYTES = 1024

@@ -11,7 +11,7 @@ The user names the tier in vLLM's own flag, alone or after the disk tier::
 ``parse_network_tier`` runs in the API-server process (through
 ``kv_offload.config.translate``), before any weights load, and does no
 network I/O: the engine is checked by the tier itself in the engine core
-(engine_check.py), where a gone engine is a warning, not a failed start.
+(server_check.py), where a gone engine is a warning, not a failed start.
 
 A Valkey/Redis Cluster is ``"cluster": true`` with the url of any one of
 its nodes; the tier reads the others from it. A setting, not guessed from

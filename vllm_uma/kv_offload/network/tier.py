@@ -5,7 +5,7 @@ method on the scheduler thread, and none may block on the network:
 
 - lookups answer from verdicts a lookup thread fetched (probes.py): a key
   not asked yet is RETRY for one step while one pipelined EXISTS per batch
-  asks the engine; a gone engine is a MISS at once (engine_link.py);
+  asks the engine; a gone engine is a MISS at once (server_link.py);
 - stores and loads become one ``Transfer`` per vLLM job, run on two
   transfer threads (the lower tier's, lower_tier/threads.py; one runs
   loads only, so a load never waits behind a store) as pipelined SETs and
@@ -19,7 +19,7 @@ vLLM keeps pinned until the job's JobResult), values (value_format.py: a
 disk-tier block file with the fleet's MAC, checked before a byte lands in a
 row), JobResults, metric counts. The MAC's keys are read here at start-up
 and again by the transfer threads when their file changes (mac_keys.py).
-The cap and the eviction are the engine's (engine_check.py).
+The cap and the eviction are the engine's (server_check.py).
 """
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ from vllm_uma.kv_offload.lower_tier.reports import TierReports, Warnings
 from vllm_uma.kv_offload.lower_tier.threads import Priority, drain
 from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.kv_offload.network import metrics as m
-from vllm_uma.kv_offload.network.engine_check import (
+from vllm_uma.kv_offload.network.key_names import descriptor_name
+from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
+from vllm_uma.kv_offload.network.probes import EngineProbes
+from vllm_uma.kv_offload.network.server_check import (
     EngineRefused,
     keep_descriptor,
     namespace_share,
 )
-from vllm_uma.kv_offload.network.engine_link import LINK_ERRORS, RETRY_INTERVAL_S, EngineLink
-from vllm_uma.kv_offload.network.key_names import descriptor_name
-from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
-from vllm_uma.kv_offload.network.probes import EngineProbes
+from vllm_uma.kv_offload.network.server_link import LINK_ERRORS, RETRY_INTERVAL_S, EngineLink
 from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.kv_offload.network.tls import wrong_transport
 from vllm_uma.kv_offload.network.transfers import (
@@ -115,7 +115,7 @@ class NetworkTier(SecondaryTierManager):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
         self._ns = namespace_id
-        self._info = namespace_info  # its descriptor's source (engine_usage.py)
+        self._info = namespace_info  # its descriptor's source (server_usage.py)
         self._rows = primary_kv_view.cast("B")
         # KV events (vLLM's --kv-events-config): this server can restore
         # what it stored, from a cache every host reads. A KV-aware router

@@ -2,7 +2,7 @@
 and what a failed connection means.
 
 Engine-core process (and ``vllm-uma kv-store``), on whichever thread opens
-a connection (engine_nodes.py's ``TlsConnection``). No valkey import here:
+a connection (server_nodes.py's ``TlsConnection``). No valkey import here:
 the settings (API-server process) load the files through ``client_context``
 too, before the engine core starts.
 

@@ -7,7 +7,7 @@ place values cross the network while serving. A job is a prefix's blocks
 round trip per batch, not per block, and at most a batch of values (8 x
 2.9 MB for the default model) is in this process's memory at once. In a
 cluster a batch is one round trip per node it touches, all nodes at once,
-with one MGET per slot (engine_link.py); a node that does not answer makes
+with one MGET per slot (server_link.py); a node that does not answer makes
 misses of its keys only.
 
 A load has one deadline, a timeout from its submission (the request waits
@@ -48,14 +48,14 @@ from vllm_uma.kv_offload.disk.block_file import BadBlock
 from vllm_uma.kv_offload.lower_tier.threads import TierThreads
 from vllm_uma.kv_offload.mac_keys import KeyRing, KeySource
 from vllm_uma.kv_offload.network import round_trips
-from vllm_uma.kv_offload.network.engine_link import (
+from vllm_uma.kv_offload.network.reply_bounds import OversizedReply
+from vllm_uma.kv_offload.network.round_trips import TooSlow, Unread
+from vllm_uma.kv_offload.network.server_link import (
     LINK_ERRORS,
     REDIRECTIONS,
     EngineLink,
     NodeRefused,
 )
-from vllm_uma.kv_offload.network.reply_bounds import OversizedReply
-from vllm_uma.kv_offload.network.round_trips import TooSlow, Unread
 from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value, value_bytes
 
 BATCH_BLOCKS = 8

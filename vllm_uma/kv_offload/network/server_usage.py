@@ -1,7 +1,7 @@
 """What our namespaces hold in the engine, counted in bounded steps.
 
 Used by the tier at start-up (its share of the engine, in its log line)
-and by ``vllm-uma kv-store URL`` (commands/kv_store_engine.py). Only
+and by ``vllm-uma kv-store URL`` (commands/kv_store_server.py). Only
 names of ours (key_names.py) are read or deleted: other applications may
 share the engine.
 

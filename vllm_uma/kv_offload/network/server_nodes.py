@@ -3,7 +3,7 @@ engine, the primaries of a Valkey/Redis Cluster.
 
 Engine-core process, on the tier's threads; nothing here keeps state of
 its own beyond a node's connection pool (the episodes are the link's,
-engine_link.py).
+server_link.py).
 
 In a cluster a key lives on the primary that holds its slot: the CRC16 of
 the key's hash tag (value_format.py tags the block's hash), modulo 16384.
@@ -15,7 +15,7 @@ a whole when one node is gone, after retrying it three times and reading
 the map again from the seed nodes each time (seconds), so every block of a
 prefix would be a miss for one dead node. Ours gives misses for that node's
 slots only, at once while it is down, and takes the command packer the
-standalone client uses (engine_link.py's measurements). A primary the map
+standalone client uses (server_link.py's measurements). A primary the map
 names outside the hosts the tier trusts (node_trust.py) is a ``RefusedNode``:
 no connection, so no password, ever goes to it.
 """

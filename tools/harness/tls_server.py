@@ -6,7 +6,7 @@ build has no TLS ("Missing implement of connection type tls"). Debian ships
 the program in ``redis-tools`` as ``redis-check-rdb``; it runs as the server
 when started under the name ``redis-server`` (the package of that name adds
 only the name and a system service). ``make test`` installs it
-(scripts/install_tls_engine.sh); a missing one fails with that fix.
+(scripts/install_tls_server.sh); a missing one fails with that fix.
 
 The certificates are the test's own (certificates.py). ``clients_need_certs``:
 the engine asks every client for a certificate its CA signed
@@ -21,7 +21,7 @@ from pathlib import Path
 import valkey
 
 from tools.harness.certificates import Certificates
-from tools.harness.valkey_engine import Engine, EngineError
+from tools.harness.valkey_server import Engine, EngineError
 
 # Debian's redis-tools: the server's program under its checker's name.
 DEBIAN_PROGRAM = "/usr/bin/redis-check-rdb"
@@ -35,7 +35,7 @@ def redis_server() -> str:
         return DEBIAN_PROGRAM
     raise EngineError(
         "the TLS tests need Redis built with TLS, and neither redis-server nor "
-        f"{DEBIAN_PROGRAM} is here: bash scripts/install_tls_engine.sh (as root; it installs "
+        f"{DEBIAN_PROGRAM} is here: bash scripts/install_tls_server.sh (as root; it installs "
         "Debian's redis-tools, which make test does too)"
     )
 

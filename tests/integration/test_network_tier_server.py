@@ -13,10 +13,10 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from tests.unit.disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
 from tests.unit.kv_secret_kit import signed
-from vllm_uma.kv_offload.network import engine_link
 from vllm_uma.kv_offload.network import metrics as m
+from vllm_uma.kv_offload.network import server_link
 from vllm_uma.kv_offload.network import tier as tier_module
-from vllm_uma.kv_offload.network.engine_check import EngineRefused
+from vllm_uma.kv_offload.network.server_check import EngineRefused
 
 TIMEOUT_S = 0.5
 LRU = ("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
@@ -50,7 +50,7 @@ def test_an_engine_killed_mid_load_fails_its_blocks_within_the_timeout_then_serv
         jobs = Jobs(tier)
         data = [primary.fill(r, seed=r) for r in range(4)]
         assert jobs.stored([key(i) for i in range(4)], [0, 1, 2, 3]).success
-        with WarningLog(engine_link.logger) as warned, InfoLog(engine_link.logger) as info:
+        with WarningLog(server_link.logger) as warned, InfoLog(server_link.logger) as info:
             engine.freeze()  # a load, a store and a lookup wait on sockets now...
             start = time.monotonic()
             job = jobs.load([key(i) for i in range(4)], [4, 5, 6, 7])
@@ -153,7 +153,7 @@ def test_a_wrong_password_is_an_engine_that_does_not_answer(start_engine, primar
     engine = start_engine(*LRU)
     engine.client().config_set("requirepass", "right")
     monkeypatch.setenv("TEST_KV_PASSWORD", "wrong")
-    with WarningLog(engine_link.logger) as log:
+    with WarningLog(server_link.logger) as log:
         tier = make_tier(engine, primary, NS, password_env="TEST_KV_PASSWORD")
     try:
         assert not tier._link.up and "did not answer" in log.messages[0]
@@ -190,7 +190,7 @@ def test_a_full_engine_refuses_stores_once_per_episode_and_takes_them_again(star
         client = engine.client()
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", "1")  # below what it holds: every write is OOM
-        with WarningLog(engine_link.logger) as warned, InfoLog(engine_link.logger) as info:
+        with WarningLog(server_link.logger) as warned, InfoLog(server_link.logger) as info:
             assert not jobs.stored([key(1)], [0]).success
             assert not jobs.stored([key(2)], [0]).success
             assert len([w for w in warned.messages if "is full" in w]) == 1
@@ -266,7 +266,7 @@ def test_an_engine_dies_with_the_test_that_started_it(tmp_path):
 
     script = (
         "import sys, time; from pathlib import Path;"
-        "from tools.harness.valkey_engine import Engine;"
+        "from tools.harness.valkey_server import Engine;"
         f"e = Engine(Path({str(tmp_path)!r})); print(e.proc.pid, flush=True); time.sleep(60)"
     )
     root = str(Path(__file__).resolve().parents[2])
@@ -299,9 +299,9 @@ def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_engine, cap
             raise valkey.exceptions.ResponseError(failure)
 
     config = parse_network_tier(signed({"type": "valkey", "url": engine.url}))
-    link = engine_link.EngineLink(config, refuse, retry_interval_s=60)
+    link = server_link.EngineLink(config, refuse, retry_interval_s=60)
     try:
-        with caplog.at_level(logging.ERROR, logger=engine_link.logger.name):
+        with caplog.at_level(logging.ERROR, logger=server_link.logger.name):
             answered = [link._answers(link.seed) for _ in range(5)]
         assert answered == [False] * 5
         said = [r for r in caplog.records if "checking the engine" in r.getMessage()]

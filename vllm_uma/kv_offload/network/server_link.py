@@ -5,7 +5,7 @@ lookup thread (transfers.py, probes.py); the scheduler thread only
 reads ``up`` (bools, atomic under the GIL) and never waits on a socket.
 
 The engine is one node (standalone) or the primaries of a cluster
-(``"cluster": true``; engine_nodes.py, cluster_map.py). Every operation is
+(``"cluster": true``; server_nodes.py, cluster_map.py). Every operation is
 one round trip per node (round_trips.py), all nodes at once.
 
 A node that is gone or slow (a connection refused or reset, a timeout) is
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import valkey
 
 from vllm_uma.kv_offload.network.cluster_map import ClusterMap
-from vllm_uma.kv_offload.network.engine_nodes import Node, Route, route
+from vllm_uma.kv_offload.network.server_nodes import Node, Route, route
 from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.kv_offload.network.tls import explain
 from vllm_uma.log import get_logger

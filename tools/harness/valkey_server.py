@@ -82,7 +82,7 @@ class Engine:
 
     def command(self) -> tuple[str | None, list[str]]:
         """The program to run (None: argv[0]) and its argv; another engine
-        (tls_engine.py) says its own."""
+        (tls_server.py) says its own."""
         argv = [server_binary(), "--port", str(self.port), "--bind", self.host]
         if self.host != "127.0.0.1":
             # Protected mode answers only loopback clients of an engine with
