@@ -37,7 +37,7 @@ import requests
 
 from tests.e2e.traffic import BLOCKS_OF_128, EAGER, MODEL, prompt
 from tools.harness.server import metric
-from tools.harness.valkey_server import Engine
+from tools.harness.valkey_server import KvServer
 from tools.hosts import LinkShape, Network
 from vllm_uma import lifeline
 
@@ -68,15 +68,15 @@ def hosts(vllm_uma_exe, default_model_dir, tmp_path_factory):
     with Network(3, LinkShape(rate_mbit=10_000)) as net:
         address = {i: net.host(i).address for i in (1, 2, 3)}
         lru = ("--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru")
-        engine = net.on(3).submit(Engine, work, *lru, host=address[3]).result()
+        kv_server = net.on(3).submit(KvServer, work, *lru, host=address[3]).result()
         shared = [*EAGER, *BLOCKS_OF_128, "--dtype", "float32", "--max-model-len", "2048"]
-        shared += ["--gpu-memory-utilization", "0.3", "--kv-network", engine.url]
+        shared += ["--gpu-memory-utilization", "0.3", "--kv-network", kv_server.url]
         # Every host signs with the same key: the file the first fleet creates.
         shared += ["--kv-secret-file", str(work / "kv-network.secret")]
         # And holds the fleet's API key: the file the first fleet creates.
         shared += ["--api-key-file", str(work / "fleet-api.key")]
         router = f"http://{address[1]}:{ROUTER_PORT}"
-        out = {"net": net, "router": router, "engine": engine, "work": work, "fleets": []}
+        out = {"net": net, "router": router, "engine": kv_server, "work": work, "fleets": []}
 
         def fleet(i: int, *flags: str) -> subprocess.Popen:
             log = work / f"fleet-{i}.out"
@@ -114,7 +114,7 @@ def hosts(vllm_uma_exe, default_model_dir, tmp_path_factory):
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-            engine.stop()
+            kv_server.stop()
 
 
 def server_url(work: Path, i: int) -> str:

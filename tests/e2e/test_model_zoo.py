@@ -48,7 +48,7 @@ from tests.e2e.disk_store import BLOCK_TOKENS, block_files, namespace_of
 from tests.e2e.traffic import BLOCKS_OF_128, EAGER, MODEL, metrics, prompt
 from tools.harness.reference import TransformersReference
 from tools.harness.server import metric, model_process, proc_status
-from tools.harness.valkey_server import Engine
+from tools.harness.valkey_server import KvServer
 from tools.hosts import LinkShape, Network
 from tools.model_zoo import build
 from tools.model_zoo.families import FAMILIES, build_name, kv_bytes_per_token, parse_build_name
@@ -69,12 +69,12 @@ POOL_REVISIT, DISK_REVISIT = 4, 0
 GIVEN_BACK = "vllm:kv_memory_given_back_idle_bytes_total"
 RESTARTED = build_name(FAMILIES["qwen3_moe"], "scaled")
 # The simulated hosts: the first server, the second, the engine.
-HOST_A, HOST_B, HOST_ENGINE = 1, 2, 3
+HOST_A, HOST_B, HOST_KV_SERVER = 1, 2, 3
 LINK_MBIT = 10_000
 # A request that has to wait for a lost engine waits at most the tier's
 # timeout (2 s) before it recomputes; this only catches a hang.
 ANSWERED_WITHIN_S = 60
-ENGINE_BACK = "network KV tier: the engine at"
+KV_SERVER_AT = "network KV tier: the engine at"
 # vLLM has no cache-hit source for a shared remote store (network/tier.py).
 NETWORK_SOURCE = "external_unspecified"
 COMPUTED = "vllm:prompt_tokens_by_source_total"
@@ -89,7 +89,7 @@ def family_args(
     network_tier: dict | None = None,
 ) -> list[str]:
     tier_list = [{"type": "fs", "root_dir": str(root), "max_size_gib": 1}]
-    if network_tier is not None:  # signed with the test's fleet secret (Engine.tier)
+    if network_tier is not None:  # signed with the test's fleet secret (KvServer.tier)
         tier_list.append(network_tier)
     tiers = json.dumps({"kv_connector_extra_config": {"secondary_tiers": tier_list}})
     uma = json.dumps({"vllm_uma": {"release_idle_seconds": 2}})
@@ -184,19 +184,19 @@ def hosts():
 
 
 @pytest.fixture(scope="module")
-def network_engine(hosts, tmp_path_factory):
+def network_kv_server(hosts, tmp_path_factory):
     """The engine every host's network tier shares (allkeys-lru, as advised),
     on its own host."""
     lru = ("--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru")
     workdir = tmp_path_factory.mktemp("valkey")
-    address = hosts.host(HOST_ENGINE).address
-    engine = hosts.on(HOST_ENGINE).submit(Engine, workdir, *lru, host=address).result()
-    yield engine
-    engine.stop()
+    address = hosts.host(HOST_KV_SERVER).address
+    kv_server = hosts.on(HOST_KV_SERVER).submit(KvServer, workdir, *lru, host=address).result()
+    yield kv_server
+    kv_server.stop()
 
 
 @pytest.fixture(scope="module")
-def runs(vllm_uma_exe, default_model_dir, hosts, network_engine, tmp_path_factory):
+def runs(vllm_uma_exe, default_model_dir, hosts, network_kv_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo-store") / "kv"
     logs = tmp_path_factory.mktemp("zoo-logs")
     out = {}
@@ -204,7 +204,7 @@ def runs(vllm_uma_exe, default_model_dir, hosts, network_engine, tmp_path_factor
         log = logs / f"{name}.log"
         if name == RESTARTED:  # on host A, with the engine on its own host
             serve = hosts.on(HOST_A).submit(
-                serve_family, vllm_uma_exe, name, root, log, network_engine.tier()
+                serve_family, vllm_uma_exe, name, root, log, network_kv_server.tier()
             )
             out[name] = serve.result()
         else:
@@ -213,7 +213,7 @@ def runs(vllm_uma_exe, default_model_dir, hosts, network_engine, tmp_path_factor
 
 
 @pytest.fixture(scope="module")
-def restarted(vllm_uma_exe, runs, hosts, network_engine, tmp_path_factory):
+def restarted(vllm_uma_exe, runs, hosts, network_kv_server, tmp_path_factory):
     """The mixture of experts served again after every family, on host B: an
     empty disk directory, the same engine. Its first prompt is in the engine
     only. Then B loses the engine, twice (the module's docstring)."""
@@ -221,7 +221,7 @@ def restarted(vllm_uma_exe, runs, hosts, network_engine, tmp_path_factory):
     kv_args = ["--dtype", "float32"]
     empty_root = tmp_path_factory.mktemp("zoo-other-host") / "kv"
     args = family_args(
-        first["path"], RESTARTED, kv_args, first["per_block"], empty_root, network_engine.tier()
+        first["path"], RESTARTED, kv_args, first["per_block"], empty_root, network_kv_server.tier()
     )
     log = tmp_path_factory.mktemp("zoo-restart") / "server.log"
     on_b = hosts.on(HOST_B)
@@ -230,21 +230,21 @@ def restarted(vllm_uma_exe, runs, hosts, network_engine, tmp_path_factory):
         srv = Server(vllm_uma_exe, args, log).wait_ready()
         try:
             out = {"restored": served(srv, DISK_REVISIT)}
-            hosts.cut(HOST_ENGINE)  # the engine's cable: packets dropped, no reset
+            hosts.cut(HOST_KV_SERVER)  # the engine's cable: packets dropped, no reset
             try:
                 out["cut"] = served(srv, 1)
             finally:
-                hosts.restore(HOST_ENGINE)
-            wait_for_another(srv, f"{ENGINE_BACK} {network_engine.url} answers again")
+                hosts.restore(HOST_KV_SERVER)
+            wait_for_another(srv, f"{KV_SERVER_AT} {network_kv_server.url} answers again")
             out["back"] = served(srv, 2)
-            network_engine.stop()
+            network_kv_server.stop()
             out["killed"] = served(srv, 3)
             out["log"] = srv.log()
         finally:
             srv.stop()
         return out
 
-    return {**on_b.submit(on_host_b).result(), "first": first, "url": network_engine.url}
+    return {**on_b.submit(on_host_b).result(), "first": first, "url": network_kv_server.url}
 
 
 def served(srv: Server, i: int) -> dict:
@@ -351,7 +351,7 @@ def test_another_host_restores_from_the_network_tier_the_l1_hits_tokens(restarte
     assert "KV offloading: host pool of" in restarted["log"]
 
 
-def test_a_cut_link_to_the_engine_is_a_recompute_with_the_right_tokens(restarted):
+def test_a_cut_link_to_the_kv_server_is_a_recompute_with_the_right_tokens(restarted):
     # Host A stored prompt 1 in the engine; with the engine's link cut, host B
     # answers (no hang) from its own compute, with host A's tokens.
     got = restarted["cut"]
@@ -359,7 +359,7 @@ def test_a_cut_link_to_the_engine_is_a_recompute_with_the_right_tokens(restarted
     assert got["computed"] == got["prompt_tokens"]
     assert got["tokens"] == restarted["first"]["cold_of"][1]
     assert got["took_s"] < ANSWERED_WITHIN_S
-    assert f"{ENGINE_BACK} {restarted['url']} did not answer" in restarted["log"]
+    assert f"{KV_SERVER_AT} {restarted['url']} did not answer" in restarted["log"]
 
 
 def test_the_tier_reconnects_once_the_link_is_back_and_restores_again(restarted):
@@ -368,7 +368,7 @@ def test_the_tier_reconnects_once_the_link_is_back_and_restores_again(restarted)
     assert got["tokens"] == restarted["first"]["cold_of"][2]
 
 
-def test_a_killed_engine_is_a_recompute_with_the_right_tokens(restarted):
+def test_a_killed_kv_server_is_a_recompute_with_the_right_tokens(restarted):
     got = restarted["killed"]
     assert got["network"] == 0 and got["computed"] == got["prompt_tokens"]
     assert got["tokens"] == restarted["first"]["cold_of"][3]

@@ -1,7 +1,7 @@
 """KV planted in the network tier's engine steers no signed server (issue 44, item 1).
 
 The default model in float32 (exact tokens), a network tier alone on a
-valkey-server on loopback, the fleet's secret beside it (Engine.tier):
+valkey-server on loopback, the fleet's secret beside it (KvServer.tier):
 
 - server A serves a prompt cold, then again (an L1 hit: the reference
   tokens), and stores its 9 full blocks in the engine, signed;
@@ -27,7 +27,7 @@ import pytest
 from tests.e2e.disk_store import POOL_GIB, SMALL_L1, start
 from tests.e2e.traffic import complete, metrics
 from tools.harness.server import metric
-from tools.harness.valkey_server import Engine
+from tools.harness.valkey_server import KvServer
 from vllm_uma.kv_offload.disk.block_file import FIXED_HEADER, HEADER_BYTES
 from vllm_uma.kv_offload.network.key_names import NAME_PREFIX
 from vllm_uma.kv_offload.network.value_format import pack_value
@@ -49,10 +49,10 @@ def network_args(tier: dict) -> list[str]:
     ]
 
 
-def forge_every_block(engine: Engine) -> int:
+def forge_every_block(kv_server: KvServer) -> int:
     """Each block value under our prefix rewritten as an outsider could:
     zeros for KV, every field a reader checks without the secret right."""
-    client, forged = engine.client(), 0
+    client, forged = kv_server.client(), 0
     for name in client.scan_iter(match=f"{NAME_PREFIX}*:{{*}}:*", count=1000):
         value = client.get(name)
         _, _, key_len, _, payload_bytes, namespace = FIXED_HEADER.unpack_from(value, 0)
@@ -66,9 +66,9 @@ def forge_every_block(engine: Engine) -> int:
 @pytest.fixture(scope="module")
 def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("network-mac")
-    engine = Engine(work, "--maxmemory", "512mb", "--maxmemory-policy", "allkeys-lru")
-    signed = network_args(engine.tier())
-    unsigned = network_args({"type": "valkey", "url": engine.url, "unsigned": True})
+    kv_server = KvServer(work, "--maxmemory", "512mb", "--maxmemory-policy", "allkeys-lru")
+    signed = network_args(kv_server.tier())
+    unsigned = network_args({"type": "valkey", "url": kv_server.url, "unsigned": True})
     out = {}
     try:
         a = start(vllm_uma_exe, signed, tmp_path_factory.mktemp("a"))
@@ -81,14 +81,14 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
                 time.sleep(0.2)
         finally:
             a.stop()
-        out["forged_for_c"] = forge_every_block(engine)
+        out["forged_for_c"] = forge_every_block(kv_server)
         c = start(vllm_uma_exe, unsigned, tmp_path_factory.mktemp("c"))
         try:
             out["unsigned"] = complete(c, 0)
             out["unsigned_read"] = metric(metrics(c), READ)
         finally:
             c.stop()
-        out["forged_for_b"] = forge_every_block(engine)
+        out["forged_for_b"] = forge_every_block(kv_server)
         b = start(vllm_uma_exe, signed, tmp_path_factory.mktemp("b"))
         try:
             out["signed"] = complete(b, 0)
@@ -99,7 +99,7 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
         finally:
             b.stop()
     finally:
-        engine.stop()
+        kv_server.stop()
     return out
 
 

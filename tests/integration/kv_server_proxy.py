@@ -33,9 +33,9 @@ class Mode(Enum):
     HOLD_STORES = "hold_stores"
 
 
-class EngineProxy:
-    def __init__(self, engine, byte_delay_s: float = 0.02, flood_bytes: int = 1 << 30):
-        self._engine = (engine.host, engine.port)
+class KvServerProxy:
+    def __init__(self, kv_server, byte_delay_s: float = 0.02, flood_bytes: int = 1 << 30):
+        self._kv_server = (kv_server.host, kv_server.port)
         self.byte_delay_s = byte_delay_s
         self.flood_bytes = flood_bytes
         self.mode = Mode.HONEST
@@ -72,17 +72,17 @@ class EngineProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            engine = socket.create_connection(self._engine)
+            kv_server = socket.create_connection(self._kv_server)
             with self._lock:
-                self._sockets += [client, engine]
+                self._sockets += [client, kv_server]
             for pump in (self._up, self._down):
-                thread = threading.Thread(target=pump, args=(client, engine), daemon=True)
+                thread = threading.Thread(target=pump, args=(client, kv_server), daemon=True)
                 self._threads.append(thread)
                 thread.start()
 
     # -- client to engine: whole commands, so that a mode can act on one ----------
 
-    def _up(self, client: socket.socket, engine: socket.socket) -> None:
+    def _up(self, client: socket.socket, kv_server: socket.socket) -> None:
         pending = b""
         try:
             while data := client.recv(65536):
@@ -96,7 +96,7 @@ class EngineProxy:
                     if self.mode is Mode.HOLD_STORES and name == b"SET":
                         self._stopping.wait()
                         return
-                    engine.sendall(raw)
+                    kv_server.sendall(raw)
         except OSError:
             pass
 
@@ -112,9 +112,9 @@ class EngineProxy:
 
     # -- engine to client ----------------------------------------------------------
 
-    def _down(self, client: socket.socket, engine: socket.socket) -> None:
+    def _down(self, client: socket.socket, kv_server: socket.socket) -> None:
         try:
-            while data := engine.recv(65536):
+            while data := kv_server.recv(65536):
                 if self.mode is not Mode.SLOW:
                     client.sendall(data)
                     continue

@@ -25,28 +25,28 @@ from vllm.v1.kv_offload.base import LookupResult
 from tests.unit.disk_tier_kit import CTX, Primary
 from tests.unit.kv_secret_kit import signed
 from tools.harness.certificates import Certificates
-from tools.harness.tls_server import TlsEngine
+from tools.harness.tls_server import TlsKvServer
 from tools.harness.valkey_cluster import Cluster
-from tools.harness.valkey_server import Engine, EngineError
+from tools.harness.valkey_server import KvServer, KvServerError
 from vllm_uma.kv_offload.network.settings import parse_network_tier
 from vllm_uma.kv_offload.network.tier import NetworkTier
 
 
-def started_engine(workdir: Path, *args: str) -> Engine:
+def started_kv_server(workdir: Path, *args: str) -> KvServer:
     """A started engine, or the test fails with the fix (never skips)."""
     try:
-        return Engine(workdir, *args)
-    except EngineError as exc:
+        return KvServer(workdir, *args)
+    except KvServerError as exc:
         pytest.fail(str(exc))
 
 
-def started_tls_engine(
+def started_tls_kv_server(
     workdir: Path, certs: Certificates, *args: str, clients_need_certs: bool = False
-) -> TlsEngine:
+) -> TlsKvServer:
     """A started TLS-only engine, or the test fails with the fix."""
     try:
-        return TlsEngine(workdir, certs, *args, clients_need_certs=clients_need_certs)
-    except EngineError as exc:
+        return TlsKvServer(workdir, certs, *args, clients_need_certs=clients_need_certs)
+    except KvServerError as exc:
         pytest.fail(str(exc))
 
 
@@ -54,19 +54,19 @@ def started_cluster(workdir: Path, *args: str, node_args=None) -> Cluster:
     """A formed three-node cluster, or the test fails with the fix."""
     try:
         return Cluster(workdir, *args, node_args=node_args)
-    except EngineError as exc:
+    except KvServerError as exc:
         pytest.fail(str(exc))
 
 
 def make_tier(
-    engine: Engine | Cluster,
+    kv_server: KvServer | Cluster,
     primary: Primary,
     ns: bytes,
     kv_events: bool = False,
     namespace_info: dict | None = None,
     **settings,
 ) -> NetworkTier:
-    config = parse_network_tier(signed({"type": "valkey", "url": engine.url, **settings}))
+    config = parse_network_tier(signed({"type": "valkey", "url": kv_server.url, **settings}))
     config = dataclasses.replace(config, kv_events=kv_events)
     return NetworkTier(
         SimpleNamespace(),

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from network_tier_kit import answered_lookup, make_tier, started_engine
+from network_tier_kit import answered_lookup, make_tier, started_kv_server
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from tests.unit.disk_tier_kit import NS, OTHER_NS, Jobs, Primary, key
@@ -40,27 +40,27 @@ FOREIGN = [
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    engine = started_engine(tmp_path_factory.mktemp("valkey"), *LRU)
-    yield engine
-    engine.stop()
+def kv_server(tmp_path_factory):
+    kv_server = started_kv_server(tmp_path_factory.mktemp("valkey"), *LRU)
+    yield kv_server
+    kv_server.stop()
 
 
 @pytest.fixture
-def start_engine(tmp_path):
+def start_kv_server(tmp_path):
     started = []
 
     def start(*args: str):
-        started.append(started_engine(tmp_path, *args))
+        started.append(started_kv_server(tmp_path, *args))
         return started[-1]
 
     yield start
-    for engine in started:
-        engine.stop()
+    for kv_server in started:
+        kv_server.stop()
 
 
-def store(engine, primary: Primary, ns: bytes) -> None:
-    tier = make_tier(engine, primary, ns, namespace_info=INFO[ns])
+def store(kv_server, primary: Primary, ns: bytes) -> None:
+    tier = make_tier(kv_server, primary, ns, namespace_info=INFO[ns])
     try:
         keys = BLOCKS[ns]
         for row, k in enumerate(keys):
@@ -71,16 +71,16 @@ def store(engine, primary: Primary, ns: bytes) -> None:
 
 
 @pytest.fixture
-def engine_with_two(engine):
+def kv_server_with_two(kv_server):
     """Two namespaces written by the tier, and the foreign keys."""
-    client = engine.client()
+    client = kv_server.client()
     client.flushall()
     primary = Primary()
     for ns in BLOCKS:
-        store(engine, primary, ns)
+        store(kv_server, primary, ns)
     for name in FOREIGN:
         client.set(name, b"theirs")
-    return engine
+    return kv_server
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -89,17 +89,17 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     return status, out.out, out.err
 
 
-def names_of(engine, ns: bytes) -> list[bytes]:
+def names_of(kv_server, ns: bytes) -> list[bytes]:
     return [value_name(ns, key(k)) for k in BLOCKS[ns]] + [descriptor_name(ns)]
 
 
-def memory(engine, ns: bytes) -> int:
-    client = engine.client()
-    return sum(client.memory_usage(name) for name in names_of(engine, ns)[:-1])
+def memory(kv_server, ns: bytes) -> int:
+    client = kv_server.client()
+    return sum(client.memory_usage(name) for name in names_of(kv_server, ns)[:-1])
 
 
-def test_ls_lists_each_namespace_with_model_dtype_blocks_size_and_share(engine_with_two, capsys):
-    status, out, err = run(capsys, engine_with_two.url, "ls")
+def test_ls_lists_each_namespace_with_model_dtype_blocks_size_and_share(kv_server_with_two, capsys):
+    status, out, err = run(capsys, kv_server_with_two.url, "ls")
     assert status == 0 and err == ""
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:-1]}
     assert set(rows) == {NS.hex(), OTHER_NS.hex()}  # the foreign keys are no namespace
@@ -109,38 +109,38 @@ def test_ls_lists_each_namespace_with_model_dtype_blocks_size_and_share(engine_w
     ):
         row = rows[ns.hex()]
         assert row[1:4] == [model, dtype, str(len(BLOCKS[ns]))]
-        assert row[6] == f"{memory(engine_with_two, ns) / MAXMEMORY:.1%}"
-    total = memory(engine_with_two, NS) + memory(engine_with_two, OTHER_NS)
+        assert row[6] == f"{memory(kv_server_with_two, ns) / MAXMEMORY:.1%}"
+    total = memory(kv_server_with_two, NS) + memory(kv_server_with_two, OTHER_NS)
     assert out.splitlines()[-1].endswith(f"{total / MAXMEMORY:.1%} of maxmemory")
     assert "policy allkeys-lru" in out.splitlines()[-1]
 
 
-def test_du_gives_bytes_per_namespace_and_the_total(engine_with_two, capsys):
-    status, out, _ = run(capsys, engine_with_two.url, "du")
+def test_du_gives_bytes_per_namespace_and_the_total(kv_server_with_two, capsys):
+    status, out, _ = run(capsys, kv_server_with_two.url, "du")
     assert status == 0
     lines = out.splitlines()
     assert NS.hex() in lines[0] and OTHER_NS.hex() in lines[1]  # the largest first
-    share = memory(engine_with_two, NS) / MAXMEMORY
+    share = memory(kv_server_with_two, NS) / MAXMEMORY
     assert lines[0].endswith(f"org/model-one  ({share:.1%} of maxmemory)")
     assert lines[2].split()[2:] == ["total,", "5", "blocks"]
 
 
-def test_clear_of_one_namespace_leaves_the_other_and_every_foreign_key(engine_with_two, capsys):
-    status, out, _ = run(capsys, engine_with_two.url, "clear", "--namespace", NS.hex(), "--yes")
+def test_clear_of_one_namespace_leaves_the_other_and_every_foreign_key(kv_server_with_two, capsys):
+    status, out, _ = run(capsys, kv_server_with_two.url, "clear", "--namespace", NS.hex(), "--yes")
     assert status == 0
     assert out.startswith(f"deleted 4 keys of namespace {NS.hex()}")  # 3 blocks, descriptor
-    client = engine_with_two.client()
-    assert client.exists(*names_of(engine_with_two, NS)) == 0
-    assert client.exists(*names_of(engine_with_two, OTHER_NS)) == 3
+    client = kv_server_with_two.client()
+    assert client.exists(*names_of(kv_server_with_two, NS)) == 0
+    assert client.exists(*names_of(kv_server_with_two, OTHER_NS)) == 3
     assert client.exists(*FOREIGN) == len(FOREIGN)
 
 
-def test_clear_of_all_ours_leaves_every_foreign_key(engine_with_two, capsys):
-    status, out, _ = run(capsys, engine_with_two.url, "clear", "--yes")
+def test_clear_of_all_ours_leaves_every_foreign_key(kv_server_with_two, capsys):
+    status, out, _ = run(capsys, kv_server_with_two.url, "clear", "--yes")
     assert status == 0 and out.startswith("deleted 7 keys of every namespace of ours")
-    client = engine_with_two.client()
+    client = kv_server_with_two.client()
     assert sorted(client.keys()) == sorted(FOREIGN)
-    status, out, _ = run(capsys, engine_with_two.url, "ls")
+    status, out, _ = run(capsys, kv_server_with_two.url, "ls")
     assert status == 0 and "(no namespaces)" in out
 
 
@@ -153,18 +153,18 @@ def test_clear_of_all_ours_leaves_every_foreign_key(engine_with_two, capsys):
     ],
 )
 def test_a_clear_that_is_not_meant_deletes_nothing_and_exits_2(
-    engine_with_two, capsys, argv, message
+    kv_server_with_two, capsys, argv, message
 ):
-    before = len(engine_with_two.client().keys())
-    status, _, err = run(capsys, engine_with_two.url, *argv)
+    before = len(kv_server_with_two.client().keys())
+    status, _, err = run(capsys, kv_server_with_two.url, *argv)
     assert status == 2 and message in err
-    assert len(engine_with_two.client().keys()) == before
+    assert len(kv_server_with_two.client().keys()) == before
 
 
-def test_a_clear_under_a_running_server_is_a_miss_then_a_store_again(engine, capsys):
-    engine.client().flushall()
+def test_a_clear_under_a_running_server_is_a_miss_then_a_store_again(kv_server, capsys):
+    kv_server.client().flushall()
     primary = Primary()
-    tier = make_tier(engine, primary, NS, namespace_info=INFO[NS])
+    tier = make_tier(kv_server, primary, NS, namespace_info=INFO[NS])
     try:
         jobs = Jobs(tier)
         primary.fill(0, seed=3)
@@ -172,7 +172,7 @@ def test_a_clear_under_a_running_server_is_a_miss_then_a_store_again(engine, cap
         before = ReqContext(req_id="before")
         assert answered_lookup(tier, key(0), before) is LookupResult.HIT
         tier.on_request_finished(before)  # its verdict lasts as long as the request
-        assert run(capsys, engine.url, "clear", "--namespace", NS.hex(), "--yes")[0] == 0
+        assert run(capsys, kv_server.url, "clear", "--namespace", NS.hex(), "--yes")[0] == 0
         assert answered_lookup(tier, key(0), ReqContext(req_id="after")) is LookupResult.MISS
         assert not jobs.loaded([key(0)], [1]).success  # a load that raced it: a miss
         assert jobs.stored([key(1)], [0]).success  # and the tier goes on storing
@@ -180,69 +180,69 @@ def test_a_clear_under_a_running_server_is_a_miss_then_a_store_again(engine, cap
         tier.shutdown()
 
 
-def test_a_survey_leaves_the_engines_eviction_order_alone(start_engine, capsys):
+def test_a_survey_leaves_the_kv_servers_eviction_order_alone(start_kv_server, capsys):
     # Under allkeys-lfu a read of a fresh key raises its counter (5 to 6) for
     # sure: MEMORY USAGE must not read it the way STRLEN or GET would.
-    engine = start_engine("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lfu")
+    kv_server = start_kv_server("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lfu")
     primary = Primary()
-    store(engine, primary, NS)
-    client = engine.client()
-    names = names_of(engine, NS)[:-1]
+    store(kv_server, primary, NS)
+    client = kv_server.client()
+    names = names_of(kv_server, NS)[:-1]
     before = [client.object("freq", name) for name in names]
-    assert run(capsys, engine.url, "ls")[0] == 0
-    assert run(capsys, engine.url, "du")[0] == 0
+    assert run(capsys, kv_server.url, "ls")[0] == 0
+    assert run(capsys, kv_server.url, "du")[0] == 0
     assert [client.object("freq", name) for name in names] == before
     client.get(names[0])  # the test would see a read
     assert client.object("freq", names[0]) > before[0]
 
 
-def test_an_engine_that_does_not_answer_exits_3_naming_the_address(start_engine, capsys):
-    engine = start_engine(*LRU)
-    engine.stop()
-    status, _, err = run(capsys, engine.url, "ls")
+def test_a_kv_server_that_does_not_answer_exits_3_naming_the_address(start_kv_server, capsys):
+    kv_server = start_kv_server(*LRU)
+    kv_server.stop()
+    status, _, err = run(capsys, kv_server.url, "ls")
     assert status == 3
-    assert f"the engine at {engine.url} does not answer" in err
-    assert f"check that it runs and that 127.0.0.1:{engine.port} is its address" in err
+    assert f"the engine at {kv_server.url} does not answer" in err
+    assert f"check that it runs and that 127.0.0.1:{kv_server.port} is its address" in err
 
 
-def test_a_frozen_engine_exits_3_within_the_timeout(start_engine, capsys):
-    engine = start_engine(*LRU)
-    engine.freeze()
-    status, _, err = run(capsys, engine.url, "du", "--timeout-s", "0.3")
+def test_a_frozen_kv_server_exits_3_within_the_timeout(start_kv_server, capsys):
+    kv_server = start_kv_server(*LRU)
+    kv_server.freeze()
+    status, _, err = run(capsys, kv_server.url, "du", "--timeout-s", "0.3")
     assert status == 3 and "did not answer within 0.3 s" in err and "--timeout-s" in err
 
 
-def test_a_password_missing_or_wrong_exits_3_with_the_fix(start_engine, capsys, monkeypatch):
-    engine = start_engine(*LRU)
-    engine.client().config_set("requirepass", "right")
-    status, _, err = run(capsys, engine.url, "ls")
+def test_a_password_missing_or_wrong_exits_3_with_the_fix(start_kv_server, capsys, monkeypatch):
+    kv_server = start_kv_server(*LRU)
+    kv_server.client().config_set("requirepass", "right")
+    status, _, err = run(capsys, kv_server.url, "ls")
     assert status == 3 and "asks for a password" in err and "--password-env NAME" in err
     monkeypatch.setenv("TEST_KV_PASSWORD", "wrong")
-    status, _, err = run(capsys, engine.url, "ls", "--password-env", "TEST_KV_PASSWORD")
+    status, _, err = run(capsys, kv_server.url, "ls", "--password-env", "TEST_KV_PASSWORD")
     assert status == 3 and "refused the password" in err
     assert "the variable TEST_KV_PASSWORD" in err
     monkeypatch.setenv("TEST_KV_PASSWORD", "right")
-    assert run(capsys, engine.url, "ls", "--password-env", "TEST_KV_PASSWORD")[0] == 0
+    assert run(capsys, kv_server.url, "ls", "--password-env", "TEST_KV_PASSWORD")[0] == 0
 
 
 def test_an_acl_that_forbids_a_command_exits_3_naming_what_it_needs(
-    start_engine, capsys, monkeypatch
+    start_kv_server, capsys, monkeypatch
 ):
-    engine = start_engine(*LRU)
-    engine.client().acl_setuser(
+    kv_server = start_kv_server(*LRU)
+    kv_server.client().acl_setuser(
         "kv", enabled=True, passwords=["+pw-of-kv"], keys=["vllm-uma:*"],
         commands=["+@all", "-unlink"],
     )  # fmt: skip
-    engine.client().set(value_name(NS, key(0)), b"x")
+    kv_server.client().set(value_name(NS, key(0)), b"x")
     monkeypatch.setenv("TEST_KV_PASSWORD", "pw-of-kv")
-    url = f"valkey://kv@127.0.0.1:{engine.port}/0"
+    url = f"valkey://kv@127.0.0.1:{kv_server.port}/0"
     status, _, err = run(capsys, url, "clear", "--yes", "--password-env", "TEST_KV_PASSWORD")
     assert status == 3 and "refused a command" in err and "+unlink" in err
     assert "pw-of-kv" not in err
 
 
-def test_the_tier_writes_its_descriptor_without_what_is_not_kept(engine_with_two):
-    descriptor = json.loads(engine_with_two.client().get(descriptor_name(NS)))
+def test_the_tier_writes_its_descriptor_without_what_is_not_kept(kv_server_with_two):
+    descriptor = json.loads(kv_server_with_two.client().get(descriptor_name(NS)))
     assert descriptor == {"model": "org/model-one", "kv_dtype": "bfloat16", "vllm": "0.x"}
 
 

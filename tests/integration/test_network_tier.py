@@ -8,7 +8,7 @@ import struct
 
 import crc32c
 import pytest
-from network_tier_kit import answered_lookup, make_tier, started_engine
+from network_tier_kit import answered_lookup, make_tier, started_kv_server
 from vllm.v1.kv_offload.base import Locality, LookupResult, ReqContext
 
 from tests.unit.disk_tier_kit import CTX, NS, OTHER_NS, Jobs, Primary, WarningLog, counters, key
@@ -24,11 +24,11 @@ OTHER_KEYS = parse_keys("9" * 64, "another fleet's secret")
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    engine = started_engine(tmp_path_factory.mktemp("valkey"), "--maxmemory", "64mb",
+def kv_server(tmp_path_factory):
+    kv_server = started_kv_server(tmp_path_factory.mktemp("valkey"), "--maxmemory", "64mb",
                     "--maxmemory-policy", "allkeys-lru")  # fmt: skip
-    yield engine
-    engine.stop()
+    yield kv_server
+    kv_server.stop()
 
 
 @pytest.fixture
@@ -37,20 +37,20 @@ def primary():
 
 
 @pytest.fixture
-def tier(engine, primary):
-    engine.client().flushall()
-    tier = make_tier(engine, primary, NS)
+def tier(kv_server, primary):
+    kv_server.client().flushall()
+    tier = make_tier(kv_server, primary, NS)
     yield tier
     tier.shutdown()
 
 
-def test_stored_rows_come_back_byte_for_byte(engine, tier, primary):
+def test_stored_rows_come_back_byte_for_byte(kv_server, tier, primary):
     jobs = Jobs(tier)
     keys = [key(i) for i in range(3)]
     data = [primary.fill(row, seed=row + 1) for row in range(3)]
     assert jobs.stored(keys, [0, 1, 2]).success
     # The value is a block file's bytes, under the tagged name.
-    raw = engine.client().get(value_name(NS, keys[1]))
+    raw = kv_server.client().get(value_name(NS, keys[1]))
     assert raw[: len(MAGIC)] == MAGIC and raw[HEADER_BYTES:] == data[1]
     assert b"{" + keys[1][:-4].hex().encode() + b"}" in value_name(NS, keys[1])
     primary.clear()
@@ -69,10 +69,10 @@ def test_a_lookup_is_retry_until_the_lookup_thread_answered(tier):
     assert answered_lookup(tier, key(40), ctx) is LookupResult.MISS
 
 
-def test_another_namespace_does_not_see_our_blocks(engine, tier, primary):
+def test_another_namespace_does_not_see_our_blocks(kv_server, tier, primary):
     primary.fill(0, seed=9)
     assert Jobs(tier).stored([key(1)], [0]).success
-    other = make_tier(engine, primary, OTHER_NS)
+    other = make_tier(kv_server, primary, OTHER_NS)
     try:
         assert answered_lookup(other, key(1)) is LookupResult.MISS
     finally:
@@ -87,12 +87,12 @@ def test_a_store_of_a_block_just_stored_is_skipped(tier, primary):
     assert counters(tier.get_stats())[(m.NAMES.store_skipped, ())] == 1
 
 
-def _bad_value_is_a_counted_miss(engine, tier, primary, spoil, reason):
+def _bad_value_is_a_counted_miss(kv_server, tier, primary, spoil, reason):
     jobs = Jobs(tier)
     good = primary.fill(0, seed=5)
     assert jobs.stored([key(1)], [0]).success
     name = value_name(NS, key(1))
-    spoil(engine.client(), name, good)
+    spoil(kv_server.client(), name, good)
     primary.fill(3, seed=77)
     before = primary.row(3)
     with WarningLog(tier_module.logger) as log:
@@ -103,39 +103,39 @@ def _bad_value_is_a_counted_miss(engine, tier, primary, spoil, reason):
     stats = counters(tier.get_stats())
     assert stats[(m.NAMES.bad_values, (reason,))] == 1
     assert stats[(m.LOAD_MISSES, (reason,))] == 1
-    assert engine.client().exists(name) == 0  # deleted: no lookup finds it again
+    assert kv_server.client().exists(name) == 0  # deleted: no lookup finds it again
     # The request's verdict turned to a miss: vLLM does not try again.
     assert tier.lookup(key(1), CTX) is LookupResult.MISS
     assert len(log.messages) == 1 and reason in log.messages[0]
 
 
-def test_a_value_of_another_namespace_under_our_name_is_a_counted_miss(engine, tier, primary):
+def test_a_value_of_another_namespace_under_our_name_is_a_counted_miss(kv_server, tier, primary):
     def foreign(client, name, good):
         client.set(name, pack_value(key(1), OTHER_NS, memoryview(good), keys=KEYS))
 
-    _bad_value_is_a_counted_miss(engine, tier, primary, foreign, "foreign")
+    _bad_value_is_a_counted_miss(kv_server, tier, primary, foreign, "foreign")
 
 
-def test_a_flipped_byte_is_a_counted_miss(engine, tier, primary):
+def test_a_flipped_byte_is_a_counted_miss(kv_server, tier, primary):
     def flip(client, name, good):
         at = HEADER_BYTES + 100
         client.setrange(name, at, bytes([good[100] ^ 0x01]))
 
-    _bad_value_is_a_counted_miss(engine, tier, primary, flip, "corrupted")
+    _bad_value_is_a_counted_miss(kv_server, tier, primary, flip, "corrupted")
 
 
-def test_a_truncated_value_is_a_counted_miss(engine, tier, primary):
+def test_a_truncated_value_is_a_counted_miss(kv_server, tier, primary):
     def cut(client, name, good):
         client.set(name, client.get(name)[:-10])
 
-    _bad_value_is_a_counted_miss(engine, tier, primary, cut, "truncated")
+    _bad_value_is_a_counted_miss(kv_server, tier, primary, cut, "truncated")
 
 
 # -- the fleet's MAC: values anyone could write are never served ------------
 
 
 def test_a_forged_value_with_a_right_crc_and_namespace_but_no_tag_is_a_counted_miss(
-    engine, tier, primary
+    kv_server, tier, primary
 ):
     # What another tenant of the engine can write: every field a reader
     # checks without the secret is right (docs/network_tier.md).
@@ -143,24 +143,24 @@ def test_a_forged_value_with_a_right_crc_and_namespace_but_no_tag_is_a_counted_m
         forged = memoryview(bytes(len(good)))  # other KV: zeros
         client.set(name, pack_value(key(1), NS, forged, keys=None))
 
-    _bad_value_is_a_counted_miss(engine, tier, primary, forge, "unsigned")
+    _bad_value_is_a_counted_miss(kv_server, tier, primary, forge, "unsigned")
 
 
-def test_a_value_changed_after_signing_is_a_counted_miss(engine, tier, primary):
+def test_a_value_changed_after_signing_is_a_counted_miss(kv_server, tier, primary):
     def change(client, name, good):
         value = bytearray(client.get(name))
         value[HEADER_BYTES + 100] ^= 0x01
         struct.pack_into("<I", value, 12, crc32c.crc32c(value[HEADER_BYTES:]))  # CRC made right
         client.set(name, bytes(value))
 
-    _bad_value_is_a_counted_miss(engine, tier, primary, change, "forged")
+    _bad_value_is_a_counted_miss(kv_server, tier, primary, change, "forged")
 
 
-def test_a_value_signed_with_a_key_this_server_lacks_is_a_counted_miss(engine, tier, primary):
+def test_a_value_signed_with_a_key_this_server_lacks_is_a_counted_miss(kv_server, tier, primary):
     def other_fleet(client, name, good):
         client.set(name, pack_value(key(1), NS, memoryview(good), keys=OTHER_KEYS))
 
-    _bad_value_is_a_counted_miss(engine, tier, primary, other_fleet, "unknown_key")
+    _bad_value_is_a_counted_miss(kv_server, tier, primary, other_fleet, "unknown_key")
 
 
 def _secret(path, *keys: str):
@@ -170,12 +170,12 @@ def _secret(path, *keys: str):
 
 
 def test_a_rotation_reads_the_previous_keys_values_and_signs_with_the_new_one(
-    engine, primary, tmp_path, monkeypatch
+    kv_server, primary, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(mac_keys, "RELOAD_CHECK_S", 0.0)
     old, new = "0a" * 32, "0b" * 32
     secret = tmp_path / "kv.secret"
-    before = make_tier(engine, primary, NS, secret_file=_secret(secret, old))
+    before = make_tier(kv_server, primary, NS, secret_file=_secret(secret, old))
     try:
         data = primary.fill(0, seed=31)
         assert Jobs(before).stored([key(1)], [0]).success
@@ -184,14 +184,14 @@ def test_a_rotation_reads_the_previous_keys_values_and_signs_with_the_new_one(
         _secret(secret, new, old)
         primary.fill(1, seed=32)
         assert Jobs(before).stored([key(2)], [1]).success
-        value = engine.client().get(value_name(NS, key(2)))
+        value = kv_server.client().get(value_name(NS, key(2)))
         assert value[block_mac.MAC_AT + 8 : block_mac.TAG_AT] == parse_keys(new, "x").signing.id
         primary.clear()
         assert Jobs(before).loaded([key(1)], [3]).success and primary.row(3) == data
     finally:
         before.shutdown()
     # A host holding the new key alone: the old key's value is a miss.
-    after = make_tier(engine, primary, NS, secret_file=_secret(tmp_path / "new", new))
+    after = make_tier(kv_server, primary, NS, secret_file=_secret(tmp_path / "new", new))
     try:
         result = Jobs(after).loaded([key(1), key(2)], [4, 5])
         assert list(result.successful_keys) == [key(2)]
@@ -200,21 +200,21 @@ def test_a_rotation_reads_the_previous_keys_values_and_signs_with_the_new_one(
         after.shutdown()
 
 
-def test_an_unsigned_tier_serves_what_a_signed_one_wrote(engine, tier, primary):
+def test_an_unsigned_tier_serves_what_a_signed_one_wrote(kv_server, tier, primary):
     data = primary.fill(0, seed=41)
     assert Jobs(tier).stored([key(1)], [0]).success
-    unsigned = make_tier(engine, primary, NS, unsigned=True)
+    unsigned = make_tier(kv_server, primary, NS, unsigned=True)
     try:
         assert Jobs(unsigned).loaded([key(1)], [2]).success and primary.row(2) == data
     finally:
         unsigned.shutdown()
 
 
-def test_a_block_gone_since_its_lookup_fails_alone(engine, tier, primary):
+def test_a_block_gone_since_its_lookup_fails_alone(kv_server, tier, primary):
     jobs = Jobs(tier)
     data = [primary.fill(r, seed=r + 20) for r in range(3)]
     assert jobs.stored([key(1), key(2), key(3)], [0, 1, 2]).success
-    engine.client().delete(value_name(NS, key(2)))  # evicted meanwhile
+    kv_server.client().delete(value_name(NS, key(2)))  # evicted meanwhile
     primary.clear()
     result = jobs.loaded([key(1), key(2), key(3)], [4, 5, 6])
     assert not result.success and list(result.successful_keys) == [key(1), key(3)]
@@ -234,23 +234,23 @@ def test_every_job_gets_exactly_one_result(tier, primary):
     assert list(tier.get_finished_jobs()) == []
 
 
-def test_with_kv_events_stores_are_published_as_a_cache_every_host_reads(engine, primary):
+def test_with_kv_events_stores_are_published_as_a_cache_every_host_reads(kv_server, primary):
     # vllm-router files an event with an ownership under that cache and
     # credits the server that published it (docs/fleet.md).
-    engine.client().flushall()
-    tier = make_tier(engine, primary, NS, kv_events=True)
+    kv_server.client().flushall()
+    tier = make_tier(kv_server, primary, NS, kv_events=True)
     try:
         primary.fill(0, seed=5)
         assert Jobs(tier).stored([key(1), key(2)], [0, 0]).success
         (event,) = tier.take_events()
         assert event.keys == [key(1), key(2)] and not event.removed
-        assert event.ownership == f"valkey://127.0.0.1:{engine.port}/0"
+        assert event.ownership == f"valkey://127.0.0.1:{kv_server.port}/0"
         assert event.locality is Locality.REMOTE
         assert list(tier.take_events()) == []  # taken once
         # A damaged value is deleted, and its removal published.
-        raw = bytearray(engine.client().get(value_name(NS, key(2))))
+        raw = bytearray(kv_server.client().get(value_name(NS, key(2))))
         raw[-1] ^= 0xFF
-        engine.client().set(value_name(NS, key(2)), bytes(raw))
+        kv_server.client().set(value_name(NS, key(2)), bytes(raw))
         Jobs(tier).loaded([key(2)], [3])
         (removal,) = tier.take_events()
         assert removal.keys == [key(2)] and removal.removed

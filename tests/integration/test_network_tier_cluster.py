@@ -25,7 +25,7 @@ from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network import server_link
 from vllm_uma.kv_offload.network import tier as tier_module
 from vllm_uma.kv_offload.network.key_names import descriptor_name
-from vllm_uma.kv_offload.network.server_check import EngineRefused
+from vllm_uma.kv_offload.network.server_check import ServerRefused
 from vllm_uma.kv_offload.network.value_format import value_name
 
 TIMEOUT_S = 0.5
@@ -109,7 +109,7 @@ def test_blocks_land_on_every_node_and_come_back_byte_for_byte(cluster, clients,
     assert stats[(m.NAMES.written_blocks, ())] == 24 and stats[(m.NAMES.read_blocks, ())] == 24
 
 
-def _engine_counts(clients) -> list[tuple[int, int]]:
+def _kv_server_counts(clients) -> list[tuple[int, int]]:
     """Per node: the reads it processed (one per round trip of small
     commands, this INFO's own included) and the MGETs it ran."""
     counts = []
@@ -132,10 +132,10 @@ def test_a_load_batch_is_one_round_trip_per_node_with_one_mget_per_slot(
     for k in keys:
         slots_per_node[node_of(cluster, k)].add(key_slot(value_name(NS, k)))
     assert all(len(slots) >= 2 for slots in slots_per_node)
-    before = _engine_counts(clients)
+    before = _kv_server_counts(clients)
     primary.clear()
     assert jobs.loaded(keys, list(range(8))).success
-    after = _engine_counts(clients)
+    after = _kv_server_counts(clients)
     for node in range(NODES):
         reads = after[node][0] - before[node][0] - 1  # less the second INFO's own read
         mgets = after[node][1] - before[node][1]
@@ -143,7 +143,7 @@ def test_a_load_batch_is_one_round_trip_per_node_with_one_mget_per_slot(
     assert sum(len(slots) for slots in slots_per_node) == 7  # the twins: one MGET
     # A lookup batch is one round trip per node too.
     ctx = ReqContext(req_id="batch")
-    before = _engine_counts(clients)
+    before = _kv_server_counts(clients)
     assert all(tier.lookup(k, ctx) is LookupResult.RETRY for k in keys)
     tier.on_schedule_end(None)  # the step's lookups go as one batch
 
@@ -152,7 +152,7 @@ def test_a_load_batch_is_one_round_trip_per_node_with_one_mget_per_slot(
         return tier.lookup(keys[-1], ctx) is not LookupResult.RETRY
 
     wait_for(answered, what="the verdicts")
-    after = _engine_counts(clients)
+    after = _kv_server_counts(clients)
     assert [a[0] - b[0] - 1 for a, b in zip(after, before, strict=True)] == [1] * NODES
     assert all(tier.lookup(k, ctx) is LookupResult.HIT for k in keys)
 
@@ -309,7 +309,7 @@ def test_a_moved_slot_is_a_counted_miss_until_the_map_is_read_again(
 def test_every_primary_s_policy_is_checked(cluster, clients, primary):
     try:
         clients[2].config_set("maxmemory-policy", "noeviction")
-        with pytest.raises(EngineRefused) as refused:
+        with pytest.raises(ServerRefused) as refused:
             make_tier(cluster, primary, NS, cluster=True)
         assert f":{cluster.nodes[2].port}/0 runs maxmemory-policy noeviction" in str(refused.value)
         clients[2].config_set("maxmemory-policy", "allkeys-lru")
@@ -343,13 +343,13 @@ def test_every_primary_s_policy_is_checked(cluster, clients, primary):
 
 
 def test_a_tier_not_told_it_is_a_cluster_is_refused_with_the_fix(cluster, primary):
-    with pytest.raises(EngineRefused, match='add "cluster": true'):
+    with pytest.raises(ServerRefused, match='add "cluster": true'):
         make_tier(cluster, primary, NS)
 
 
 def test_a_database_the_cluster_does_not_have_is_refused_with_the_fix(cluster, primary):
     url = cluster.url.removesuffix("/0") + "/1"
-    with pytest.raises(EngineRefused, match="refused database 1 .* use /0 in the url"):
+    with pytest.raises(ServerRefused, match="refused database 1 .* use /0 in the url"):
         make_tier(cluster, primary, NS, cluster=True, url=url)
 
 

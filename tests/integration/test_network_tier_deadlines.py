@@ -11,8 +11,8 @@ import time
 import tracemalloc
 
 import pytest
-from kv_server_proxy import EngineProxy, Mode
-from network_tier_kit import answered_lookup, make_tier, started_engine, wait_for
+from kv_server_proxy import KvServerProxy, Mode
+from network_tier_kit import answered_lookup, make_tier, started_kv_server, wait_for
 from vllm.v1.kv_offload.base import LookupResult
 
 from tests.unit.disk_tier_kit import CTX, NS, Jobs, Primary, counters, key
@@ -26,16 +26,16 @@ LRU = ("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    engine = started_engine(tmp_path_factory.mktemp("valkey"), *LRU)
-    yield engine
-    engine.stop()
+def kv_server(tmp_path_factory):
+    kv_server = started_kv_server(tmp_path_factory.mktemp("valkey"), *LRU)
+    yield kv_server
+    kv_server.stop()
 
 
 @pytest.fixture
-def proxy(engine):
-    engine.client().flushall()
-    proxy = EngineProxy(engine)
+def proxy(kv_server):
+    kv_server.client().flushall()
+    proxy = KvServerProxy(kv_server)
     yield proxy
     proxy.stop()
 
@@ -72,7 +72,7 @@ def reset_peak_rss() -> None:
         f.write("5")  # VmHWM back to the current RSS (proc(5))
 
 
-def test_a_byte_at_a_time_engine_costs_a_load_its_timeout_then_a_miss(proxy, tier, primary):
+def test_a_byte_at_a_time_kv_server_costs_a_load_its_timeout_then_a_miss(proxy, tier, primary):
     jobs, keys, data = stored(tier, primary, 2)
     proxy.mode = Mode.SLOW  # a value of 12 KiB would take 4 minutes
     start = time.monotonic()
@@ -87,7 +87,7 @@ def test_a_byte_at_a_time_engine_costs_a_load_its_timeout_then_a_miss(proxy, tie
     assert [primary.row(4), primary.row(5)] == data
 
 
-def test_a_store_to_a_byte_at_a_time_engine_ends_within_its_timeout(proxy, tier, primary):
+def test_a_store_to_a_byte_at_a_time_kv_server_ends_within_its_timeout(proxy, tier, primary):
     jobs = Jobs(tier)
     primary.fill(0, seed=1)
     proxy.byte_delay_s = 0.2  # every reply inside the old per-read timeout
@@ -103,7 +103,7 @@ def test_a_store_to_a_byte_at_a_time_engine_ends_within_its_timeout(proxy, tier,
     assert jobs.stored([key(0)], [0]).success
 
 
-def test_a_huge_value_is_refused_unread_and_deleted(engine, proxy, tier, primary):
+def test_a_huge_value_is_refused_unread_and_deleted(kv_server, proxy, tier, primary):
     jobs, keys, data = stored(tier, primary, 2)
     proxy.mode = Mode.FLOOD  # a load's MGET answered with a 1 GiB value first
     tracemalloc.start()
@@ -128,8 +128,8 @@ def test_a_huge_value_is_refused_unread_and_deleted(engine, proxy, tier, primary
     assert stats[(m.NAMES.bad_values, ("oversized",))] == 1
     assert stats[(m.LOAD_MISSES, ("unread",))] == 1  # after it on the dropped connection
     # Never found again: deleted from the engine (the real one held a good value).
-    assert not engine.client().exists(value_name(NS, keys[0]))
-    assert engine.client().exists(value_name(NS, keys[1]))
+    assert not kv_server.client().exists(value_name(NS, keys[0]))
+    assert kv_server.client().exists(value_name(NS, keys[1]))
     assert tier._link.up  # a bad value is not the engine gone
     proxy.mode = Mode.HONEST
     assert jobs.loaded([keys[1]], [5]).success and primary.row(5) == data[1]

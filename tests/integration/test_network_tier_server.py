@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from network_tier_kit import answered_lookup, make_tier, started_engine, wait_for
+from network_tier_kit import answered_lookup, make_tier, started_kv_server, wait_for
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 
 from tests.unit.disk_tier_kit import NS, InfoLog, Jobs, Primary, WarningLog, counters, key
@@ -16,24 +16,24 @@ from tests.unit.kv_secret_kit import signed
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network import server_link
 from vllm_uma.kv_offload.network import tier as tier_module
-from vllm_uma.kv_offload.network.server_check import EngineRefused
+from vllm_uma.kv_offload.network.server_check import ServerRefused
 
 TIMEOUT_S = 0.5
 LRU = ("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
 
 
 @pytest.fixture
-def start_engine(tmp_path):
+def start_kv_server(tmp_path):
     started = []
 
     def start(*args: str):
-        engine = started_engine(tmp_path, *args)
-        started.append(engine)
-        return engine
+        kv_server = started_kv_server(tmp_path, *args)
+        started.append(kv_server)
+        return kv_server
 
     yield start
-    for engine in started:
-        engine.stop()
+    for kv_server in started:
+        kv_server.stop()
 
 
 @pytest.fixture
@@ -41,24 +41,24 @@ def primary():
     return Primary()
 
 
-def test_an_engine_killed_mid_load_fails_its_blocks_within_the_timeout_then_serves_again(
-    start_engine, primary
+def test_a_kv_server_killed_mid_load_fails_its_blocks_within_the_timeout_then_serves_again(
+    start_kv_server, primary
 ):
-    engine = start_engine(*LRU)
-    tier = make_tier(engine, primary, NS, timeout_s=TIMEOUT_S)
+    kv_server = start_kv_server(*LRU)
+    tier = make_tier(kv_server, primary, NS, timeout_s=TIMEOUT_S)
     try:
         jobs = Jobs(tier)
         data = [primary.fill(r, seed=r) for r in range(4)]
         assert jobs.stored([key(i) for i in range(4)], [0, 1, 2, 3]).success
         with WarningLog(server_link.logger) as warned, InfoLog(server_link.logger) as info:
-            engine.freeze()  # a load, a store and a lookup wait on sockets now...
+            kv_server.freeze()  # a load, a store and a lookup wait on sockets now...
             start = time.monotonic()
             job = jobs.load([key(i) for i in range(4)], [4, 5, 6, 7])
             other_job = jobs.store([key(8)], [0])
             assert tier.lookup(key(5), ReqContext(req_id="asks")) is LookupResult.RETRY
             tier.on_schedule_end(None)
             time.sleep(0.1)
-            engine.stop()  # ...and the engine dies under them
+            kv_server.stop()  # ...and the engine dies under them
             result, stored = jobs.wait(job, other_job, timeout=TIMEOUT_S + 2.0)
             assert time.monotonic() - start < TIMEOUT_S + 1.0
             assert not result.success and not result.successful_keys
@@ -69,7 +69,7 @@ def test_an_engine_killed_mid_load_fails_its_blocks_within_the_timeout_then_serv
             assert not jobs.loaded([key(0)], [4]).success
             down = [line for line in warned.messages if "did not answer" in line]
             assert len(down) == 1  # one line for the episode, three threads failed in it
-            engine.start()  # a new engine on the same port: empty
+            kv_server.start()  # a new engine on the same port: empty
             wait_for(lambda: tier._link.up, what="the link back up")
             assert any("answers again" in line for line in info.messages)
         assert jobs.stored([key(0)], [0]).success
@@ -83,30 +83,32 @@ def test_an_engine_killed_mid_load_fails_its_blocks_within_the_timeout_then_serv
         tier.shutdown()
 
 
-def test_a_frozen_engine_is_a_miss_after_the_timeout_not_a_hang(start_engine, primary):
-    engine = start_engine(*LRU)
-    tier = make_tier(engine, primary, NS, timeout_s=TIMEOUT_S)
+def test_a_frozen_kv_server_is_a_miss_after_the_timeout_not_a_hang(start_kv_server, primary):
+    kv_server = start_kv_server(*LRU)
+    tier = make_tier(kv_server, primary, NS, timeout_s=TIMEOUT_S)
     try:
-        engine.freeze()
+        kv_server.freeze()
         start = time.monotonic()
         assert answered_lookup(tier, key(1)) is LookupResult.MISS
         assert time.monotonic() - start < TIMEOUT_S + 1.0
         assert not tier._link.up
     finally:
-        engine.stop()
+        kv_server.stop()
         tier.shutdown()
 
 
-def test_noeviction_is_refused_at_start_up_with_the_fix(start_engine, primary):
-    engine = start_engine("--maxmemory", "64mb", "--maxmemory-policy", "noeviction")
-    with pytest.raises(EngineRefused, match="CONFIG SET maxmemory-policy allkeys-lru"):
-        make_tier(engine, primary, NS)
+def test_noeviction_is_refused_at_start_up_with_the_fix(start_kv_server, primary):
+    kv_server = start_kv_server("--maxmemory", "64mb", "--maxmemory-policy", "noeviction")
+    with pytest.raises(ServerRefused, match="CONFIG SET maxmemory-policy allkeys-lru"):
+        make_tier(kv_server, primary, NS)
 
 
-def test_a_cluster_tier_on_an_engine_that_is_not_one_is_refused_with_the_fix(start_engine, primary):
-    engine = start_engine(*LRU)
-    with pytest.raises(EngineRefused, match='remove "cluster": true'):
-        make_tier(engine, primary, NS, cluster=True)
+def test_a_cluster_tier_on_a_kv_server_that_is_not_one_is_refused_with_the_fix(
+    start_kv_server, primary
+):
+    kv_server = start_kv_server(*LRU)
+    with pytest.raises(ServerRefused, match='remove "cluster": true'):
+        make_tier(kv_server, primary, NS, cluster=True)
 
 
 @pytest.mark.parametrize(
@@ -116,25 +118,25 @@ def test_a_cluster_tier_on_an_engine_that_is_not_one_is_refused_with_the_fix(sta
         (("--maxmemory", "0", "--maxmemory-policy", "allkeys-lru"), "has no maxmemory"),
     ],
 )
-def test_a_policy_that_keeps_our_keys_forever_is_warned_of(start_engine, primary, args, warning):
-    engine = start_engine(*args)
+def test_a_policy_that_keeps_our_keys_forever_is_warned_of(start_kv_server, primary, args, warning):
+    kv_server = start_kv_server(*args)
     with WarningLog(tier_module.logger) as log:
-        tier = make_tier(engine, primary, NS)
+        tier = make_tier(kv_server, primary, NS)
     tier.shutdown()
     assert len(log.messages) == 1 and warning in log.messages[0]
     assert "CONFIG SET maxmemory" in log.messages[0]
 
 
-def test_an_acl_user_without_config_is_warned_of_and_served(start_engine, primary, monkeypatch):
-    engine = start_engine(*LRU)
-    engine.client().acl_setuser(
+def test_an_acl_user_without_config_is_warned_of_and_served(start_kv_server, primary, monkeypatch):
+    kv_server = start_kv_server(*LRU)
+    kv_server.client().acl_setuser(
         "kv", enabled=True, passwords=["+pw-of-kv"], keys=["vllm-uma:*"],
         commands=["+@all", "-config"],
     )  # fmt: skip
     monkeypatch.setenv("TEST_KV_PASSWORD", "pw-of-kv")
-    url = f"valkey://kv@127.0.0.1:{engine.port}/0"
+    url = f"valkey://kv@127.0.0.1:{kv_server.port}/0"
     with WarningLog(tier_module.logger) as log:
-        tier = make_tier(engine, primary, NS, url=url, password_env="TEST_KV_PASSWORD")
+        tier = make_tier(kv_server, primary, NS, url=url, password_env="TEST_KV_PASSWORD")
     try:
         assert (
             len(log.messages) == 1
@@ -149,12 +151,14 @@ def test_an_acl_user_without_config_is_warned_of_and_served(start_engine, primar
         tier.shutdown()
 
 
-def test_a_wrong_password_is_an_engine_that_does_not_answer(start_engine, primary, monkeypatch):
-    engine = start_engine(*LRU)
-    engine.client().config_set("requirepass", "right")
+def test_a_wrong_password_is_a_kv_server_that_does_not_answer(
+    start_kv_server, primary, monkeypatch
+):
+    kv_server = start_kv_server(*LRU)
+    kv_server.client().config_set("requirepass", "right")
     monkeypatch.setenv("TEST_KV_PASSWORD", "wrong")
     with WarningLog(server_link.logger) as log:
-        tier = make_tier(engine, primary, NS, password_env="TEST_KV_PASSWORD")
+        tier = make_tier(kv_server, primary, NS, password_env="TEST_KV_PASSWORD")
     try:
         assert not tier._link.up and "did not answer" in log.messages[0]
         assert "wrong" not in log.messages[0].replace("wrong password", "")
@@ -162,9 +166,9 @@ def test_a_wrong_password_is_an_engine_that_does_not_answer(start_engine, primar
         tier.shutdown()
 
 
-def test_a_small_engine_evicts_old_blocks_and_keeps_taking_stores(start_engine, primary):
-    engine = start_engine("--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru")
-    tier = make_tier(engine, primary, NS)
+def test_a_small_kv_server_evicts_old_blocks_and_keeps_taking_stores(start_kv_server, primary):
+    kv_server = start_kv_server("--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru")
+    tier = make_tier(kv_server, primary, NS)
     try:
         jobs = Jobs(tier)
         for row in range(8):
@@ -172,7 +176,7 @@ def test_a_small_engine_evicts_old_blocks_and_keeps_taking_stores(start_engine, 
         # 400 values of 12 KiB: 4.8 MB into 3 MB.
         for first in range(0, 400, 8):
             assert jobs.stored([key(i) for i in range(first, first + 8)], list(range(8))).success
-        assert engine.client().info("stats")["evicted_keys"] > 0
+        assert kv_server.client().info("stats")["evicted_keys"] > 0
         ctx = ReqContext(req_id="scan")
         verdicts = [answered_lookup(tier, key(i), ctx) for i in range(400)]
         assert verdicts[-1] is LookupResult.HIT  # the newest stays
@@ -181,13 +185,15 @@ def test_a_small_engine_evicts_old_blocks_and_keeps_taking_stores(start_engine, 
         tier.shutdown()
 
 
-def test_a_full_engine_refuses_stores_once_per_episode_and_takes_them_again(start_engine, primary):
-    engine = start_engine(*LRU)
-    tier = make_tier(engine, primary, NS)
+def test_a_full_kv_server_refuses_stores_once_per_episode_and_takes_them_again(
+    start_kv_server, primary
+):
+    kv_server = start_kv_server(*LRU)
+    tier = make_tier(kv_server, primary, NS)
     try:
         jobs = Jobs(tier)
         primary.fill(0, seed=1)
-        client = engine.client()
+        client = kv_server.client()
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", "1")  # below what it holds: every write is OOM
         with WarningLog(server_link.logger) as warned, InfoLog(server_link.logger) as info:
@@ -227,7 +233,7 @@ def _tiered_spec(tmp_path, offload, context):
 
 
 def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
-    start_engine, tmp_path, monkeypatch
+    start_kv_server, tmp_path, monkeypatch
 ):
     from vllm_uma.kv_offload.config import OffloadPlan
     from vllm_uma.kv_offload.disk.settings import DiskTierSettings
@@ -235,8 +241,8 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
     from vllm_uma.kv_offload.pool_size import PoolSize
     from vllm_uma.plugin.engine_context import EngineContext
 
-    engine = start_engine(*LRU)
-    network = parse_network_tier(signed({"type": "valkey", "url": engine.url}))
+    kv_server = start_kv_server(*LRU)
+    network = parse_network_tier(signed({"type": "valkey", "url": kv_server.url}))
     disk = DiskTierSettings(tmp_path / "kv", None, False, "test")
     monkeypatch.setenv("VLLM_UMA_CACHE_DIR", str(tmp_path / "cache"))
     context = EngineContext()
@@ -257,7 +263,7 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
         context.host_pool.release()
 
 
-def test_an_engine_dies_with_the_test_that_started_it(tmp_path):
+def test_a_kv_server_dies_with_the_test_that_started_it(tmp_path):
     # A test killed mid-way (SIGKILL: no fixture teardown) leaves no engine.
     import os
     import signal
@@ -266,21 +272,21 @@ def test_an_engine_dies_with_the_test_that_started_it(tmp_path):
 
     script = (
         "import sys, time; from pathlib import Path;"
-        "from tools.harness.valkey_server import Engine;"
-        f"e = Engine(Path({str(tmp_path)!r})); print(e.proc.pid, flush=True); time.sleep(60)"
+        "from tools.harness.valkey_server import KvServer;"
+        f"e = KvServer(Path({str(tmp_path)!r})); print(e.proc.pid, flush=True); time.sleep(60)"
     )
     root = str(Path(__file__).resolve().parents[2])
     parent = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=root,
         env={**os.environ, "PYTHONPATH": root},
     )  # fmt: skip
-    engine_pid = int(parent.stdout.readline())
+    kv_server_pid = int(parent.stdout.readline())
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=10)
-    wait_for(lambda: not Path(f"/proc/{engine_pid}").exists(), 10, "the engine to exit")
+    wait_for(lambda: not Path(f"/proc/{kv_server_pid}").exists(), 10, "the engine to exit")
 
 
-def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_engine, caplog):
+def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_kv_server, caplog):
     # The watch tries a down node every retry interval; an engine that
     # answers PING but keeps failing the check logs one traceback, and
     # another only when the failure changes.
@@ -290,7 +296,7 @@ def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_engine, cap
 
     from vllm_uma.kv_offload.network.settings import parse_network_tier
 
-    engine = start_engine(*LRU)
+    kv_server = start_kv_server(*LRU)
     failures = iter(["NOPERM no permission"] * 3 + ["NOPERM other"] * 2 + [None])
 
     def refuse(node):
@@ -298,8 +304,8 @@ def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_engine, cap
         if failure is not None:
             raise valkey.exceptions.ResponseError(failure)
 
-    config = parse_network_tier(signed({"type": "valkey", "url": engine.url}))
-    link = server_link.EngineLink(config, refuse, retry_interval_s=60)
+    config = parse_network_tier(signed({"type": "valkey", "url": kv_server.url}))
+    link = server_link.ServerLink(config, refuse, retry_interval_s=60)
     try:
         with caplog.at_level(logging.ERROR, logger=server_link.logger.name):
             answered = [link._answers(link.seed) for _ in range(5)]

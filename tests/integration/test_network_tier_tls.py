@@ -11,13 +11,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from network_tier_kit import answered_lookup, make_tier, started_engine, started_tls_engine
+from network_tier_kit import answered_lookup, make_tier, started_kv_server, started_tls_kv_server
 from vllm.v1.kv_offload.base import LookupResult
 
 from tests.unit.disk_tier_kit import NS, Jobs, Primary, key
 from tools.harness.certificates import make_certificates
 from vllm_uma.commands import main as cli
-from vllm_uma.kv_offload.network.server_check import EngineRefused
+from vllm_uma.kv_offload.network.server_check import ServerRefused
 
 LRU = ("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
 CONNECT_TIMEOUT_S = 0.5
@@ -29,11 +29,11 @@ def certs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, certs):
+def kv_server(tmp_path_factory, certs):
     """TLS only (no plain port), asks no client certificate."""
-    engine = started_tls_engine(tmp_path_factory.mktemp("tls"), certs, *LRU)
-    yield engine
-    engine.stop()
+    kv_server = started_tls_kv_server(tmp_path_factory.mktemp("tls"), certs, *LRU)
+    yield kv_server
+    kv_server.stop()
 
 
 @pytest.fixture
@@ -41,22 +41,22 @@ def primary():
     return Primary()
 
 
-def refusal(engine, primary, **settings) -> tuple[str, float]:
+def refusal(kv_server, primary, **settings) -> tuple[str, float]:
     """The start's refusal and how long it took."""
     start = time.monotonic()
-    with pytest.raises(EngineRefused) as err:
-        tier = make_tier(engine, primary, NS, connect_timeout_s=CONNECT_TIMEOUT_S, **settings)
+    with pytest.raises(ServerRefused) as err:
+        tier = make_tier(kv_server, primary, NS, connect_timeout_s=CONNECT_TIMEOUT_S, **settings)
         tier.shutdown()  # not reached when the test passes
     return str(err.value), time.monotonic() - start
 
 
-def test_a_block_round_trips_over_tls_with_the_password(engine, certs, primary, monkeypatch):
-    client = engine.client()
+def test_a_block_round_trips_over_tls_with_the_password(kv_server, certs, primary, monkeypatch):
+    client = kv_server.client()
     client.config_set("requirepass", "pw-over-tls")
     monkeypatch.setenv("TEST_KV_PASSWORD", "pw-over-tls")
     try:
         tier = make_tier(
-            engine, primary, NS, tls_ca_file=str(certs.ca), password_env="TEST_KV_PASSWORD"
+            kv_server, primary, NS, tls_ca_file=str(certs.ca), password_env="TEST_KV_PASSWORD"
         )
         try:
             assert tier._link.up
@@ -75,38 +75,38 @@ def test_a_block_round_trips_over_tls_with_the_password(engine, certs, primary, 
         client.config_set("requirepass", "")
 
 
-def test_a_wrong_ca_refuses_the_start_naming_the_ca_and_the_fix(engine, certs, primary):
-    message, seconds = refusal(engine, primary, tls_ca_file=str(certs.other_ca))
+def test_a_wrong_ca_refuses_the_start_naming_the_ca_and_the_fix(kv_server, certs, primary):
+    message, seconds = refusal(kv_server, primary, tls_ca_file=str(certs.other_ca))
     assert "does not verify against" in message and str(certs.other_ca) in message
     assert "set tls_ca_file to the PEM file of the CA" in message
     assert seconds < 2.0
 
 
-def test_the_system_cas_do_not_trust_a_private_ca(engine, primary):
-    message, _ = refusal(engine, primary)
+def test_the_system_cas_do_not_trust_a_private_ca(kv_server, primary):
+    message, _ = refusal(kv_server, primary)
     assert "does not verify against the system's CAs" in message
 
 
 def test_a_certificate_for_another_host_refuses_the_start(tmp_path, certs, primary):
     # Reached at 127.0.0.2, which its certificate (127.0.0.1, localhost) does not name.
-    engine = started_tls_engine(tmp_path, certs, "--bind", "127.0.0.1", "127.0.0.2")
+    kv_server = started_tls_kv_server(tmp_path, certs, "--bind", "127.0.0.1", "127.0.0.2")
     try:
-        url = f"valkeys://127.0.0.2:{engine.port}/0"
-        message, _ = refusal(engine, primary, url=url, tls_ca_file=str(certs.ca))
+        url = f"valkeys://127.0.0.2:{kv_server.port}/0"
+        message, _ = refusal(kv_server, primary, url=url, tls_ca_file=str(certs.ca))
         assert "not valid for the host it was reached by" in message
         assert "127.0.0.2" in message and "subjectAltName" in message
     finally:
-        engine.stop()
+        kv_server.stop()
 
 
-def test_an_engine_that_asks_for_a_client_certificate(tmp_path, certs, primary):
-    engine = started_tls_engine(tmp_path, certs, *LRU, clients_need_certs=True)
+def test_a_kv_server_that_asks_for_a_client_certificate(tmp_path, certs, primary):
+    kv_server = started_tls_kv_server(tmp_path, certs, *LRU, clients_need_certs=True)
     try:
-        message, _ = refusal(engine, primary, tls_ca_file=str(certs.ca))
+        message, _ = refusal(kv_server, primary, tls_ca_file=str(certs.ca))
         assert "asks for a client certificate" in message
         assert "tls_cert_file and tls_key_file" in message
         tier = make_tier(
-            engine,
+            kv_server,
             primary,
             NS,
             tls_ca_file=str(certs.ca),
@@ -121,19 +121,19 @@ def test_an_engine_that_asks_for_a_client_certificate(tmp_path, certs, primary):
         finally:
             tier.shutdown()
     finally:
-        engine.stop()
+        kv_server.stop()
 
 
-def test_a_plain_url_to_a_tls_port_refuses_the_start_with_the_scheme_to_use(engine, primary):
-    message, seconds = refusal(engine, primary, url=f"valkey://127.0.0.1:{engine.port}/0")
+def test_a_plain_url_to_a_tls_port_refuses_the_start_with_the_scheme_to_use(kv_server, primary):
+    message, seconds = refusal(kv_server, primary, url=f"valkey://127.0.0.1:{kv_server.port}/0")
     assert "serves TLS only" in message and "Use valkeys://" in message
     assert seconds < 2.0
 
 
-def test_a_tls_url_to_a_plain_engine_refuses_the_start_within_the_connect_timeout(
+def test_a_tls_url_to_a_plain_kv_server_refuses_the_start_within_the_connect_timeout(
     tmp_path, certs, primary
 ):
-    plain = started_engine(tmp_path, *LRU)
+    plain = started_kv_server(tmp_path, *LRU)
     try:
         url = f"valkeys://127.0.0.1:{plain.port}/0"
         message, seconds = refusal(plain, primary, url=url, tls_ca_file=str(certs.ca))
@@ -144,9 +144,9 @@ def test_a_tls_url_to_a_plain_engine_refuses_the_start_within_the_connect_timeou
         plain.stop()
 
 
-def test_kv_store_reaches_a_tls_engine_and_says_why_a_wrong_ca_fails(engine, certs, capsys):
-    assert cli.main(["kv-store", engine.url, "du", "--tls-ca-file", str(certs.ca)]) == 0
+def test_kv_store_reaches_a_tls_kv_server_and_says_why_a_wrong_ca_fails(kv_server, certs, capsys):
+    assert cli.main(["kv-store", kv_server.url, "du", "--tls-ca-file", str(certs.ca)]) == 0
     capsys.readouterr()
-    status = cli.main(["kv-store", engine.url, "ls", "--tls-ca-file", str(certs.other_ca)])
+    status = cli.main(["kv-store", kv_server.url, "ls", "--tls-ca-file", str(certs.other_ca)])
     assert status == 3
     assert "does not verify against" in capsys.readouterr().err

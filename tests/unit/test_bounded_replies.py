@@ -22,14 +22,14 @@ READ_SIZE = 65536
 
 @pytest.fixture
 def pair():
-    ours, engine = socket.socketpair()
+    ours, kv_server = socket.socketpair()
     parser = BoundedParser(READ_SIZE)
     parser.on_connect(
         SimpleNamespace(_sock=ours, socket_timeout=5.0, encoder=Encoder("utf-8", "strict", False))
     )
-    yield parser, engine
+    yield parser, kv_server
     ours.close()
-    engine.close()
+    kv_server.close()
 
 
 def encode(reply) -> bytes:
@@ -59,12 +59,12 @@ def random_reply(rng: random.Random, depth: int = 0):
     return [random_reply(rng, depth + 1) for _ in range(rng.randrange(0, 6))]
 
 
-def send_in_chunks(engine: socket.socket, data: bytes, rng: random.Random) -> threading.Thread:
+def send_in_chunks(kv_server: socket.socket, data: bytes, rng: random.Random) -> threading.Thread:
     def send():
         at = 0
         while at < len(data):
             size = rng.choice([1, 2, 7, 100, 4096, 70000])
-            engine.sendall(data[at : at + size])
+            kv_server.sendall(data[at : at + size])
             at += size
 
     thread = threading.Thread(target=send, daemon=True)
@@ -81,10 +81,10 @@ def same(got, want) -> bool:
 
 
 def test_replies_come_back_whole_whatever_their_chunking(pair):
-    parser, engine = pair
+    parser, kv_server = pair
     rng = random.Random(7)
     replies = [random_reply(rng) for _ in range(60)]
-    sender = send_in_chunks(engine, b"".join(encode(r) for r in replies), rng)
+    sender = send_in_chunks(kv_server, b"".join(encode(r) for r in replies), rng)
     with bounded(Bounds(time.monotonic() + 30, 1 << 20, 1 << 30)):
         got = [parser.read_response() for _ in replies]
     sender.join()
@@ -93,9 +93,9 @@ def test_replies_come_back_whole_whatever_their_chunking(pair):
 
 
 def test_a_value_over_its_bound_is_refused_before_its_bytes(pair):
-    parser, engine = pair
+    parser, kv_server = pair
     # The value's bytes never come: a parser that waited for them would time out.
-    engine.sendall(b"*3\r\n$3\r\nabc\r\n$1073741824\r\n")
+    kv_server.sendall(b"*3\r\n$3\r\nabc\r\n$1073741824\r\n")
     with bounded(Bounds(time.monotonic() + 5, 1000, 1 << 20)):
         start = time.monotonic()
         with pytest.raises(OversizedReply, match="1073741824 bytes") as refused:
@@ -105,22 +105,22 @@ def test_a_value_over_its_bound_is_refused_before_its_bytes(pair):
 
 
 def test_an_array_longer_than_its_bytes_is_refused_at_its_count(pair):
-    parser, engine = pair
-    engine.sendall(b"*100000000\r\n")
+    parser, kv_server = pair
+    kv_server.sendall(b"*100000000\r\n")
     with bounded(Bounds(time.monotonic() + 5, 1000, 64 << 10)):
         with pytest.raises(OversizedReply, match="100000000 elements"):
             parser.read_response()
 
 
 def test_a_reply_a_byte_at_a_time_ends_at_the_deadline_not_per_read(pair):
-    parser, engine = pair
+    parser, kv_server = pair
     stop = threading.Event()
 
     def trickle():  # every byte well inside a per-read timeout
         for byte in b"$100\r\n" + bytes(100):
             if stop.wait(0.02):
                 return
-            engine.sendall(bytes([byte]))
+            kv_server.sendall(bytes([byte]))
 
     sender = threading.Thread(target=trickle, daemon=True)
     sender.start()
@@ -133,8 +133,8 @@ def test_a_reply_a_byte_at_a_time_ends_at_the_deadline_not_per_read(pair):
 
 
 def test_after_the_deadline_what_came_in_time_is_still_read(pair):
-    parser, engine = pair
-    engine.sendall(b"*2\r\n:1\r\n+OK\r\n")
+    parser, kv_server = pair
+    kv_server.sendall(b"*2\r\n:1\r\n+OK\r\n")
     time.sleep(0.05)
     with bounded(Bounds(time.monotonic() - 1, 1000, 1 << 20)):
         assert parser.read_response() == [1, b"OK"]

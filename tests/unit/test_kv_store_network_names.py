@@ -32,7 +32,7 @@ def test_a_bad_url_exits_2_with_the_rule_and_no_secret(capsys, url, message):
     assert "--password-env NAME" in err  # the tier's keys, as this command's flags
 
 
-def test_kv_store_help_names_the_engine_form(capsys):
+def test_kv_store_help_names_the_kv_server_form(capsys):
     with pytest.raises(SystemExit):
         cli.main(["kv-store", "--help"])
     assert "URL ls|du|clear" in capsys.readouterr().out

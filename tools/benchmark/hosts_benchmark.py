@@ -67,13 +67,13 @@ from tools.benchmark.lib.prompts import MODEL, document, text
 from tools.benchmark.lib.report import percentile, write_json
 from tools.benchmark.lib.servers import EXE, OFFLINE, block_tokens
 from tools.harness.server import metric
-from tools.harness.valkey_server import Engine
+from tools.harness.valkey_server import KvServer
 from tools.hosts import LinkShape, Network
 from vllm_uma.fleet.plan import ROUTER_HEALTH_FLAGS
 from vllm_uma.fleet.router_front import router_command
 from vllm_uma.server_process import Server
 
-HOST_A, HOST_B, HOST_ENGINE, HOST_CLIENT = 1, 2, 3, 4
+HOST_A, HOST_B, HOST_KV_SERVER, HOST_CLIENT = 1, 2, 3, 4
 VARIANTS = ("network", "local")
 DEATHS = ("kill", "cut")
 ROUTER_PORT = 8800
@@ -157,7 +157,7 @@ def turn_prompt(args: argparse.Namespace, conversation: int, turn: int) -> str:
 
 def server_args(args: argparse.Namespace, disk: Path, network_tier: dict | None) -> list[str]:
     tiers = [{"type": "fs", "root_dir": str(disk), "max_size_gib": 4}]
-    if network_tier is not None:  # the engine's url and the run's fleet secret (Engine.tier)
+    if network_tier is not None:  # the engine's url and the run's fleet secret (KvServer.tier)
         tiers.append(network_tier)
     config = {
         "kv_connector": "OffloadingConnector",
@@ -182,7 +182,7 @@ def link_mbit(net: Network) -> float:
     deadline = time.monotonic() + 10
     while True:
         done = subprocess.run(
-            ["ip", "netns", "exec", net.host(HOST_ENGINE).netns, *send],
+            ["ip", "netns", "exec", net.host(HOST_KV_SERVER).netns, *send],
             capture_output=True, text=True, cwd=REPO, timeout=60,
         )  # fmt: skip
         if done.returncode == 0:
@@ -260,15 +260,15 @@ def restored_share(seen: dict, computed_prompts: list[int], block: int) -> float
 
 
 def run_variant(args, net: Network, variant: str, work: Path) -> dict:
-    engine = router = None
+    kv_server = router = None
     servers: list[Server] = []
     try:
         network_tier = None
         if variant == "network":
             lru = ("--maxmemory", args.engine_maxmemory, "--maxmemory-policy", "allkeys-lru")
-            address = net.host(HOST_ENGINE).address
-            engine = net.on(HOST_ENGINE).submit(Engine, work, *lru, host=address).result()
-            network_tier = engine.tier()
+            address = net.host(HOST_KV_SERVER).address
+            kv_server = net.on(HOST_KV_SERVER).submit(KvServer, work, *lru, host=address).result()
+            network_tier = kv_server.tier()
         for index, name in ((HOST_A, "A"), (HOST_B, "B")):
             address = net.host(index).address
             argv = server_args(args, work / f"disk-{name}", network_tier)
@@ -312,8 +312,8 @@ def run_variant(args, net: Network, variant: str, work: Path) -> dict:
             router.wait(30)
         for server in servers:
             server.stop()
-        if engine is not None:
-            engine.stop()
+        if kv_server is not None:
+            kv_server.stop()
         net.restore(HOST_A)  # for the next variant (a no-op unless cut)
 
 

@@ -121,12 +121,12 @@ def _restore_seconds(tier, jobs, rows: int) -> float:
         time.sleep(0.0002)
 
 
-def _tier(engine, view, signing: dict):
+def _tier(kv_server, view, signing: dict):
     from vllm_uma.kv_offload.network.settings import parse_network_tier
     from vllm_uma.kv_offload.network.tier import NetworkTier
 
     # The longest timeout: a loaded machine must not turn blocks into misses.
-    raw = {"type": "valkey", "url": engine.url, "timeout_s": 60, **signing}
+    raw = {"type": "valkey", "url": kv_server.url, "timeout_s": 60, **signing}
     config = parse_network_tier(raw)
     return NetworkTier(SimpleNamespace(), view, "valkey", settings=config, namespace_id=bytes(16))
 
@@ -134,14 +134,14 @@ def _tier(engine, view, signing: dict):
 def part_two(size: int, blocks: int, rounds: int, work: Path) -> None:
     import itertools
 
-    from tools.harness.valkey_server import Engine
+    from tools.harness.valkey_server import KvServer
     from vllm_uma.kv_offload import block_mac
 
     secret = work / "secret"
     secret.write_text(SECRET + "\n")
     secret.chmod(0o600)
     memory = f"{blocks * (size + 8192) * 2 // (1 << 20) + 64}mb"
-    engine = Engine(work, "--maxmemory", memory, "--maxmemory-policy", "allkeys-lru")
+    kv_server = KvServer(work, "--maxmemory", memory, "--maxmemory-policy", "allkeys-lru")
     region = mmap.mmap(-1, blocks * size)
     region[:] = page_aligned_random(blocks * size)
     view = memoryview(region).cast("B", (blocks, size))
@@ -170,8 +170,8 @@ def part_two(size: int, blocks: int, rounds: int, work: Path) -> None:
                     # The tool's what-if: another MAC in the tier's place,
                     # for the stores and the restores of this variant only.
                     block_mac._tag = tag
-                engine.client().flushall()
-                tier = _tier(engine, view, signing)
+                kv_server.client().flushall()
+                tier = _tier(kv_server, view, signing)
                 try:
                     _store_all(tier, jobs, blocks)
                     seconds[name].append(_restore_seconds(tier, jobs, blocks))
@@ -179,7 +179,7 @@ def part_two(size: int, blocks: int, rounds: int, work: Path) -> None:
                     tier.shutdown()
                     block_mac._tag = the_tiers_tag
     finally:
-        engine.stop()
+        kv_server.stop()
     base = statistics.median(seconds["unsigned"])
     print(f"\nrestore of {blocks} blocks of {size:,} B, one job, median of {rounds} rounds")
     print(f"{'variant':34} {'us/block':>9} {'x unsigned':>10}")

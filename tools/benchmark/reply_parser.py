@@ -24,7 +24,7 @@ from pathlib import Path
 import valkey
 from valkey.connection import Encoder, PythonRespSerializer
 
-from tools.harness.valkey_server import Engine
+from tools.harness.valkey_server import KvServer
 from vllm_uma.kv_offload.network.bounded_replies import BoundedConnection
 from vllm_uma.kv_offload.network.reply_bounds import Bounds, bounded
 from vllm_uma.kv_offload.network.server_nodes import SEND_CUTOFF_BYTES
@@ -40,19 +40,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
-        engine = Engine(Path(workdir), "--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru")
+        kv_server = KvServer(
+            Path(workdir), "--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru"
+        )
         try:
-            run(engine, args.value_bytes, args.rounds)
+            run(kv_server, args.value_bytes, args.rounds)
         finally:
-            engine.stop()
+            kv_server.stop()
 
 
-def run(engine: Engine, size: int, rounds: int) -> None:
+def run(kv_server: KvServer, size: int, rounds: int) -> None:
     packer = PythonRespSerializer(SEND_CUTOFF_BYTES, Encoder("utf-8", "strict", False).encode)
 
     def client(**kwargs) -> valkey.Valkey:
         pool = valkey.ConnectionPool(
-            host=engine.host, port=engine.port, socket_timeout=5, command_packer=packer, **kwargs
+            host=kv_server.host,
+            port=kv_server.port,
+            socket_timeout=5,
+            command_packer=packer,
+            **kwargs,
         )
         return valkey.Valkey(connection_pool=pool)
 

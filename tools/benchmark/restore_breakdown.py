@@ -63,7 +63,7 @@ from tools.benchmark.lib.floors import drop_page_cache
 from tools.benchmark.lib.prompts import MODEL, text
 from tools.benchmark.lib.report import Column, Table, write_json
 from tools.harness.server import Server, metric
-from tools.harness.valkey_server import Engine
+from tools.harness.valkey_server import KvServer
 from vllm_uma.kv_offload import mac_keys
 from vllm_uma.plugin import precision
 from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
@@ -217,9 +217,11 @@ def main() -> int:
             disk_tier["secret_file"] = str(secret)
         network_tier = None
         if args.network:
-            engine = Engine(Path(logs), "--maxmemory", "4gb", "--maxmemory-policy", "allkeys-lru")
-            stack.callback(engine.stop)
-            network_tier = {"type": "valkey", "url": engine.url}
+            kv_server = KvServer(
+                Path(logs), "--maxmemory", "4gb", "--maxmemory-policy", "allkeys-lru"
+            )
+            stack.callback(kv_server.stop)
+            network_tier = {"type": "valkey", "url": kv_server.url}
             network_tier |= {"secret_file": str(secret)} if secret else {"unsigned": True}
         sized = sizing(choice, args.prompt_tokens, args.dtype) + block_args(args.block_size)
         tier = sized + tiers_args([disk_tier, network_tier])

@@ -21,7 +21,7 @@ from pathlib import Path
 import valkey
 
 from tools.harness.certificates import Certificates
-from tools.harness.valkey_server import Engine, EngineError
+from tools.harness.valkey_server import KvServer, KvServerError
 
 # Debian's redis-tools: the server's program under its checker's name.
 DEBIAN_PROGRAM = "/usr/bin/redis-check-rdb"
@@ -33,14 +33,14 @@ def redis_server() -> str:
         return found
     if Path(DEBIAN_PROGRAM).is_file():
         return DEBIAN_PROGRAM
-    raise EngineError(
+    raise KvServerError(
         "the TLS tests need Redis built with TLS, and neither redis-server nor "
         f"{DEBIAN_PROGRAM} is here: bash scripts/install_tls_server.sh (as root; it installs "
         "Debian's redis-tools, which make test does too)"
     )
 
 
-class TlsEngine(Engine):
+class TlsKvServer(KvServer):
     def __init__(
         self,
         workdir: Path,

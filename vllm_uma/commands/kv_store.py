@@ -101,7 +101,7 @@ def _verify(root: Path, remove: bool) -> int:
 def main(argv: list[str]) -> int:
     from vllm_uma.commands import kv_store_server
 
-    if kv_store_server.is_engine_url(argv):
+    if kv_store_server.is_kv_server_url(argv):
         return kv_store_server.main(argv)
     args = build_parser().parse_args(argv)
     try:

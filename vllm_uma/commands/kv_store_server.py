@@ -32,7 +32,7 @@ import argparse
 import sys
 
 PROG = "vllm-uma kv-store"
-USAGE_ERROR, ENGINE_ERROR = 2, 3
+USAGE_ERROR, KV_SERVER_ERROR = 2, 3
 FLAGS_FOR_KEYS = (
     "On this command's line the tier's keys are flags: --password-env NAME, "
     "--password-file PATH, --tls-ca-file PATH, --tls-cert-file PATH, --tls-key-file PATH, "
@@ -40,7 +40,7 @@ FLAGS_FOR_KEYS = (
 )
 
 
-def is_engine_url(argv: list[str]) -> bool:
+def is_kv_server_url(argv: list[str]) -> bool:
     """Whether ``kv-store`` names an engine (a URL) rather than a directory."""
     return any("://" in arg for arg in argv if not arg.startswith("-"))
 
@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
     try:
         return _run(client, config.url, args)
     except (errors.ValkeyError, OSError) as exc:
-        return _fail(_explain(exc, config), ENGINE_ERROR)
+        return _fail(_explain(exc, config), KV_SERVER_ERROR)
     finally:
         client.close()
 
@@ -154,9 +154,9 @@ def _run(client, url: str, args: argparse.Namespace) -> int:
         what = f"namespace {args.namespace}" if args.namespace else "every namespace of ours"
         print(f"deleted {keys} keys of {what}, {_size(nbytes)}")
         return 0
-    from vllm_uma.kv_offload.network.server_check import check_engine
+    from vllm_uma.kv_offload.network.server_check import check_server
 
-    report = check_engine(client, url)
+    report = check_server(client, url)
     if report.problem is not None:
         print(f"{PROG}: warning: {report.problem}", file=sys.stderr)
     rows = server_usage.survey(client)

@@ -21,7 +21,9 @@ from vllm_uma.kv_offload.lower_tier.metrics import TierMetrics
 
 NAMES = TierMetrics("network", "the network tier's engine", bad="bad_values")
 LOAD_MISSES = NAMES.prefix + "load_missed_blocks"
-ENGINE_UP = NAMES.prefix + "engine_up"
+# Its name keeps "engine", the word this project used for the KV server
+# before: dashboards and alerts scrape it by that name.
+SERVER_UP = NAMES.prefix + "engine_up"
 REFUSED_NODES = NAMES.prefix + "refused_nodes"
 
 
@@ -53,7 +55,7 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         NAMES.store_skipped: counter(
             "Blocks not sent because this server saw them in the engine moments ago."
         ),
-        ENGINE_UP: gauge(
+        SERVER_UP: gauge(
             "1 while the network tier's engine answers (a cluster: any of its nodes), else 0."
         ),
         REFUSED_NODES: gauge(

@@ -27,29 +27,29 @@ from __future__ import annotations
 
 from valkey.exceptions import ResponseError
 
-from vllm_uma.kv_offload.network.server_check import EngineRefused, EngineReport, check_engine
-from vllm_uma.kv_offload.network.server_link import LINK_ERRORS, EngineLink
+from vllm_uma.kv_offload.network.server_check import ServerRefused, ServerReport, check_server
+from vllm_uma.kv_offload.network.server_link import LINK_ERRORS, ServerLink
 from vllm_uma.kv_offload.network.server_nodes import SLOTS, Node
 
 COVERAGE_FIX = "CONFIG SET cluster-require-full-coverage no"
 
 
-def check_at_start(link: EngineLink) -> EngineReport:
-    """Raises EngineRefused (with the fix), or the client's errors if the
+def check_at_start(link: ServerLink) -> ServerReport:
+    """Raises ServerRefused (with the fix), or the client's errors if the
     url's node does not answer."""
     if link.cluster is None:
         if _cluster_enabled(link.seed):
-            raise EngineRefused(_is_a_cluster(link.seed))
-        return check_engine(link.seed.client, link.seed.url)
+            raise ServerRefused(_is_a_cluster(link.seed))
+        return check_server(link.seed.client, link.seed.url)
     try:
         link.cluster.read(link.seed)
     except ResponseError as exc:
         if link.db != 0:  # SELECT failed: a cluster has database 0 alone by default
-            raise EngineRefused(
+            raise ServerRefused(
                 f"the cluster at {link.url} refused database {link.db} ({exc}): use /0 in "
                 f"the url, or give the cluster more (Valkey 9: cluster-databases)."
             ) from None
-        raise EngineRefused(
+        raise ServerRefused(
             f"the valkey tier says cluster, but the engine at {link.url} does not serve "
             f"CLUSTER SLOTS ({exc}): if it is not a cluster, remove "
             '"cluster": true from the tier; if it is, let the ACL user of the tier run it '
@@ -58,7 +58,7 @@ def check_at_start(link: EngineLink) -> EngineReport:
     reports, full_coverage = [], []
     for node in link.cluster.primaries:
         try:
-            reports.append(check_engine(node.client, node.url))
+            reports.append(check_server(node.client, node.url))
             if _requires_full_coverage(node):
                 full_coverage.append(node.address)
         except LINK_ERRORS as exc:
@@ -66,12 +66,12 @@ def check_at_start(link: EngineLink) -> EngineReport:
     return _merged(link, reports, full_coverage)
 
 
-def check_again(link: EngineLink, node: Node) -> str | None:
+def check_again(link: ServerLink, node: Node) -> str | None:
     """A node that answers again (it may be a new engine) or joined the
     map: what is wrong with it, to warn of (the server is serving by now)."""
     if link.cluster is None and _cluster_enabled(node):
         return _is_a_cluster(node)
-    problem = check_engine(node.client, node.url).problem
+    problem = check_server(node.client, node.url).problem
     if link.cluster is not None and _requires_full_coverage(node):
         problem = "; ".join(filter(None, [problem, _coverage_problem([node.address])]))
     return problem
@@ -110,7 +110,7 @@ def _coverage_problem(addresses: list[str]) -> str:
     )
 
 
-def _merged(link: EngineLink, reports: list[EngineReport], full_coverage: list[str]):
+def _merged(link: ServerLink, reports: list[ServerReport], full_coverage: list[str]):
     """One report for the cluster: caps and use added up, every node's problem."""
     problems = [report.problem for report in reports if report.problem]
     if full_coverage:
@@ -124,7 +124,7 @@ def _merged(link: EngineLink, reports: list[EngineReport], full_coverage: list[s
     policies = sorted({str(report.policy) for report in reports})
     versions = sorted({str(report.version) for report in reports})
     size = f"cluster of {len(link.cluster.primaries)} primaries"
-    return EngineReport(
+    return ServerReport(
         maxmemory=_total([report.maxmemory for report in reports]),
         policy="/".join(policies) or None,
         used_memory=_total([report.used_memory for report in reports]),

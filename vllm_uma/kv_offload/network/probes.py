@@ -27,7 +27,7 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 
 from vllm_uma.kv_offload.network import round_trips
-from vllm_uma.kv_offload.network.server_link import EngineLink
+from vllm_uma.kv_offload.network.server_link import ServerLink
 from vllm_uma.plugin import vllm_contract
 
 # vLLM internals used here, checked now: a changed one fails this import in
@@ -35,10 +35,10 @@ from vllm_uma.plugin import vllm_contract
 vllm_contract.require(__name__)
 
 
-class EngineProbes(AsyncLookupManager):
+class ServerProbes(AsyncLookupManager):
     def __init__(
         self,
-        link: EngineLink,
+        link: ServerLink,
         name_of: Callable[[bytes], bytes],
         tier_type: str,
     ):

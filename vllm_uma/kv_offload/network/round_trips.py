@@ -36,9 +36,9 @@ from vllm_uma.kv_offload.network.reply_bounds import Bounds, OversizedReply, bou
 from vllm_uma.kv_offload.network.server_link import (
     LINK_ERRORS,
     REDIRECTIONS,
-    EngineLink,
     NoAnswer,
     NodeRefused,
+    ServerLink,
 )
 from vllm_uma.kv_offload.network.server_nodes import Node, RefusedNode
 
@@ -58,7 +58,7 @@ class Unread(ValkeyError):
 
 
 def each_key(
-    link: EngineLink,
+    link: ServerLink,
     names: Sequence[bytes],
     commands: Sequence[tuple],
     what: str,
@@ -79,7 +79,7 @@ def each_key(
 
 
 def mget(
-    link: EngineLink, names: Sequence[bytes], what: str, value_bytes: int, deadline: float | None
+    link: ServerLink, names: Sequence[bytes], what: str, value_bytes: int, deadline: float | None
 ) -> list:
     """The values of ``names``, none longer than ``value_bytes``: one MGET
     per slot, one round trip per node. Per key: bytes (a bytearray for a
@@ -120,7 +120,7 @@ def _values(reply, count: int) -> list:
 
 
 def _round_trip(
-    link: EngineLink,
+    link: ServerLink,
     plan: dict[Node | RefusedNode | None, list[tuple]],
     what: str,
     deadline: float | None,
@@ -162,7 +162,7 @@ def _round_trip(
     return replies
 
 
-def _failed(link: EngineLink, node: Node, exc: Exception, what: str, cut: bool) -> ValkeyError:
+def _failed(link: ServerLink, node: Node, exc: Exception, what: str, cut: bool) -> ValkeyError:
     """The reply of the keys ``exc`` left without one; the node put down
     unless the job's deadline, not the node, ended the wait."""
     if cut and isinstance(exc, TimeoutError):
@@ -171,7 +171,7 @@ def _failed(link: EngineLink, node: Node, exc: Exception, what: str, cut: bool) 
     return NoAnswer(f"{node.address} did not answer")
 
 
-def _send(link: EngineLink, node: Node, commands: list[tuple], what: str, cut: bool):
+def _send(link: ServerLink, node: Node, commands: list[tuple], what: str, cut: bool):
     """(the connection the commands went out on, None), or (None, the
     keys' reply) if they could not be sent."""
     connection = None
@@ -186,7 +186,7 @@ def _send(link: EngineLink, node: Node, commands: list[tuple], what: str, cut: b
         return None, _failed(link, node, exc, what, cut)
 
 
-def _read(link: EngineLink, node: Node, connection, commands, what: str, cut: bool) -> list:
+def _read(link: ServerLink, node: Node, connection, commands, what: str, cut: bool) -> list:
     """The replies of ``commands``, those read before a failure kept. A
     failure drops the connection (valkey-py's read_response does)."""
     replies: list = []

@@ -42,12 +42,12 @@ COUNT_DEADLINE_S = 1.0
 COUNT_MAX_KEYS = 200_000
 
 
-class EngineRefused(RuntimeError):
+class ServerRefused(RuntimeError):
     """The engine is set up so that the tier would fail; the message has the fix."""
 
 
 @dataclass(frozen=True)
-class EngineReport:
+class ServerReport:
     maxmemory: int | None  # bytes, 0: no cap; None: could not be read
     policy: str | None
     used_memory: int | None
@@ -79,7 +79,7 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def check_engine(client, url: str) -> EngineReport:
+def check_server(client, url: str) -> ServerReport:
     """Read the engine's cap and policy (raises the client's ConnectionError
     or TimeoutError if it does not answer)."""
     used, version = _info(client)
@@ -91,11 +91,11 @@ def check_engine(client, url: str) -> EngineReport:
             f"with a cap and allkeys-lru ({FIX}), or let the tier's ACL user run CONFIG GET "
             f"(+config|get) so that vllm-uma checks it."
         )
-        return EngineReport(None, None, used, version, problem, refuse=False)
+        return ServerReport(None, None, used, version, problem, refuse=False)
     policy = str(_text(config.get(b"maxmemory-policy", config.get("maxmemory-policy"))))
     maxmemory = int(_text(config.get(b"maxmemory", config.get("maxmemory", 0))) or 0)
     problem, refuse = _verdict(policy, maxmemory, url)
-    return EngineReport(maxmemory, policy, used, version, problem, refuse)
+    return ServerReport(maxmemory, policy, used, version, problem, refuse)
 
 
 def _verdict(policy: str, maxmemory: int, url: str) -> tuple[str | None, bool]:
@@ -137,7 +137,7 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def namespace_share(client, namespace: bytes, info: dict | None, report: EngineReport) -> str:
+def namespace_share(client, namespace: bytes, info: dict | None, report: ServerReport) -> str:
     """What ``namespace`` holds in the engine, for the start-up line; writes
     its descriptor first. Raises the client's link errors, never a refusal."""
     keep_descriptor(client, namespace, info)

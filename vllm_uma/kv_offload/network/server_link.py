@@ -58,7 +58,7 @@ class NodeRefused(valkey.exceptions.ValkeyError):
     trust (node_trust.py): never asked."""
 
 
-class EngineLink:
+class ServerLink:
     def __init__(
         self,
         settings: NetworkTierSettings,

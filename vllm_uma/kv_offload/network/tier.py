@@ -52,13 +52,13 @@ from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network.key_names import descriptor_name
 from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
-from vllm_uma.kv_offload.network.probes import EngineProbes
+from vllm_uma.kv_offload.network.probes import ServerProbes
 from vllm_uma.kv_offload.network.server_check import (
-    EngineRefused,
+    ServerRefused,
     keep_descriptor,
     namespace_share,
 )
-from vllm_uma.kv_offload.network.server_link import LINK_ERRORS, RETRY_INTERVAL_S, EngineLink
+from vllm_uma.kv_offload.network.server_link import LINK_ERRORS, RETRY_INTERVAL_S, ServerLink
 from vllm_uma.kv_offload.network.settings import NetworkTierSettings
 from vllm_uma.kv_offload.network.tls import wrong_transport
 from vllm_uma.kv_offload.network.transfers import (
@@ -129,13 +129,13 @@ class NetworkTier(SecondaryTierManager):
         # Before the link: a secret gone since the settings were checked
         # fails the start with its fix (mac_keys.SecretError), no socket opened.
         self._keys = _key_source(settings)
-        self._link = EngineLink(settings, self._check_again, retry_interval_s)
+        self._link = ServerLink(settings, self._check_again, retry_interval_s)
         try:
             self._check_at_start(settings)
         except BaseException:
             self._link.close()
             raise
-        self._probes = EngineProbes(self._link, self._name, tier_type)
+        self._probes = ServerProbes(self._link, self._name, tier_type)
         self._done: queue.SimpleQueue[TransferDone] = queue.SimpleQueue()
         self._move = functools.partial(run_transfer, self._link, namespace_id, self._keys)
         self._threads = start_transfer_threads(self._done)
@@ -159,12 +159,12 @@ class NetworkTier(SecondaryTierManager):
         except LINK_ERRORS as exc:
             problem = wrong_transport(settings, settings.host, settings.port, url, exc)
             if problem is not None:
-                raise EngineRefused(problem) from None
+                raise ServerRefused(problem) from None
             self._link.start_down(exc)
             logger.info("KV offloading: network tier at %s, %s.", url, self._signing())
             return
         if report.refuse:
-            raise EngineRefused(report.problem)
+            raise ServerRefused(report.problem)
         if report.problem is not None:
             logger.warning("network KV tier: %s", report.problem)
         if self._link.cluster is not None:
@@ -332,7 +332,7 @@ class NetworkTier(SecondaryTierManager):
 
     def get_stats(self):
         stats = self._reports.stats
-        stats.gauge(m.ENGINE_UP, int(self._link.up))
+        stats.gauge(m.SERVER_UP, int(self._link.up))
         stats.gauge(m.REFUSED_NODES, self._link.refused_nodes)
         return stats.take()
 
@@ -373,9 +373,9 @@ _QUIET = frozenset(
     miss.value
     for miss in (
         Miss.ABSENT,
-        Miss.ENGINE_DOWN,
-        Miss.ENGINE_SLOW,
-        Miss.ENGINE_FULL,
+        Miss.SERVER_DOWN,
+        Miss.SERVER_SLOW,
+        Miss.SERVER_FULL,
         Miss.MOVED,
         Miss.NODE_REFUSED,  # warned once per node by the cluster's map
     )

@@ -53,8 +53,8 @@ from vllm_uma.kv_offload.network.round_trips import TooSlow, Unread
 from vllm_uma.kv_offload.network.server_link import (
     LINK_ERRORS,
     REDIRECTIONS,
-    EngineLink,
     NodeRefused,
+    ServerLink,
 )
 from vllm_uma.kv_offload.network.value_format import pack_value, unpack_value, value_bytes
 
@@ -63,12 +63,15 @@ TRANSFER_THREADS = 2
 
 
 class Miss(Enum):
-    """Why a block was not moved, beside a bad value's BadReason (metric label)."""
+    """Why a block was not moved, beside a bad value's BadReason (metric label).
+
+    The KV server's three keep "engine" in their label values, the word this
+    project used for the KV server before: dashboards and alerts match them."""
 
     ABSENT = "absent"  # a load found no value: evicted by the engine, or never stored
-    ENGINE_DOWN = "engine_down"  # no answer in time, or the link is down
-    ENGINE_SLOW = "engine_slow"  # answers, but not all of a load by its deadline
-    ENGINE_FULL = "engine_full"  # a store refused with an OOM error
+    SERVER_DOWN = "engine_down"  # no answer in time, or the link is down
+    SERVER_SLOW = "engine_slow"  # answers, but not all of a load by its deadline
+    SERVER_FULL = "engine_full"  # a store refused with an OOM error
     MOVED = "moved"  # a cluster's slot moved (MOVED, ASK): its map is read again
     NODE_REFUSED = "node_refused"  # the slot's primary is not trusted (node_trust.py)
     REFUSED = "refused"  # another error reply (an ACL's NOPERM, ...)
@@ -116,7 +119,7 @@ def start_transfer_threads(
         num_threads,
         done,
         failed=_failed_by_bug,
-        dropped=lambda transfer: failed_all(transfer, Miss.ENGINE_DOWN),
+        dropped=lambda transfer: failed_all(transfer, Miss.SERVER_DOWN),
         load_only=1,
     )
 
@@ -128,11 +131,11 @@ def _failed_by_bug(transfer: Transfer, exc: Exception) -> TransferDone:
 
 
 def run_transfer(
-    link: EngineLink, namespace: bytes, keys: KeySource | None, transfer: Transfer
+    link: ServerLink, namespace: bytes, keys: KeySource | None, transfer: Transfer
 ) -> TransferDone:
     """``keys`` None: values unsigned, by the user's choice (value_format.py)."""
     if link.fail_fast():
-        return failed_all(transfer, Miss.ENGINE_DOWN)
+        return failed_all(transfer, Miss.SERVER_DOWN)
     move = load_blocks if transfer.is_load else store_blocks
     # One key ring per job: a rotation lands between jobs, never inside one.
     return move(link, namespace, transfer, None if keys is None else keys.keys())
@@ -145,7 +148,7 @@ def _batches(transfer: Transfer):
 
 
 def load_blocks(
-    link: EngineLink, namespace: bytes, transfer: Transfer, keys: KeyRing | None
+    link: ServerLink, namespace: bytes, transfer: Transfer, keys: KeyRing | None
 ) -> TransferDone:
     done = TransferDone(transfer.job_id, transfer.is_load)
     bad_names: list[bytes] = []
@@ -155,7 +158,7 @@ def load_blocks(
         if transfer.deadline is not None and time.monotonic() >= transfer.deadline:
             # The request waited a timeout already: the rest is recomputed
             # rather than waited for.
-            done.failed.update(dict.fromkeys(transfer.keys[i:], Miss.ENGINE_SLOW.value))
+            done.failed.update(dict.fromkeys(transfer.keys[i:], Miss.SERVER_SLOW.value))
             break
         blocks = list(batch)
         names = [name for _, name, _ in blocks]
@@ -202,18 +205,18 @@ def miss_of(error: Exception) -> Miss:
     if isinstance(error, Unread):
         return Miss.UNREAD
     if isinstance(error, TooSlow):
-        return Miss.ENGINE_SLOW
+        return Miss.SERVER_SLOW
     if isinstance(error, LINK_ERRORS):
-        return Miss.ENGINE_DOWN
+        return Miss.SERVER_DOWN
     text = str(error)
     if text.startswith(REDIRECTIONS):  # the link reads the cluster's map again
         return Miss.MOVED
     if text.startswith("CLUSTERDOWN"):  # the cluster lost a node's slots
-        return Miss.ENGINE_DOWN
+        return Miss.SERVER_DOWN
     return Miss.REFUSED
 
 
-def _forget(link: EngineLink, names: list[bytes], deadline: float | None) -> None:
+def _forget(link: ServerLink, names: list[bytes], deadline: float | None) -> None:
     """Delete values that can never be served, so that no lookup finds them
     again. A good copy another server stored meanwhile may go too: a miss,
     never wrong bytes. An error reply (the ACL may forbid DEL), or the
@@ -224,7 +227,7 @@ def _forget(link: EngineLink, names: list[bytes], deadline: float | None) -> Non
 
 
 def store_blocks(
-    link: EngineLink, namespace: bytes, transfer: Transfer, keys: KeyRing | None
+    link: ServerLink, namespace: bytes, transfer: Transfer, keys: KeyRing | None
 ) -> TransferDone:
     done = TransferDone(transfer.job_id, transfer.is_load)
     start = time.perf_counter()
@@ -240,7 +243,7 @@ def store_blocks(
         for (key, name, row), reply in zip(blocks, replies, strict=True):
             if isinstance(reply, OutOfMemoryError):
                 link.refused_write(link.node_of(name), reply)
-                done.failed[key] = Miss.ENGINE_FULL.value
+                done.failed[key] = Miss.SERVER_FULL.value
             elif isinstance(reply, Exception):
                 done.failed[key] = miss_of(reply).value
             else:
