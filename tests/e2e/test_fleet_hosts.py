@@ -1,10 +1,10 @@
 """`vllm-uma fleet` on two simulated hosts behind one real vllm-router, with
-the network tier on a real Valkey engine on a third (tools/hosts: network
+the network tier on a real Valkey server on a third (tools/hosts: network
 namespaces on a bridge, links shaped to 10 Gbit/s).
 
 Host 1 runs a fleet of one server with the router (`--advertise`, the
 router on host 1's address); host 2 a fleet of one server that joins it
-(`--join`); the client runs on host 3 beside the engine. Each host has its
+(`--join`); the client runs on host 3 beside the KV server. Each host has its
 own disk store. float32, so that tokens compare exactly.
 
 - Host 2's fleet adds its server to host 1's router: round_robin sends the
@@ -76,7 +76,7 @@ def hosts(vllm_uma_exe, default_model_dir, tmp_path_factory):
         # And holds the fleet's API key: the file the first fleet creates.
         shared += ["--api-key-file", str(work / "fleet-api.key")]
         router = f"http://{address[1]}:{ROUTER_PORT}"
-        out = {"net": net, "router": router, "engine": kv_server, "work": work, "fleets": []}
+        out = {"net": net, "router": router, "kv_server": kv_server, "work": work, "fleets": []}
 
         def fleet(i: int, *flags: str) -> subprocess.Popen:
             log = work / f"fleet-{i}.out"
@@ -146,7 +146,7 @@ def test_a_joined_host_restores_what_the_other_stored_with_its_tokens(hosts):
     before = each(CACHED, label)
     first = on_client.submit(ask, hosts, 0).result()
     full = (first["usage"]["prompt_tokens"] - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-    # Its blocks reach the engine behind the reply: wait until they are there.
+    # Its blocks reach the KV server behind the reply: wait until they are there.
     wait_for(lambda: sum(each(WRITTEN)) >= full // BLOCK_TOKENS, "the first host's stores", 60)
     second = on_client.submit(ask, hosts, 0).result()  # round_robin: the other host
     from_network = [a - b for a, b in zip(each(CACHED, label), before, strict=True)]

@@ -20,14 +20,14 @@ pool and to one only the disk has. Checked per family:
 
 One family (the mixture of experts, the layout furthest from the default
 model's) also has the network tier, after the disk tier, on a real Valkey
-engine (tools/harness/valkey_server.py), across simulated hosts
+KV server (tools/harness/valkey_server.py), across simulated hosts
 (tools/hosts: network namespaces on a bridge, links shaped to 10 Gbit/s):
-the first server runs on host 1, the engine on host 3. It is then served
-again on host 2, with an empty disk directory and the same engine: its
+the first server runs on host 1, the KV server on host 3. It is then served
+again on host 2, with an empty disk directory and the same KV server: its
 first prompt comes back from the network tier with the L1 hit's tokens.
-Then host 2 loses the engine: its link cut (a request answered, recomputed,
+Then host 2 loses the KV server: its link cut (a request answered, recomputed,
 the first host's tokens; the tier reconnects once the link is back and
-restores again), then the engine killed (answered, recomputed, the same
+restores again), then the KV server killed (answered, recomputed, the same
 tokens).
 
 Then the default model in bfloat16 with ``--kv-cache-dtype fp8`` on the same
@@ -68,13 +68,13 @@ CACHED = "vllm:prompt_tokens_cached_by_source_total"
 POOL_REVISIT, DISK_REVISIT = 4, 0
 GIVEN_BACK = "vllm:kv_memory_given_back_idle_bytes_total"
 RESTARTED = build_name(FAMILIES["qwen3_moe"], "scaled")
-# The simulated hosts: the first server, the second, the engine.
+# The simulated hosts: the first server, the second, the KV server.
 HOST_A, HOST_B, HOST_KV_SERVER = 1, 2, 3
 LINK_MBIT = 10_000
-# A request that has to wait for a lost engine waits at most the tier's
+# A request that has to wait for a lost KV server waits at most the tier's
 # timeout (2 s) before it recomputes; this only catches a hang.
 ANSWERED_WITHIN_S = 60
-KV_SERVER_AT = "network KV tier: the engine at"
+KV_SERVER_AT = "network KV tier: the KV server at"
 # vLLM has no cache-hit source for a shared remote store (network/tier.py).
 NETWORK_SOURCE = "external_unspecified"
 COMPUTED = "vllm:prompt_tokens_by_source_total"
@@ -156,7 +156,7 @@ def serve_and_revisit(
                 for source in ("host", "disk")
             }
         # Idle from here: the release gives back the freed blocks' pages;
-        # one more request carries the engine's count to /metrics.
+        # one more request carries the KV server's count to /metrics.
         wait_for_another(srv, "KV memory: idle for")
         srv.complete(name, "Hello", 1)
         run["given_back"] = metric(metrics(srv), GIVEN_BACK)
@@ -185,7 +185,7 @@ def hosts():
 
 @pytest.fixture(scope="module")
 def network_kv_server(hosts, tmp_path_factory):
-    """The engine every host's network tier shares (allkeys-lru, as advised),
+    """The KV server every host's network tier shares (allkeys-lru, as advised),
     on its own host."""
     lru = ("--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru")
     workdir = tmp_path_factory.mktemp("valkey")
@@ -202,7 +202,7 @@ def runs(vllm_uma_exe, default_model_dir, hosts, network_kv_server, tmp_path_fac
     out = {}
     for name in BUILDS:
         log = logs / f"{name}.log"
-        if name == RESTARTED:  # on host A, with the engine on its own host
+        if name == RESTARTED:  # on host A, with the KV server on its own host
             serve = hosts.on(HOST_A).submit(
                 serve_family, vllm_uma_exe, name, root, log, network_kv_server.tier()
             )
@@ -215,8 +215,8 @@ def runs(vllm_uma_exe, default_model_dir, hosts, network_kv_server, tmp_path_fac
 @pytest.fixture(scope="module")
 def restarted(vllm_uma_exe, runs, hosts, network_kv_server, tmp_path_factory):
     """The mixture of experts served again after every family, on host B: an
-    empty disk directory, the same engine. Its first prompt is in the engine
-    only. Then B loses the engine, twice (the module's docstring)."""
+    empty disk directory, the same KV server. Its first prompt is in the KV server
+    only. Then B loses the KV server, twice (the module's docstring)."""
     first = runs[RESTARTED]
     kv_args = ["--dtype", "float32"]
     empty_root = tmp_path_factory.mktemp("zoo-other-host") / "kv"
@@ -230,7 +230,7 @@ def restarted(vllm_uma_exe, runs, hosts, network_kv_server, tmp_path_factory):
         srv = Server(vllm_uma_exe, args, log).wait_ready()
         try:
             out = {"restored": served(srv, DISK_REVISIT)}
-            hosts.cut(HOST_KV_SERVER)  # the engine's cable: packets dropped, no reset
+            hosts.cut(HOST_KV_SERVER)  # the KV server's cable: packets dropped, no reset
             try:
                 out["cut"] = served(srv, 1)
             finally:
@@ -341,7 +341,7 @@ def full_prefix(reply: dict) -> int:
 
 
 def test_another_host_restores_from_the_network_tier_the_l1_hits_tokens(restarted):
-    # Every full block of the prompt came from the engine on its own host
+    # Every full block of the prompt came from the KV server on its own host
     # (nothing on this host's disk), and the greedy tokens are host A's L1 hit's.
     got = restarted["restored"]
     assert got["disk"] == 0
@@ -352,7 +352,7 @@ def test_another_host_restores_from_the_network_tier_the_l1_hits_tokens(restarte
 
 
 def test_a_cut_link_to_the_kv_server_is_a_recompute_with_the_right_tokens(restarted):
-    # Host A stored prompt 1 in the engine; with the engine's link cut, host B
+    # Host A stored prompt 1 in the KV server; with the KV server's link cut, host B
     # answers (no hang) from its own compute, with host A's tokens.
     got = restarted["cut"]
     assert got["network"] == 0 and got["disk"] == 0

@@ -1,17 +1,17 @@
-"""KV planted in the network tier's engine steers no signed server (issue 44, item 1).
+"""KV planted in the network tier's KV server steers no signed server (issue 44, item 1).
 
 The default model in float32 (exact tokens), a network tier alone on a
 valkey-server on loopback, the fleet's secret beside it (KvServer.tier):
 
 - server A serves a prompt cold, then again (an L1 hit: the reference
-  tokens), and stores its 9 full blocks in the engine, signed;
-- every block value is then replaced by what another writer of the engine
+  tokens), and stores its 9 full blocks in the KV server, signed;
+- every block value is then replaced by what another writer of the KV server
   can make without the secret: other KV (zeros) under the same name, with
   the right namespace, key, length and CRC-32C, and no tag;
 - server C, "unsigned": true, serves the prompt from those values: its
   tokens are not the reference (the attack this item closes, shown to
   work; without it the test below could pass on a server that never reads
-  the engine);
+  the KV server);
 - the values are forged again; server B, signed with the fleet's secret,
   serves the prompt: every forged value is a counted miss (``unsigned``),
   none is restored, and its tokens equal A's L1 hit, exactly.
@@ -77,7 +77,7 @@ def runs(vllm_uma_exe, default_model_dir, tmp_path_factory):
             out["reference"] = complete(a, 0)  # an L1 hit
             deadline = time.monotonic() + 60
             while metric(metrics(a), WRITTEN) < FULL_BLOCKS:
-                assert time.monotonic() < deadline, "A's blocks never reached the engine"
+                assert time.monotonic() < deadline, "A's blocks never reached the KV server"
                 time.sleep(0.2)
         finally:
             a.stop()

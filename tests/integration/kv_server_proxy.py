@@ -1,16 +1,16 @@
 """A RESP proxy in front of a real valkey-server that misbehaves on demand.
 
 For the network tier's deadline and flood tests (test_network_tier_deadlines.py):
-the tier starts through it honestly (the real engine answers its checks),
+the tier starts through it honestly (the real KV server answers its checks),
 then the test switches its ``mode``:
 
-- ``SLOW``: the engine's replies are passed on a byte at a time, one every
-  ``byte_delay_s`` (an engine that answers, never in time);
+- ``SLOW``: the KV server's replies are passed on a byte at a time, one every
+  ``byte_delay_s`` (a KV server that answers, never in time);
 - ``FLOOD``: a GET or MGET is answered by the proxy itself with a value of
   ``flood_bytes`` (1 GiB by default), its ``$`` length first, then zeros for
   as long as the client reads them (``flood_sent`` counts what it took);
 - ``HOLD_STORES``: a connection that sends a SET is held: nothing more of
-  it reaches the engine, no reply comes back (stores stuck on a socket);
+  it reaches the KV server, no reply comes back (stores stuck on a socket);
 - ``HONEST``: bytes pass as they are.
 
 A real TCP server on 127.0.0.1 in the test's own process (threads); every
@@ -80,7 +80,7 @@ class KvServerProxy:
                 self._threads.append(thread)
                 thread.start()
 
-    # -- client to engine: whole commands, so that a mode can act on one ----------
+    # -- client to KV server: whole commands, so that a mode can act on one -------
 
     def _up(self, client: socket.socket, kv_server: socket.socket) -> None:
         pending = b""
@@ -110,7 +110,7 @@ class KvServerProxy:
             self.flood_sent += sent
             left -= sent
 
-    # -- engine to client ----------------------------------------------------------
+    # -- KV server to client -------------------------------------------------------
 
     def _down(self, client: socket.socket, kv_server: socket.socket) -> None:
         try:

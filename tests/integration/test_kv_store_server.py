@@ -1,4 +1,4 @@
-"""`vllm-uma kv-store URL ls|du|clear` on a real engine the real tier wrote,
+"""`vllm-uma kv-store URL ls|du|clear` on a real KV server the real tier wrote,
 shared with another application's keys, which must survive every clear.
 What it refuses before it connects, and which names are ours:
 tests/unit/test_kv_store_network_names.py."""
@@ -201,7 +201,7 @@ def test_a_kv_server_that_does_not_answer_exits_3_naming_the_address(start_kv_se
     kv_server.stop()
     status, _, err = run(capsys, kv_server.url, "ls")
     assert status == 3
-    assert f"the engine at {kv_server.url} does not answer" in err
+    assert f"the KV server at {kv_server.url} does not answer" in err
     assert f"check that it runs and that 127.0.0.1:{kv_server.port} is its address" in err
 
 

@@ -1,6 +1,6 @@
 """The network tier (vllm_uma/kv_offload/network/) against a real valkey-server:
 round trips of row bytes, values that must not be served, lookups.
-The engine's faults and set-ups are in test_network_tier_server.py."""
+The KV server's faults and set-ups are in test_network_tier_server.py."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def test_a_truncated_value_is_a_counted_miss(kv_server, tier, primary):
 def test_a_forged_value_with_a_right_crc_and_namespace_but_no_tag_is_a_counted_miss(
     kv_server, tier, primary
 ):
-    # What another tenant of the engine can write: every field a reader
+    # What another tenant of the KV server can write: every field a reader
     # checks without the secret is right (docs/network_tier.md).
     def forge(client, name, good):
         forged = memoryview(bytes(len(good)))  # other KV: zeros

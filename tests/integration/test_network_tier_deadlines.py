@@ -1,4 +1,4 @@
-"""No engine can stall or flood a server: the network tier against an engine
+"""No KV server can stall or flood a server: the network tier against a KV server
 that answers a byte at a time, one that answers a load with a 1 GiB value,
 and one that holds the stores. A real valkey-server behind a proxy that
 misbehaves on demand (kv_server_proxy.py); the tier starts through it honestly.
@@ -83,7 +83,7 @@ def test_a_byte_at_a_time_kv_server_costs_a_load_its_timeout_then_a_miss(proxy, 
     stats = counters(tier.get_stats())
     assert stats[(m.LOAD_MISSES, ("engine_slow",))] == 2
     proxy.mode = Mode.HONEST
-    assert jobs.loaded(keys, [4, 5]).success  # the same engine serves again
+    assert jobs.loaded(keys, [4, 5]).success  # the same KV server serves again
     assert [primary.row(4), primary.row(5)] == data
 
 
@@ -99,7 +99,7 @@ def test_a_store_to_a_byte_at_a_time_kv_server_ends_within_its_timeout(proxy, ti
     assert not tier._link.up  # no whole answer in a timeout: down, lookups miss at once
     assert tier.lookup(key(0), CTX) is LookupResult.MISS
     proxy.mode = Mode.HONEST
-    wait_for(lambda: tier._link.up, what="the engine back up")
+    wait_for(lambda: tier._link.up, what="the KV server back up")
     assert jobs.stored([key(0)], [0]).success
 
 
@@ -127,10 +127,10 @@ def test_a_huge_value_is_refused_unread_and_deleted(kv_server, proxy, tier, prim
     assert stats[(m.LOAD_MISSES, ("oversized",))] == 1
     assert stats[(m.NAMES.bad_values, ("oversized",))] == 1
     assert stats[(m.LOAD_MISSES, ("unread",))] == 1  # after it on the dropped connection
-    # Never found again: deleted from the engine (the real one held a good value).
+    # Never found again: deleted from the KV server (the real one held a good value).
     assert not kv_server.client().exists(value_name(NS, keys[0]))
     assert kv_server.client().exists(value_name(NS, keys[1]))
-    assert tier._link.up  # a bad value is not the engine gone
+    assert tier._link.up  # a bad value is not the KV server gone
     proxy.mode = Mode.HONEST
     assert jobs.loaded([keys[1]], [5]).success and primary.row(5) == data[1]
 

@@ -1,4 +1,4 @@
-"""The network tier's engine: killed mid-job, restarted, full, evicting, set
+"""The network tier's KV server: killed mid-job, restarted, full, evicting, set
 up wrong, behind an ACL. Each test starts its own valkey-server (killed at
 its end), since each one breaks it."""
 
@@ -58,7 +58,7 @@ def test_a_kv_server_killed_mid_load_fails_its_blocks_within_the_timeout_then_se
             assert tier.lookup(key(5), ReqContext(req_id="asks")) is LookupResult.RETRY
             tier.on_schedule_end(None)
             time.sleep(0.1)
-            kv_server.stop()  # ...and the engine dies under them
+            kv_server.stop()  # ...and the KV server dies under them
             result, stored = jobs.wait(job, other_job, timeout=TIMEOUT_S + 2.0)
             assert time.monotonic() - start < TIMEOUT_S + 1.0
             assert not result.success and not result.successful_keys
@@ -69,7 +69,7 @@ def test_a_kv_server_killed_mid_load_fails_its_blocks_within_the_timeout_then_se
             assert not jobs.loaded([key(0)], [4]).success
             down = [line for line in warned.messages if "did not answer" in line]
             assert len(down) == 1  # one line for the episode, three threads failed in it
-            kv_server.start()  # a new engine on the same port: empty
+            kv_server.start()  # a new KV server on the same port: empty
             wait_for(lambda: tier._link.up, what="the link back up")
             assert any("answers again" in line for line in info.messages)
         assert jobs.stored([key(0)], [0]).success
@@ -140,7 +140,7 @@ def test_an_acl_user_without_config_is_warned_of_and_served(start_kv_server, pri
     try:
         assert (
             len(log.messages) == 1
-            and "cannot read the engine's maxmemory-policy" in log.messages[0]
+            and "cannot read the KV server's maxmemory-policy" in log.messages[0]
         )
         assert "pw-of-kv" not in log.messages[0]
         data = primary.fill(0, seed=4)
@@ -264,7 +264,7 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
 
 
 def test_a_kv_server_dies_with_the_test_that_started_it(tmp_path):
-    # A test killed mid-way (SIGKILL: no fixture teardown) leaves no engine.
+    # A test killed mid-way (SIGKILL: no fixture teardown) leaves no KV server.
     import os
     import signal
     import subprocess
@@ -283,11 +283,11 @@ def test_a_kv_server_dies_with_the_test_that_started_it(tmp_path):
     kv_server_pid = int(parent.stdout.readline())
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=10)
-    wait_for(lambda: not Path(f"/proc/{kv_server_pid}").exists(), 10, "the engine to exit")
+    wait_for(lambda: not Path(f"/proc/{kv_server_pid}").exists(), 10, "the KV server to exit")
 
 
 def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_kv_server, caplog):
-    # The watch tries a down node every retry interval; an engine that
+    # The watch tries a down node every retry interval; a KV server that
     # answers PING but keeps failing the check logs one traceback, and
     # another only when the failure changes.
     import logging
@@ -310,7 +310,7 @@ def test_a_check_that_keeps_failing_is_logged_once_per_failure(start_kv_server, 
         with caplog.at_level(logging.ERROR, logger=server_link.logger.name):
             answered = [link._answers(link.seed) for _ in range(5)]
         assert answered == [False] * 5
-        said = [r for r in caplog.records if "checking the engine" in r.getMessage()]
+        said = [r for r in caplog.records if "checking the KV server" in r.getMessage()]
         assert len(said) == 2
         assert all(r.exc_info is not None for r in said)
         assert "no permission" in said[0].getMessage()

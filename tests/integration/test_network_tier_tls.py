@@ -1,9 +1,9 @@
-"""The network tier over TLS (``valkeys://``) to a real engine that serves
+"""The network tier over TLS (``valkeys://``) to a real KV server that serves
 TLS only: Debian's redis-server (tools/harness/tls_server.py; PyPI's
 valkey-server has no TLS), with a CA and certificates made for the module
 (tools/harness/certificates.py). A block round-trips; a wrong CA, a
 certificate for another host, a missing client certificate, a plain url
-to the TLS port and a TLS url to a plain engine each refuse the start
+to the TLS port and a TLS url to a plain KV server each refuse the start
 with the reason and the fix, at once."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_a_block_round_trips_over_tls_with_the_password(kv_server, certs, primar
             assert [primary.row(2), primary.row(3)] == data
         finally:
             tier.shutdown()
-        # The engine has no plain port: what it holds came over TLS.
+        # The KV server has no plain port: what it holds came over TLS.
         assert client.info("keyspace")["db0"]["keys"] >= 2
     finally:
         client.config_set("requirepass", "")

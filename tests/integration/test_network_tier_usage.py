@@ -1,4 +1,4 @@
-"""The network tier's share of its engine, in its start-up line: counted,
+"""The network tier's share of its KV server, in its start-up line: counted,
 bounded, and never a failed start, on a real valkey-server. A SCAN that
 returns a name twice: tests/unit/test_network_tier_usage_scan.py."""
 
@@ -80,10 +80,10 @@ def test_a_kv_server_gone_during_the_count_is_a_line_not_a_failed_start(kv_serve
     with WarningLog(server_link.logger) as warned, InfoLog(tier_module.logger) as log:
         tier = make_tier(kv_server, Primary(), NS, namespace_info=INFO)
     try:
-        assert not tier._link.up  # the link watches for it, as for any gone engine
+        assert not tier._link.up  # the link watches for it, as for any gone KV server
         assert any("counting the namespace's blocks" in m for m in warned.messages)
         assert any(
-            "its blocks not counted: the engine stopped answering" in m for m in log.messages
+            "its blocks not counted: the KV server stopped answering" in m for m in log.messages
         )
     finally:
         tier.shutdown()

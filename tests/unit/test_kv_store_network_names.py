@@ -1,4 +1,4 @@
-"""`vllm-uma kv-store URL ...` without an engine: a URL refused before any
+"""`vllm-uma kv-store URL ...` without a KV server: a URL refused before any
 connection, its help, and which key names are the tier's. On a real
 valkey-server: tests/integration/test_kv_store_server.py."""
 

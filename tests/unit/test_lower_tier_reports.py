@@ -71,7 +71,7 @@ def test_the_tiers_metric_names_and_help_are_what_users_saw_before_the_skeleton(
         "Payload bytes restored from the disk tier."
     )
     assert network["vllm:kv_offload_network_written_blocks"].documentation == (
-        "KV blocks written to the network tier's engine."
+        "KV blocks written to the network tier's KV server."
     )
     assert "vllm:kv_offload_disk_bad_blocks" in disk
     assert "vllm:kv_offload_network_bad_values" in network

@@ -1,5 +1,5 @@
 """Which nodes of a cluster's map the tier may connect to (network/node_trust.py),
-without an engine: the rule alone.
+without a KV server: the rule alone.
 tests/integration/test_network_tier_cluster_trust.py shows it on a real
 cluster, with a node outside the rule that never hears the password."""
 

@@ -1,4 +1,4 @@
-"""The network tier's settings and value format, without an engine:
+"""The network tier's settings and value format, without a KV server:
 network/settings.py, kv_offload/tier_list.py, network/value_format.py."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_tls_files_are_loaded_before_the_engine_core_starts(certs, tmp_path):
     not_pem.write_text("not a certificate\n")
     for given, words in [
         ({**tls, "tls_ca_file": str(not_pem)}, "TLS files do not load"),
-        # The engine's key is not the client certificate's.
+        # The KV server's key is not the client certificate's.
         (
             {**tls, "tls_cert_file": str(certs.client_cert), "tls_key_file": str(certs.server_key)},
             "TLS files do not load",

@@ -12,7 +12,7 @@ from vllm_uma.kv_offload.network.value_format import value_name
 
 class PagedScan:
     """A client whose SCAN returns these pages (a name twice, as SCAN may
-    while the engine resizes its table), each name 100 bytes."""
+    while the KV server resizes its table), each name 100 bytes."""
 
     def __init__(self, pages: list[list[bytes]]):
         self._pages = pages

@@ -13,11 +13,11 @@ link shaped to --link-mbit in both directions:
 
     host 1  vllm-uma server A (its own disk tier; + the network tier)
     host 2  vllm-uma server B (its own, empty disk tier; + the network tier)
-    host 3  the Valkey engine (allkeys-lru; 'network' only)
+    host 3  the Valkey server (allkeys-lru; 'network' only)
     host 4  the client, and vllm-router (round_robin over A and B, the
             health checks every fleet sets: fleet/plan.py)
 
-Per variant, fresh servers, disk directories and engine, then:
+Per variant, fresh servers, disk directories and KV server, then:
 
 1. --conversations conversations, each on its own --system-tokens document,
    take turns 1..--kill-after on A, all conversations at once, one turn of
@@ -157,7 +157,7 @@ def turn_prompt(args: argparse.Namespace, conversation: int, turn: int) -> str:
 
 def server_args(args: argparse.Namespace, disk: Path, network_tier: dict | None) -> list[str]:
     tiers = [{"type": "fs", "root_dir": str(disk), "max_size_gib": 4}]
-    if network_tier is not None:  # the engine's url and the run's fleet secret (KvServer.tier)
+    if network_tier is not None:  # the KV server's url and the run's fleet secret (KvServer.tier)
         tiers.append(network_tier)
     config = {
         "kv_connector": "OffloadingConnector",
@@ -173,7 +173,7 @@ def server_args(args: argparse.Namespace, disk: Path, network_tier: dict | None)
 
 
 def link_mbit(net: Network) -> float:
-    """The engine's link to host B as a transfer sees it (64 MB, engine -> B)."""
+    """The KV server's link to host B as a transfer sees it (64 MB, KV server -> B)."""
     probe = [sys.executable, "-m", "tools.hosts.probe"]
     address = net.host(HOST_B).address
     serve = [*probe, "serve", "--bind", address, "--port", str(PROBE_PORT), "--lifetime", "30"]
@@ -414,7 +414,7 @@ def table(result: dict) -> str:
             f"B's first turn with the network tier: {ratio:.2f}x its recompute ('local'); "
             "bounds: at most 1.0x, at least 0.9 of A's full blocks restored"
         )
-    rows.append(f"link: {result['link_mbit_measured']} Mbit/s measured (engine -> B)")
+    rows.append(f"link: {result['link_mbit_measured']} Mbit/s measured (KV server -> B)")
     return "\n".join(rows)
 
 

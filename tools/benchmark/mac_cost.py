@@ -13,7 +13,7 @@ MAC must be cheap beside a restore and must release the GIL. Two parts:
    hot, best of ``--repeats``, and whether a call releases the GIL
    (checksum_speed.py's probe: 100 means held). crc32c is the reference
    (what a restore pays already).
-2. The restore path: the real network tier (tier.py) on a real engine
+2. The restore path: the real network tier (tier.py) on a real KV server
    (valkey-server on loopback, tools/harness/valkey_server.py) restores
    ``--blocks`` blocks (125: a 4,000-token prefix of 32-token blocks) as
    one vLLM job, the way a request's prefix is restored; unsigned

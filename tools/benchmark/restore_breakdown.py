@@ -19,10 +19,10 @@ Each round: prompt P cold (recompute), P again (L1 hit), three other
 prompts (P leaves L1), P again (restored from the pool). Then the server
 stops, the block files are dropped from the page cache and a new server on
 the same disk tier serves every round's P (restored from the disk). With ``--network``, both
-servers also have the network tier on a Valkey engine on loopback
+servers also have the network tier on a Valkey server on loopback
 (tools/harness/valkey_server.py; the disk tier first, so the restarted
 server still restores from disk), and a third server with the network
-tier alone and no disk serves every round's P (restored from the engine);
+tier alone and no disk serves every round's P (restored from the KV server);
 ``--signed`` signs and checks its values too, else it runs with
 ``"unsigned": true``. One request at a time,
 max_tokens 1, streamed, each after ``--settle`` seconds without a request
@@ -180,7 +180,7 @@ def main() -> int:
     ap.add_argument(
         "--network",
         action="store_true",
-        help="a network tier on a loopback Valkey engine too, and a restore from it",
+        help="a network tier on a loopback Valkey server too, and a restore from it",
     )
     ap.add_argument(
         "--block-size",

@@ -1,9 +1,9 @@
-"""Throwaway certificates for TLS tests: a CA, an engine's certificate and a
+"""Throwaway certificates for TLS tests: a CA, a KV server's certificate and a
 client's signed by it, and another CA that signed neither.
 
 Made with ``cryptography`` (a test dependency, pyproject.toml) in the
 test's own directory, valid for a day; the keys are P-256, unencrypted, and
-readable by the owner only, as an engine wants its key.
+readable by the owner only, as a KV server wants its key.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ VALID = datetime.timedelta(days=1)
 
 @dataclass(frozen=True)
 class Certificates:
-    ca: Path  # the CA's certificate: the tier's tls_ca_file, the engine's tls-ca-cert-file
-    server_cert: Path  # the engine's, for 127.0.0.1 and localhost
+    ca: Path  # the CA's certificate: the tier's tls_ca_file, the KV server's tls-ca-cert-file
+    server_cert: Path  # the KV server's, for 127.0.0.1 and localhost
     server_key: Path
-    client_cert: Path  # a client's, for an engine that asks for one
+    client_cert: Path  # a client's, for a KV server that asks for one
     client_key: Path
     other_ca: Path  # a CA that signed nothing here: a wrong tls_ca_file
 
@@ -103,6 +103,6 @@ def make_certificates(directory: Path) -> Certificates:
     ca, ca_cert, ca_key = _ca(directory, "ca", "vllm-uma test CA")
     other_ca, _, _ = _ca(directory, "other-ca", "another test CA")
     names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-    server = _leaf(directory, "engine", ca_cert, ca_key, ExtendedKeyUsageOID.SERVER_AUTH, names)
+    server = _leaf(directory, "kv-server", ca_cert, ca_key, ExtendedKeyUsageOID.SERVER_AUTH, names)
     client = _leaf(directory, "client", ca_cert, ca_key, ExtendedKeyUsageOID.CLIENT_AUTH)
     return Certificates(ca, *server, *client, other_ca)

@@ -1,7 +1,7 @@
 """A child that dies with its parent: for processes the tests and tools start
 that do not run our code (so cannot watch their parent the way
 vllm_uma/lifeline.py does), e.g. the crash campaign's workers and the
-Valkey engine. ``PR_SET_PDEATHSIG`` fires when the thread that started the
+Valkey server. ``PR_SET_PDEATHSIG`` fires when the thread that started the
 child exits; the callers start their children from their main thread.
 """
 

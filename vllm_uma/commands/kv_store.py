@@ -12,7 +12,7 @@ Safe while servers use the store (kv_offload/disk/admin.py says why).
 Exit status: 0 done; 1 verify found bad files; 2 a usage error, ROOT is
 not a store, or a pin command refused (the reason on stderr).
 
-A network tier's engine (a URL instead of ROOT): kv_store_server.py.
+A network tier's KV server (a URL instead of ROOT): kv_store_server.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__.split("\n\n")[0],
-        epilog=f"A network tier's engine: {PROG} URL ls|du|clear (see {PROG} URL --help).",
+        epilog=f"A network tier's KV server: {PROG} URL ls|du|clear (see {PROG} URL --help).",
     )
     parser.add_argument("root", type=Path, help="the fs tier's root_dir")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -1,7 +1,7 @@
 """``vllm-uma kv-store URL COMMAND``: the administrator's view of a network tier.
 
     vllm-uma kv-store URL ls                         namespaces: model, dtype, blocks, size, share
-    vllm-uma kv-store URL du                         bytes per namespace, in all, and the engine's
+    vllm-uma kv-store URL du                         bytes per namespace, in all, the KV server's
     vllm-uma kv-store URL clear --yes [--namespace ID]   delete our keys (of one namespace)
 
 Each takes ``--password-env NAME`` or ``--password-file PATH``,
@@ -13,16 +13,16 @@ Why the disk tier's command, not a sibling: a user thinks "my KV store",
 whichever tier holds it, and names it as the tier's settings do: the fs
 tier's ``root_dir`` or the valkey tier's ``url``. ``kv-store`` tells them
 apart by the ``://``. The disk store's ``verify`` and ``prune`` have no
-engine counterpart: a value is checked on every restore, and the engine's
+KV server counterpart: a value is checked on every restore, and the KV server's
 LRU prunes.
 
-Other applications may share the engine: only names of ours are read or
+Other applications may share the KV server: only names of ours are read or
 deleted (kv_offload/network/key_names.py), found with SCAN in batches,
 deleted with UNLINK (server_usage.py). A clear under a running server is
 safe: a key that is gone is a miss, and the block is recomputed.
 
 Exit status: 0 done; 2 a usage error (a bad URL or namespace id, clear
-without --yes); 3 the engine did not answer or refused us (down, a timeout,
+without --yes); 3 the KV server did not answer or refused us (down, a timeout,
 a wrong password, an ACL that forbids a command).
 """
 
@@ -41,7 +41,7 @@ FLAGS_FOR_KEYS = (
 
 
 def is_kv_server_url(argv: list[str]) -> bool:
-    """Whether ``kv-store`` names an engine (a URL) rather than a directory."""
+    """Whether ``kv-store`` names a KV server (a URL) rather than a directory."""
     return any("://" in arg for arg in argv if not arg.startswith("-"))
 
 
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("--timeout-s", type=float, metavar="S", help="per command (default 2)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("ls", parents=[link], help="namespaces with model, blocks, size, share")
-    commands.add_parser("du", parents=[link], help="bytes per namespace, in all, the engine's")
+    commands.add_parser("du", parents=[link], help="bytes per namespace, in all, the KV server's")
     clear = commands.add_parser("clear", parents=[link], help="delete our keys")
     clear.add_argument("--namespace", metavar="ID", help="only this namespace (an id from ls)")
     clear.add_argument("--yes", action="store_true", help="required: this deletes")
@@ -144,8 +144,8 @@ def _run(client, url: str, args: argparse.Namespace) -> int:
         # sees a part of them, and a delete of several refuses across slots.
         print(
             f"{PROG}: error: {url} is a node of a Valkey/Redis Cluster (cluster_enabled:1); "
-            f"this command walks one standalone engine. List or clear each primary with "
-            f"valkey-cli --cluster call, or use an engine that is not a cluster.",
+            f"this command walks one standalone KV server. List or clear each primary with "
+            f"valkey-cli --cluster call, or use a KV server that is not a cluster.",
             file=sys.stderr,
         )
         return USAGE_ERROR
@@ -205,7 +205,7 @@ def _size(nbytes: int) -> str:
 
 
 def _explain(exc: BaseException, config) -> str:
-    """The engine's refusal or silence, with the fix."""
+    """The KV server's refusal or silence, with the fix."""
     from valkey.exceptions import AuthenticationError, ResponseError, TimeoutError
 
     from vllm_uma.kv_offload.network.tls import explain, wrong_transport
@@ -224,26 +224,26 @@ def _explain(exc: BaseException, config) -> str:
         )
         if config.password_env is None and config.password_file is None:
             return (
-                f"the engine at {url} asks for a password ({name}): pass --password-env NAME "
+                f"the KV server at {url} asks for a password ({name}): pass --password-env NAME "
                 f"or --password-file PATH, as the tier's password_env or password_file."
             )
         return (
-            f"the engine at {url} refused the password ({name}): check the password in "
+            f"the KV server at {url} refused the password ({name}): check the password in "
             f"{source} and the ACL user in the URL (valkey://USER@HOST:PORT/DB)."
         )
     if isinstance(exc, ResponseError):
         return (
-            f"the engine at {url} refused a command ({name}): the ACL user needs SCAN, "
+            f"the KV server at {url} refused a command ({name}): the ACL user needs SCAN, "
             f"MEMORY USAGE, GET and UNLINK on ~vllm-uma:kv:* (and INFO and CONFIG GET for "
             f"the share), e.g. ACL SETUSER USER +scan +memory|usage +get +unlink +info "
             f"+config|get ~vllm-uma:kv:*."
         )
     if isinstance(exc, TimeoutError):
         return (
-            f"the engine at {url} did not answer within {config.timeout_s:g} s ({name}): it is "
+            f"the KV server at {url} did not answer within {config.timeout_s:g} s ({name}): it is "
             f"busy or frozen; try again, or give it longer with --timeout-s S."
         )
     return (
-        f"the engine at {url} does not answer ({name}): check that it runs and that "
+        f"the KV server at {url} does not answer ({name}): check that it runs and that "
         f"{config.host}:{config.port} is its address (a firewall?)."
     )

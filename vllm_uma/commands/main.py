@@ -44,7 +44,7 @@ commands:
   kv-store ROOT CMD       look after a disk tier's store: ls, du, verify,
                           prune, clear, pins, unpin, export, import (safe
                           while servers use it).
-  kv-store URL CMD        the same for a network tier's engine
+  kv-store URL CMD        the same for a network tier's KV server
                           (valkey://HOST:PORT/DB): ls, du, clear.
 
 Run `vllm-uma <command> --help` for the flags of a command;

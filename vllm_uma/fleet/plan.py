@@ -20,7 +20,7 @@ A server's share:
   disk/ledger/), the automatic host pool: a staging area for the disk tier,
   the rest of each server's budget its KV cache (kv_offload/pool_size.py);
   without a store, a host pool of ``--kv-offloading-size`` 1 GiB each;
-- with ``--kv-network URL``, the network tier on the Valkey/Redis engine
+- with ``--kv-network URL``, the network tier on the KV server (Valkey/Redis)
   every host reaches, after the disk store (or alone): what one host
   stored, another restores (kv_offload/network/). Its values are signed
   with the fleet's secret, a file every server of every host names
@@ -167,7 +167,7 @@ class FleetRequest:
     advertise: str = "127.0.0.1"  # where the servers and relays listen
     join: str | None = None  # another host's router (http://HOST:PORT); None: our own
     peers: tuple[Peer, ...] = ()  # other hosts' servers our router also routes to
-    network_url: str | None = None  # the network tier's engine (--kv-network)
+    network_url: str | None = None  # the network tier's KV server (--kv-network)
     # The file of the MAC keys every host's servers sign with (--kv-secret-file).
     network_secret_file: Path | None = None
     # The fleet's API key (--api-key-file); None only where nothing leaves
@@ -335,7 +335,7 @@ def _offloading_flags(ask: FleetRequest, flags: list[str]) -> list[str]:
 
 
 def _network_tier(ask: FleetRequest) -> dict:
-    """The network tier every server gets: the engine and the file of the
+    """The network tier every server gets: the KV server and the file of the
     fleet's secret (its path on the command line, never a key)."""
     if ask.network_secret_file is None:
         raise FleetPlanError(

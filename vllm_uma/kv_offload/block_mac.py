@@ -6,7 +6,7 @@ file when its own secret is set (disk/settings.py: an option). A block's
 CRC-32C and namespace (block_file.py) catch honest damage, but anyone can
 compute them: the key is vLLM's sha256 chain from a public seed, so a known
 prefix (a system prompt) has a known name, and whoever can write to the
-engine could plant KV that every host serves. The tag is a keyed MAC over
+KV server could plant KV that every host serves. The tag is a keyed MAC over
 the whole header page and the payload, with a key only the fleet's hosts
 hold (mac_keys.py); a value without a valid tag is never copied into a row
 (a block file's bytes, read into the row, are handed to no one).

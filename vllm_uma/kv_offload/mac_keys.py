@@ -15,7 +15,7 @@ reads. Rotation, on every host of the fleet:
 1. add the new key as a second line: accepted from now on, nothing signs with it;
 2. once every host has it, make it the first line: new values are signed with it,
    values signed with the old key are still read;
-3. remove the old key once its values have left the engine (or at once: those
+3. remove the old key once its values have left the KV server (or at once: those
    blocks are then recomputed once).
 
 A host a step behind reads no value signed with a key it lacks: a counted

@@ -24,7 +24,7 @@ through vLLM's own path, which records its use in the pool's LRU.
 
 Where it applies: every secondary tier answers ``holds`` (today: the disk
 tier alone). The network tier cannot answer without a round trip, and a
-block the disk holds may still be missing from the engine, so with a
+block the disk holds may still be missing from the KV server, so with a
 network tier every block is stored as before.
 
 The window it leaves: ``holds`` reads this server's copy of the disk's

@@ -34,8 +34,8 @@ def split_tiers(secondary_tiers: Any) -> tuple[dict | None, dict | None]:
         if tier_type not in (FS, VALKEY):
             raise OffloadingConfigError(
                 f"secondary tier type {tier_type!r} is not supported by vllm-uma: the tier "
-                f'types are "{FS}" (a disk directory) and "{VALKEY}" (a Valkey/Redis '
-                f"engine). Set one of them."
+                f'types are "{FS}" (a disk directory) and "{VALKEY}" (a KV server: '
+                f"Valkey or Redis). Set one of them."
             )
     if types not in ([FS], [VALKEY], [FS, VALKEY]):
         raise OffloadingConfigError(

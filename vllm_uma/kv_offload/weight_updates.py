@@ -3,7 +3,7 @@
 The disk and network tiers file every block under a namespace computed once,
 at start-up, from the weights' files (disk/namespace.py: a BLAKE3 of the
 checkpoint, the dtype, the layout...). Blocks outlive the process and are
-shared: every server on the store or the engine with the same namespace
+shared: every server on the store or the KV server with the same namespace
 serves them. vLLM 0.32 can replace a running server's weights:
 
 - ``VLLM_SERVER_DEV_MODE=1`` adds the development endpoints to the API
@@ -25,7 +25,7 @@ owner learns of the change: the weight version (``finish_weight_update``'s
 ``weight_version``) is an optional label the engine core attaches to its
 outputs, never seen by the scheduler or the connector; ``reload_weights``
 sets none. Re-keying at the change would also need every block already in
-L1, in the pool and in flight to the disk or the engine fenced and dropped,
+L1, in the pool and in flight to the disk or the KV server fenced and dropped,
 and the new namespace would name weights no other server holds (they exist
 in this process only), so nothing would be shared anyway: a server whose
 weights change gains nothing from a shared tier. So:

@@ -223,7 +223,7 @@ class UmaPlatform(CpuPlatform):
                 )
             if plan.network is not None:
                 logger.info_once(
-                    "KV offloading: network tier at %s (timeout %.1f s); the engine's "
+                    "KV offloading: network tier at %s (timeout %.1f s); the KV server's "
                     "maxmemory and policy are checked when the engine core builds it.",
                     plan.network.url,
                     plan.network.timeout_s,

@@ -44,12 +44,12 @@ What a tier supplies:
     results queue shared with the ledger feed      its own
     a result's    the index, the ledger's touches, the recent keys, load misses
     meaning       bad files deleted                and bad values by reason
-    its metrics   eviction, peers' changes, loads  load misses, the engine up,
+    its metrics   eviction, peers' changes, loads  load misses, the KV server up,
                   given up, used and cap bytes     refused nodes
     warnings      each kind once                   each kind once a minute
     bad values    block files (bad_blocks)         values (bad_values)
     KV events     LOCAL, no ownership              REMOTE, the cache's id
-    start-up      root_dir: files, GiB, cap, I/O   URL, engine, namespace: share,
+    start-up      root_dir: files, GiB, cap, I/O   URL, KV server, namespace: share,
     line                                           signing
 
 What stays in a tier, because one shared form would change what it does:

@@ -8,7 +8,7 @@ tier: one per block file; the network tier: one, the whole job), counts
 each part's end in on the scheduler thread, and finishes the job when
 its last part has ended, or at once when it has none (every key skipped
 or refused before any I/O). What a tier keeps of its own: what a part's
-outcome means (a bad file, a full engine), and a subclass of ``Job`` for
+outcome means (a bad file, a full KV server), and a subclass of ``Job`` for
 what it tracks besides (the disk tier's load pins and deadlines).
 """
 

@@ -9,7 +9,7 @@ The operator reads the rest in the log, through the tier's own logger
 warnings that would otherwise repeat many times a second, given once per
 kind for the process's life (the disk tier's choice: a failing disk
 fails the same way until someone acts) or once per kind an interval (the
-network tier's: an engine's episodes come and go). A value found
+network tier's: a KV server's episodes come and go). A value found
 unusable (a bad block file, a bad network value) is deleted by the tier,
 counted here under its reason and warned of the same way.
 """

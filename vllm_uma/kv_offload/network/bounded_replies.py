@@ -1,8 +1,8 @@
-"""The engine's replies read under their bounds, and commands sent by their deadline.
+"""The KV server's replies read under their bounds, and commands sent by their deadline.
 
 Engine-core process, on whichever thread uses a connection. valkey-py's
 parsers read a reply until it is whole: each socket read has the
-connection's timeout (an engine that sends a byte a second never times
+connection's timeout (a KV server that sends a byte a second never times
 out), and a bulk string is buffered whole before anyone sees its length (a
 1 GiB value is 1 GiB of this process's memory, twice with libvalkey). Ours
 (``BoundedParser``, given to valkey-py through its ``parser_class``) reads
@@ -42,7 +42,7 @@ from vllm_uma.kv_offload.network.reply_bounds import Bounds, OversizedReply, cur
 MIN_ELEMENT_BYTES = 3
 # CLUSTER SLOTS nests three deep; nothing we send is answered deeper.
 MAX_DEPTH = 8
-CLOSED = "the engine closed the connection"
+CLOSED = "the KV server closed the connection"
 NO_DATA = (socket.timeout, BlockingIOError, ssl.SSLWantReadError)
 
 
@@ -106,7 +106,7 @@ class BoundedParser(BaseParser):
                 raise error
             return error  # the caller raises it, or keeps it as one reply of a pipeline
         else:
-            raise InvalidResponse(f"the engine sent {line[:40]!r}, which is not RESP2")
+            raise InvalidResponse(f"the KV server sent {line[:40]!r}, which is not RESP2")
         return self.encoder.decode(value) if decode else value
 
     def _array(self, count: int, bounds: Bounds, decode: bool, depth: int) -> list:
@@ -187,7 +187,7 @@ class BoundedParser(BaseParser):
         try:
             n = self._sock.recv_into(target)
         except NO_DATA:
-            raise TimeoutError("the engine's reply did not come whole by its deadline") from None
+            raise TimeoutError("the KV server's reply did not come whole by its deadline") from None
         if n == 0:
             raise ConnectionError(CLOSED)
         return n
@@ -197,7 +197,7 @@ def _number(line: bytes) -> int:
     try:
         return int(line[1:])
     except ValueError:
-        raise InvalidResponse(f"the engine sent {line[:40]!r}, which is not RESP2") from None
+        raise InvalidResponse(f"the KV server sent {line[:40]!r}, which is not RESP2") from None
 
 
 class _SendsByDeadline:
@@ -228,4 +228,4 @@ class _SendsByDeadline:
 
 
 class BoundedConnection(_SendsByDeadline, valkey.Connection):
-    """A TCP connection to the engine (TLS: server_nodes.TlsConnection, a subclass)."""
+    """A TCP connection to the KV server (TLS: server_nodes.TlsConnection, a subclass)."""

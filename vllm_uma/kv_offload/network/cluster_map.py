@@ -1,6 +1,6 @@
 """A cluster's map: which primary holds each of the 16384 slots.
 
-Engine-core process. Read at start-up (node_checks.py, where an engine that
+Engine-core process. Read at start-up (node_checks.py, where a KV server that
 is not a cluster is refused), then by the link's watch thread whenever it
 may have changed: a node went down (a replica may take its slots over), a
 node answered MOVED or ASK (slots moved), or it was never read (the seed

@@ -1,6 +1,6 @@
-"""Which engine keys are ours, told by their names alone, without vLLM.
+"""Which keys in the KV server are ours, told by their names alone, without vLLM.
 
-Other applications may share the engine, so the network tier and
+Other applications may share the KV server, so the network tier and
 ``vllm-uma kv-store URL`` read or delete only names of these two shapes::
 
     vllm-uma:kv:<namespace, 32 hex>:{<block hash hex>}:<group hex>   a block (value_format.py)

@@ -19,7 +19,7 @@ from vllm.v1.kv_offload.base import (
 
 from vllm_uma.kv_offload.lower_tier.metrics import TierMetrics
 
-NAMES = TierMetrics("network", "the network tier's engine", bad="bad_values")
+NAMES = TierMetrics("network", "the network tier's KV server", bad="bad_values")
 LOAD_MISSES = NAMES.prefix + "load_missed_blocks"
 # Its name keeps "engine", the word this project used for the KV server
 # before: dashboards and alerts scrape it by that name.
@@ -49,14 +49,14 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         ),
         NAMES.store_failed: counter(
             "Blocks the network tier could not store, by reason: engine_down, engine_full "
-            "(OOM: the engine refuses writes), moved, node_refused, refused, error.",
+            "(OOM: the KV server refuses writes), moved, node_refused, refused, error.",
             labelnames=("reason",),
         ),
         NAMES.store_skipped: counter(
-            "Blocks not sent because this server saw them in the engine moments ago."
+            "Blocks not sent because this server saw them in the KV server moments ago."
         ),
         SERVER_UP: gauge(
-            "1 while the network tier's engine answers (a cluster: any of its nodes), else 0."
+            "1 while the network tier's KV server answers (a cluster: any of its nodes), else 0."
         ),
         REFUSED_NODES: gauge(
             "Primaries the cluster's map names at addresses the tier does not trust "

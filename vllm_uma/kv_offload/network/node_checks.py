@@ -1,23 +1,23 @@
-"""The engine checked node by node: its mode, and every primary's cap and policy.
+"""The KV server checked node by node: its mode, and every primary's cap and policy.
 
 Engine-core process: at start-up while vLLM builds the tier, and on the
 link's watch thread when a node answers again or joins the map. One node's
 cap and policy are server_check.py's verdict; here that verdict is asked of
 every primary of a cluster (each evicts on its own: one node in
 noeviction refuses the writes of its slots forever), and the mode the
-settings name is checked against the engine:
+settings name is checked against the KV server:
 
 - a standalone tier on a cluster node: refused. A cluster refuses a
   multi-key command across slots (CROSSSLOT), and a prefix's keys are in
   many slots. The fix: ``"cluster": true``.
-- ``"cluster": true`` on an engine that is not one: refused (CLUSTER SLOTS
+- ``"cluster": true`` on a KV server that is not one: refused (CLUSTER SLOTS
   fails). The fix: remove the key.
-- ``cluster-require-full-coverage yes`` (the engine's default): when a
+- ``cluster-require-full-coverage yes`` (the KV server's default): when a
   primary is lost every node refuses every command (CLUSTERDOWN) until it
   is back, so the whole tier misses for one node. Warned, with the fix.
 
-Why the mode is a setting and not read from the engine: it decides how
-every key is routed, and the engine may not answer at start-up (the tier
+Why the mode is a setting and not read from the KV server: it decides how
+every key is routed, and the KV server may not answer at start-up (the tier
 then serves without it and connects later); the same settings mean the
 same routing on every host. The check above turns a wrong setting into a
 refused start with the fix, instead of misses.
@@ -50,7 +50,7 @@ def check_at_start(link: ServerLink) -> ServerReport:
                 f"the url, or give the cluster more (Valkey 9: cluster-databases)."
             ) from None
         raise ServerRefused(
-            f"the valkey tier says cluster, but the engine at {link.url} does not serve "
+            f"the valkey tier says cluster, but the KV server at {link.url} does not serve "
             f"CLUSTER SLOTS ({exc}): if it is not a cluster, remove "
             '"cluster": true from the tier; if it is, let the ACL user of the tier run it '
             "(+cluster|slots)."
@@ -67,7 +67,7 @@ def check_at_start(link: ServerLink) -> ServerReport:
 
 
 def check_again(link: ServerLink, node: Node) -> str | None:
-    """A node that answers again (it may be a new engine) or joined the
+    """A node that answers again (it may be a new KV server) or joined the
     map: what is wrong with it, to warn of (the server is serving by now)."""
     if link.cluster is None and _cluster_enabled(node):
         return _is_a_cluster(node)
@@ -86,7 +86,7 @@ def _cluster_enabled(node: Node) -> bool:
 
 def _is_a_cluster(node: Node) -> str:
     return (
-        f"the engine at {node.url} is a node of a cluster (cluster_enabled:1), which refuses "
+        f"the KV server at {node.url} is a node of a cluster (cluster_enabled:1), which refuses "
         f"one command for keys of many slots, as a prefix's are: add "
         '"cluster": true to the valkey tier.'
     )

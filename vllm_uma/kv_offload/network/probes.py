@@ -1,4 +1,4 @@
-"""Whether the engine holds a block: asked off the scheduler thread.
+"""Whether the KV server holds a block: asked off the scheduler thread.
 
 Engine-core process. vLLM's ``AsyncLookupManager`` (the base of its own fs
 tier's lookups) does the bookkeeping: the scheduler thread's lookups of one
@@ -10,12 +10,12 @@ asked for it (``cleanup``); a load that failed turns its keys' verdicts to
 misses (``mark_miss``), so vLLM does not try the same doomed load again.
 
 ``batch_lookup`` here: one pipeline of EXISTS per batch and node (EXISTS
-does not touch the engine's LRU clock; the load's MGET does). A node that
+does not touch the KV server's LRU clock; the load's MGET does). A node that
 does not answer makes its keys misses, and is down until it answers again
 (server_link.py).
 
 Why not an index of the keys known to exist, as the disk tier keeps: other
-servers store into the engine and the engine evicts on its own, unseen, so
+servers store into the KV server and the KV server evicts on its own, unseen, so
 such an index would miss their blocks and promise evicted ones.
 """
 

@@ -1,4 +1,4 @@
-"""What the engine's replies may cost a thread: a deadline and a number of bytes.
+"""What the KV server's replies may cost a thread: a deadline and a number of bytes.
 
 Engine-core process, on the tier's threads. A round trip (round_trips.py)
 reads its replies under one ``Bounds``: one deadline that every socket

@@ -1,9 +1,9 @@
-"""One round trip per node: how the tier's threads talk to the engine.
+"""One round trip per node: how the tier's threads talk to the KV server.
 
 Engine-core process, on the transfer threads and the lookup thread. A
 batch of keys is routed to its nodes (server_nodes.py); each node's
 commands go out as one pipeline, to every node before any reply is read,
-so the nodes work at the same time. A standalone engine is one node with
+so the nodes work at the same time. A standalone KV server is one node with
 one group, and a load is one MGET, as it always was. In a cluster a
 multi-key command must stay within one slot, so a load is one MGET per
 slot, all of a node's in its one pipeline.
@@ -199,7 +199,7 @@ def _read(link: ServerLink, node: Node, connection, commands, what: str, cut: bo
                 replies.append(exc)
                 if str(exc).startswith(REDIRECTIONS):
                     link.slots_moved()
-    except OversizedReply as exc:  # the engine holds a value no server of ours wrote
+    except OversizedReply as exc:  # the KV server holds a value no server of ours wrote
         replies.append(exc)
         rest = Unread("dropped unread after an oversized reply")
     except (*LINK_ERRORS, InvalidResponse) as exc:

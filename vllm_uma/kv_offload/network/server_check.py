@@ -1,25 +1,25 @@
-"""The engine's cap and eviction policy, read at start-up and at each reconnect.
+"""The KV server's cap and eviction policy, read at start-up and at each reconnect.
 
 Engine-core process: at start-up while vLLM builds the tier (blocking is
-fine there), and on the link's watch thread when a gone engine answers
+fine there), and on the link's watch thread when a gone KV server answers
 again (server_link.py). The cap and the LRU of the network tier are the
-engine's own, so the check is what makes them ours:
+KV server's own, so the check is what makes them ours:
 
-- ``maxmemory-policy noeviction``: a full engine refuses every write (OOM
+- ``maxmemory-policy noeviction``: a full KV server refuses every write (OOM
   errors), forever. Refused at start-up; warned of at a reconnect (the
   server is serving by then: its stores fail and are counted).
 - ``volatile-*``: only keys with a TTL are evicted, and ours have none (a
   block is as good tomorrow as today), so for us it is noeviction. Warned.
-- ``maxmemory 0``: no cap; the engine grows until its host runs out of
+- ``maxmemory 0``: no cap; the KV server grows until its host runs out of
   memory. Warned.
 - an ACL user that may not run CONFIG GET: the policy cannot be read.
-  Warned, never a failed start: many managed engines refuse CONFIG.
+  Warned, never a failed start: many managed KV servers refuse CONFIG.
 
 At start-up the tier also says what its namespace holds there, and its
 share of ``maxmemory`` (``namespace_share``): counted with SCAN and MEMORY
 USAGE (server_usage.py) for at most ``COUNT_DEADLINE_S`` or
 ``COUNT_MAX_KEYS`` names, then "at least". A refused count is a phrase in
-the line; an engine gone meanwhile raises, for the link to handle.
+the line; a KV server gone meanwhile raises, for the link to handle.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ GOOD_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 FIX = "CONFIG SET maxmemory-policy allkeys-lru (and CONFIG SET maxmemory <bytes>)"
 # The start-up count's bounds: vLLM waits for it. Measured here on loopback
 # (nice 19, a benchmark running): 200k names of ours among 300k keys
-# counted in 0.95 s. A shared engine with a large keyspace takes longer, as
+# counted in 0.95 s. A shared KV server with a large keyspace takes longer, as
 # SCAN walks every key and MATCH filters after; 200k blocks of the default
 # model are 580 GB, so the cap is rarely what cuts a count.
 COUNT_DEADLINE_S = 1.0
@@ -43,7 +43,7 @@ COUNT_MAX_KEYS = 200_000
 
 
 class ServerRefused(RuntimeError):
-    """The engine is set up so that the tier would fail; the message has the fix."""
+    """The KV server is set up so that the tier would fail; the message has the fix."""
 
 
 @dataclass(frozen=True)
@@ -61,18 +61,18 @@ class ServerReport:
             cap = _gib(self.maxmemory)
         used = "unknown" if self.used_memory is None else _gib(self.used_memory)
         return (
-            f"engine {self.version or 'version unknown'}, maxmemory {cap}, "
+            f"KV server {self.version or 'version unknown'}, maxmemory {cap}, "
             f"policy {self.policy or 'unknown'}, used {used}"
         )
 
     def share(self, nbytes: int) -> str:
-        """``nbytes`` as a share of what the engine may hold, for a message."""
+        """``nbytes`` as a share of what the KV server may hold, for a message."""
         if self.maxmemory:
             return f"{nbytes / self.maxmemory:.1%} of maxmemory"
         if self.used_memory:
             why = "no maxmemory" if self.maxmemory == 0 else "maxmemory unknown"
             return f"{nbytes / self.used_memory:.1%} of the memory used ({why})"
-        return "share of the engine unknown"
+        return "share of the KV server unknown"
 
 
 def _gib(n: int) -> str:
@@ -80,14 +80,14 @@ def _gib(n: int) -> str:
 
 
 def check_server(client, url: str) -> ServerReport:
-    """Read the engine's cap and policy (raises the client's ConnectionError
+    """Read the KV server's cap and policy (raises the client's ConnectionError
     or TimeoutError if it does not answer)."""
     used, version = _info(client)
     try:
         config = client.config_get("maxmemory*")
     except ResponseError as exc:  # NOPERM, or CONFIG renamed away
         problem = (
-            f"cannot read the engine's maxmemory-policy at {url} ({exc}): make sure it runs "
+            f"cannot read the KV server's maxmemory-policy at {url} ({exc}): make sure it runs "
             f"with a cap and allkeys-lru ({FIX}), or let the tier's ACL user run CONFIG GET "
             f"(+config|get) so that vllm-uma checks it."
         )
@@ -101,25 +101,25 @@ def check_server(client, url: str) -> ServerReport:
 def _verdict(policy: str, maxmemory: int, url: str) -> tuple[str | None, bool]:
     if policy == "noeviction":
         return (
-            f"the engine at {url} runs maxmemory-policy noeviction: once full it refuses "
+            f"the KV server at {url} runs maxmemory-policy noeviction: once full it refuses "
             f"every write, and the network tier stops storing. Run {FIX} on it.",
             True,
         )
     if policy.startswith("volatile-"):
         return (
-            f"the engine at {url} runs maxmemory-policy {policy}, which evicts only keys "
-            f"with a TTL; the network tier's have none, so a full engine refuses its "
+            f"the KV server at {url} runs maxmemory-policy {policy}, which evicts only keys "
+            f"with a TTL; the network tier's have none, so a full KV server refuses its "
             f"writes. Run {FIX} on it.",
             False,
         )
     if maxmemory == 0:
         return (
-            f"the engine at {url} has no maxmemory: it grows until its host runs out of "
+            f"the KV server at {url} has no maxmemory: it grows until its host runs out of "
             f"memory. Give it a cap: CONFIG SET maxmemory <bytes>.",
             False,
         )
     if policy not in GOOD_POLICIES:
-        return f"the engine at {url} runs an unknown maxmemory-policy {policy!r}.", False
+        return f"the KV server at {url} runs an unknown maxmemory-policy {policy!r}.", False
     return None, False
 
 
@@ -138,7 +138,7 @@ def _text(value) -> str:
 
 
 def namespace_share(client, namespace: bytes, info: dict | None, report: ServerReport) -> str:
-    """What ``namespace`` holds in the engine, for the start-up line; writes
+    """What ``namespace`` holds in the KV server, for the start-up line; writes
     its descriptor first. Raises the client's link errors, never a refusal."""
     keep_descriptor(client, namespace, info)
     try:
@@ -161,7 +161,7 @@ def namespace_share(client, namespace: bytes, info: dict | None, report: ServerR
 
 def keep_descriptor(client, namespace: bytes, info: dict | None) -> None:
     """The namespace's descriptor, for `vllm-uma kv-store URL ls`; a refusal
-    (an ACL, a full engine) costs only the model's name in that listing."""
+    (an ACL, a full KV server) costs only the model's name in that listing."""
     if info is None:
         return
     try:

@@ -1,10 +1,10 @@
-"""The network tier's link to its engine: its nodes' health, episodes, reconnects.
+"""The network tier's link to its KV server: its nodes' health, episodes, reconnects.
 
 Engine-core process. The link serves the tier's transfer threads and its
 lookup thread (transfers.py, probes.py); the scheduler thread only
 reads ``up`` (bools, atomic under the GIL) and never waits on a socket.
 
-The engine is one node (standalone) or the primaries of a cluster
+The KV server is one node (standalone) or the primaries of a cluster
 (``"cluster": true``; server_nodes.py, cluster_map.py). Every operation is
 one round trip per node (round_trips.py), all nodes at once.
 
@@ -14,7 +14,7 @@ holds a miss at once, with no round trip, until it is back; the other
 nodes serve theirs. A watch thread pings the nodes that are down every
 ``retry_interval_s`` (and, for a cluster, reads the map again: a replica
 may have taken the slots over); when one answers, it is checked again (it
-may be a new engine), it is up and one line says so. A full node (OOM
+may be a new KV server), it is up and one line says so. A full node (OOM
 errors on writes) is its own episode: stores to it fail and are counted,
 loads go on.
 
@@ -138,7 +138,7 @@ class ServerLink:
         logger.warning(
             "network KV tier: the %s at %s did not answer (%s, during %s): %s, "
             "recomputed, until it answers again; trying every %.0f s.",
-            "engine" if self.cluster is None else "cluster node",
+            "KV server" if self.cluster is None else "cluster node",
             node.url,
             self.why(exc, node),
             what,
@@ -155,7 +155,7 @@ class ServerLink:
             self._wake.set()
 
     def start_down(self, exc: BaseException) -> None:
-        """At start-up: the engine does not answer yet; serve without it."""
+        """At start-up: the KV server does not answer yet; serve without it."""
         self.node_down(self.seed, exc, "the start-up check")
 
     def fail_fast(self) -> bool:
@@ -176,7 +176,7 @@ class ServerLink:
                 return
             node.full = True
         logger.warning(
-            "network KV tier: the engine at %s is full and refuses writes (%s): blocks are not "
+            "network KV tier: the KV server at %s is full and refuses writes (%s): blocks are not "
             "stored there until it takes writes again. Give it maxmemory-policy allkeys-lru "
             "(CONFIG SET maxmemory-policy allkeys-lru).",
             node.url,
@@ -189,7 +189,7 @@ class ServerLink:
         with self._lock:
             was_full, node.full = node.full, False
         if was_full:
-            logger.info("network KV tier: the engine at %s takes writes again.", node.url)
+            logger.info("network KV tier: the KV server at %s takes writes again.", node.url)
 
     # -- the watch thread -------------------------------------------------------
 
@@ -229,7 +229,7 @@ class ServerLink:
 
     def _check_failed(self, node: Node, exc: Exception) -> None:
         """One log line, with its traceback, per failure that repeats: the
-        watch tries again every retry interval, and an engine that keeps
+        watch tries again every retry interval, and a KV server that keeps
         refusing the check (an ACL that forbids a command, say) would
         otherwise print a traceback every time."""
         failure = f"{type(exc).__name__}: {exc}"
@@ -237,7 +237,7 @@ class ServerLink:
             return
         node.check_failure = failure
         logger.error(
-            "network KV tier: checking the engine at %s failed (%s); its blocks stay misses. "
+            "network KV tier: checking the KV server at %s failed (%s); its blocks stay misses. "
             "Trying again every %.0f s; this is said again only if the failure changes.",
             node.url,
             failure,
@@ -265,7 +265,7 @@ class ServerLink:
         logger.info(
             "network KV tier: the %s at %s answers again after %.1f s (%d operations "
             "failed meanwhile, as misses).",
-            "engine" if self.cluster is None else "cluster node",
+            "KV server" if self.cluster is None else "cluster node",
             node.url,
             gone_s,
             failed,

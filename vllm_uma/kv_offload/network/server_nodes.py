@@ -1,5 +1,5 @@
-"""The engine's nodes and which one holds a key: one node for a standalone
-engine, the primaries of a Valkey/Redis Cluster.
+"""The KV server's nodes and which one holds a key: one node for a standalone
+KV server, the primaries of a Valkey/Redis Cluster.
 
 Engine-core process, on the tier's threads; nothing here keeps state of
 its own beyond a node's connection pool (the episodes are the link's,
@@ -50,7 +50,7 @@ class TlsConnection(BoundedConnection):
 
     Not valkey's SSLConnection: that one gives the handshake the command
     timeout and reports every failure as a ConnectionError's text, where a
-    handshake that gets no answer (a plain engine on the port) must be told
+    handshake that gets no answer (a plain KV server on the port) must be told
     from a host that is gone, within the connect timeout. ``_connect`` is
     the hook valkey's own connection classes implement."""
 
@@ -99,7 +99,7 @@ def address_of(host: str, port: int) -> str:
 
 
 class Node:
-    """One engine process and its connections. ``up``, ``full`` and the
+    """One KV server process and its connections. ``up``, ``full`` and the
     episode's counts are the link's, changed under its lock."""
 
     def __init__(self, settings: NetworkTierSettings, host: str, port: int):
@@ -137,7 +137,7 @@ Route = dict[Node | RefusedNode | None, list[list[int]]]
 def route(
     names: Sequence[bytes], slots: Sequence[Node | RefusedNode | None] | None, single: Node
 ) -> Route:
-    """Group ``names`` by node and slot; ``slots`` None: a standalone engine
+    """Group ``names`` by node and slot; ``slots`` None: a standalone KV server
     (``single``), every key in one group."""
     if not names:
         return {}
@@ -153,7 +153,7 @@ def route(
 def read_slot_ranges(node: Node) -> list[tuple[int, int, str, int]]:
     """``CLUSTER SLOTS`` of ``node``: (first, last, host, port) of each
     range's primary. Raises the client's errors (a ResponseError from an
-    engine that is not a cluster)."""
+    KV server that is not a cluster)."""
     ranges = []
     for first, last, primary, *_replicas in node.client.execute_command("CLUSTER SLOTS"):
         host, port = primary[0], primary[1]

@@ -1,23 +1,23 @@
-"""What our namespaces hold in the engine, counted in bounded steps.
+"""What our namespaces hold in the KV server, counted in bounded steps.
 
-Used by the tier at start-up (its share of the engine, in its log line)
+Used by the tier at start-up (its share of the KV server, in its log line)
 and by ``vllm-uma kv-store URL`` (commands/kv_store_server.py). Only
 names of ours (key_names.py) are read or deleted: other applications may
-share the engine.
+share the KV server.
 
-How the engine is walked: SCAN with MATCH on our prefix (never KEYS, which
-blocks the engine for the whole keyspace), ``SCAN_BATCH`` names a call, and
+How the KV server is walked: SCAN with MATCH on our prefix (never KEYS, which
+blocks the KV server for the whole keyspace), ``SCAN_BATCH`` names a call, and
 for each batch one pipeline of MEMORY USAGE. MEMORY USAGE, not STRLEN:
 STRLEN resets a key's LRU clock (seen on valkey-server 9.1.2: OBJECT
 IDLETIME back to 0) and a survey would make every block look fresh to
-``allkeys-lru``; MEMORY USAGE leaves it, and it counts what the engine
+``allkeys-lru``; MEMORY USAGE leaves it, and it counts what the KV server
 counts against ``maxmemory`` (the value and its overhead).
 
 The descriptor: a small JSON (model, KV dtype, weights' hash, block
 bytes, vLLM version: the head of the disk tier's namespace.json) the tier
 writes at start-up and at each reconnect, since a value's header holds the
 namespace id only. The
-engine may evict it like any key; ``ls`` then shows ``?`` for the model
+KV server may evict it like any key; ``ls`` then shows ``?`` for the model
 until a server of that namespace starts or reconnects.
 """
 
@@ -42,7 +42,7 @@ DESCRIPTOR_FIELDS = ("model", "kv_dtype", "weights_blake3", "worker_kv_bytes_per
 
 @dataclass
 class Usage:
-    """One namespace's blocks in the engine; ``complete`` False: at least these."""
+    """One namespace's blocks in the KV server; ``complete`` False: at least these."""
 
     blocks: int = 0
     bytes: int = 0
@@ -52,7 +52,7 @@ class Usage:
 @dataclass
 class NamespaceUsage(Usage):
     namespace: str = ""  # hex id
-    info: dict | None = None  # the descriptor, if the engine still holds it
+    info: dict | None = None  # the descriptor, if the KV server still holds it
 
     @property
     def model(self) -> str:
@@ -72,7 +72,7 @@ def write_descriptor(client, namespace: bytes, info: dict) -> None:
 
 
 def read_descriptors(client, namespaces: list[str]) -> dict[str, dict]:
-    """The descriptors the engine still holds, by namespace hex."""
+    """The descriptors the KV server still holds, by namespace hex."""
     if not namespaces:
         return {}
     # GETs, not one MGET: a cluster would refuse an MGET across its nodes.
@@ -107,7 +107,7 @@ class Walk:
         self.complete = False
 
     def __iter__(self) -> Iterator[list[bytes]]:
-        # SCAN may return a name twice while the engine resizes its table:
+        # SCAN may return a name twice while the KV server resizes its table:
         # the names seen are kept, so that nothing is counted twice.
         cursor, seen = 0, set()
         while True:
@@ -171,8 +171,8 @@ def survey(client) -> list[NamespaceUsage]:
 def clear(client, namespace: str | None = None) -> tuple[int, int]:
     """UNLINK every name of ours (of ``namespace`` only, if given): how many
     names (blocks and descriptors) and their bytes. UNLINK frees a large
-    value on the engine's background thread, so a batch of blocks does not
-    stall the engine's other clients."""
+    value on the KV server's background thread, so a batch of blocks does not
+    stall the KV server's other clients."""
     removed = nbytes = 0
     for names in Walk(client, match_ours(namespace)):
         ours = [name for name in names if _in(name, namespace)]

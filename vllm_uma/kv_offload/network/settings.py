@@ -10,13 +10,13 @@ The user names the tier in vLLM's own flag, alone or after the disk tier::
 
 ``parse_network_tier`` runs in the API-server process (through
 ``kv_offload.config.translate``), before any weights load, and does no
-network I/O: the engine is checked by the tier itself in the engine core
-(server_check.py), where a gone engine is a warning, not a failed start.
+network I/O: the KV server is checked by the tier itself in the engine core
+(server_check.py), where a gone KV server is a warning, not a failed start.
 
 A Valkey/Redis Cluster is ``"cluster": true`` with the url of any one of
 its nodes; the tier reads the others from it. A setting, not guessed from
-the engine: node_checks.py says why, and refuses a mode that does not
-match the engine, with the fix.
+the KV server: node_checks.py says why, and refuses a mode that does not
+match the KV server, with the fix.
 
 Credentials never travel in the settings: a password in the URL is refused
 (URLs end up in logs, shell histories and ``ps``); the settings name an
@@ -24,7 +24,7 @@ environment variable or a file, checked here to exist, and read again at
 every connection (credentials.py), so a rotated secret needs no restart.
 
 TLS (``valkeys://``, ``rediss://``): the CA and the client certificate are
-files, loaded here once so that a wrong one is refused before the engine
+files, loaded here once so that a wrong one is refused before the KV server
 core starts (tls.py loads them again at every connection). A cluster's
 nodes get the password only over TLS or at the addresses
 ``cluster_allowed_hosts`` names (node_trust.py says why).
@@ -32,7 +32,7 @@ nodes get the password only over TLS or at the addresses
 Every value is signed with the fleet's secret (block_mac.py): the settings
 name where it is (``secret_file`` or ``secret_env``, read here once to
 refuse a missing or short one before vLLM loads, never kept), or opt out
-with ``"unsigned": true``. Neither is refused: an engine anyone else can
+with ``"unsigned": true``. Neither is refused: a KV server anyone else can
 write to would otherwise steer every host's answers.
 """
 
@@ -55,9 +55,9 @@ TIER_TYPE = "valkey"
 PLAIN_SCHEMES = ("valkey", "redis")
 TLS_SCHEMES = ("valkeys", "rediss")
 DEFAULT_PORT = 6379
-# A command on a healthy engine on the same network answers in well under a
+# A command on a healthy KV server on the same network answers in well under a
 # millisecond plus the transfer (a 2.9 MB block: 3 ms at 10 Gbit/s): two
-# seconds is a sick engine. A restore that waits that long is a miss, then
+# seconds is a sick KV server. A restore that waits that long is a miss, then
 # recomputed; no request waits longer than its recompute plus this.
 DEFAULT_TIMEOUT_S = 2.0
 # Connecting: a dead host (no RST, packets dropped) costs this per attempt.
@@ -107,8 +107,8 @@ class NetworkTierSettings:
     # The url names one node of a Valkey/Redis Cluster; the tier finds the
     # others (network/cluster_map.py).
     cluster: bool = False
-    # The client's certificate and key, for an engine that asks for one
-    # (tls-auth-clients yes, the engine's default). The key None: in the cert file.
+    # The client's certificate and key, for a KV server that asks for one
+    # (tls-auth-clients yes, the KV server's default). The key None: in the cert file.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     # Where a cluster's map may send the tier (and its password): addresses,
@@ -131,15 +131,15 @@ class NetworkTierSettings:
 
     @property
     def cache_id(self) -> str:
-        """The engine as a KV-aware router names a cache every host reads
+        """The KV server as a KV-aware router names a cache every host reads
         (the events' ``ownership``): the same on every host that names the
-        engine by the same address, never a secret."""
+        KV server by the same address, never a secret."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"valkey://{host}:{self.port}/{self.db}"
 
     @property
     def url(self) -> str:
-        """The engine's address, for messages: never a secret."""
+        """The KV server's address, for messages: never a secret."""
         user = f"{self.username}@" if self.username else ""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{user}{host}:{self.port}/{self.db}"
@@ -202,7 +202,7 @@ def _url_parts(url: Any) -> SplitResult:
     example = '"url": "valkey://HOST:6379/0"'
     if not isinstance(url, str) or not url:
         raise NetworkTierSettingsError(
-            f"valkey tier url={url!r} is invalid: it must be the engine's address. "
+            f"valkey tier url={url!r} is invalid: it must be the KV server's address. "
             f"Add {example} (valkeys:// for TLS)."
         )
     try:
@@ -240,7 +240,8 @@ def _port(parts: SplitResult) -> int:
     port = parts.port
     if port == 0:
         raise NetworkTierSettingsError(
-            f"valkey tier url port 0 is invalid: name the engine's port (default {DEFAULT_PORT})."
+            f"valkey tier url port 0 is invalid: name the KV server's port "
+            f"(default {DEFAULT_PORT})."
         )
     return DEFAULT_PORT if port is None else port
 
@@ -304,16 +305,16 @@ def _signing(raw: dict[str, Any], reads_values: bool) -> tuple[str | None, str |
     if unsigned and given:
         raise NetworkTierSettingsError(
             f'the valkey tier sets "unsigned": true and names {given}: keep one (the secret, '
-            f"unless no one else can write to the engine)."
+            f"unless no one else can write to the KV server)."
         )
     if given is None:
         if reads_values and not unsigned:
             raise NetworkTierSettingsError(
                 "the valkey tier has no secret to sign its values with: anyone who can write "
-                "to the engine could plant KV that every server would serve. Add "
+                "to the KV server could plant KV that every server would serve. Add "
                 f'"secret_file": "/path" (mode 0600, one key from `{mac_keys.GENERATE_HINT}`, '
                 f'the same on every host) or "secret_env": "{SECRET_ENV_EXAMPLE}"; or, for an '
-                f'engine no one else can write to, "unsigned": true.'
+                f'KV server no one else can write to, "unsigned": true.'
             )
         return None, None, unsigned
     try:
@@ -334,7 +335,7 @@ def _ca_file(value: Any, tls: bool) -> str | None:
     if not isinstance(value, str) or not os.path.isfile(value):
         raise NetworkTierSettingsError(
             f"valkey tier tls_ca_file={value!r} is not a file: give the PEM file of the CA "
-            f"that signed the engine's certificate, or remove the key (system CAs)."
+            f"that signed the KV server's certificate, or remove the key (system CAs)."
         )
     return value
 
@@ -371,7 +372,7 @@ def _check_tls_files(settings: NetworkTierSettings) -> None:
         raise NetworkTierSettingsError(
             f"the valkey tier's TLS files do not load ({type(exc).__name__}: {exc}): "
             f"tls_ca_file={settings.tls_ca_file!r} must be readable PEM certificates of the "
-            f"CA that signed the engine's; tls_cert_file={settings.tls_cert_file!r} and "
+            f"CA that signed the KV server's; tls_cert_file={settings.tls_cert_file!r} and "
             f"tls_key_file={settings.tls_key_file!r} the client's PEM certificate and its "
             f"unencrypted key. Fix or remove them."
         ) from None
@@ -414,7 +415,7 @@ def _cluster(value: Any) -> bool:
     if not isinstance(value, bool):
         raise NetworkTierSettingsError(
             f"valkey tier cluster={value!r} is invalid: it must be true (the url names one "
-            f"node of a Valkey/Redis Cluster) or false (one engine). Set true or false, or "
+            f"node of a Valkey/Redis Cluster) or false (one KV server). Set true or false, or "
             f"remove the key (default false)."
         )
     return value

@@ -5,7 +5,7 @@ method on the scheduler thread, and none may block on the network:
 
 - lookups answer from verdicts a lookup thread fetched (probes.py): a key
   not asked yet is RETRY for one step while one pipelined EXISTS per batch
-  asks the engine; a gone engine is a MISS at once (server_link.py);
+  asks the KV server; a gone KV server is a MISS at once (server_link.py);
 - stores and loads become one ``Transfer`` per vLLM job, run on two
   transfer threads (the lower tier's, lower_tier/threads.py; one runs
   loads only, so a load never waits behind a store) as pipelined SETs and
@@ -19,7 +19,7 @@ vLLM keeps pinned until the job's JobResult), values (value_format.py: a
 disk-tier block file with the fleet's MAC, checked before a byte lands in a
 row), JobResults, metric counts. The MAC's keys are read here at start-up
 and again by the transfer threads when their file changes (mac_keys.py).
-The cap and the eviction are the engine's (server_check.py).
+The cap and the eviction are the KV server's (server_check.py).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ vllm_contract.require(__name__)
 logger = get_logger(__name__)
 
 # Keys this server stored or restored lately: a store of one of them is
-# skipped (another server's, or ours, is in the engine; if the engine
+# skipped (another server's, or ours, is in the KV server; if the KV server
 # evicted it since, the next store after it is forgotten here puts it back).
 # 64k keys is about 10 MB here, and 180 GB of the default model's blocks.
 RECENT_KEYS = 65536
@@ -121,7 +121,7 @@ class NetworkTier(SecondaryTierManager):
         # what it stored, from a cache every host reads. A KV-aware router
         # files an event with an ``ownership`` under that cache and credits
         # the server that published it (docs/fleet.md). A warning of each
-        # kind at most once a minute: an engine's episodes come and go.
+        # kind at most once a minute: a KV server's episodes come and go.
         warnings = Warnings(logger, BAD_VALUE_WARNING_S)
         self._reports = TierReports(
             m.NAMES, self.medium, self.locality, settings.kv_events, warnings, settings.cache_id
@@ -146,11 +146,11 @@ class NetworkTier(SecondaryTierManager):
     def _name(self, key: OffloadKey) -> bytes:
         return value_name(self._ns, key)
 
-    # -- the engine's set-up --------------------------------------------------
+    # -- the KV server's set-up -----------------------------------------------
 
     def _check_at_start(self, settings: NetworkTierSettings) -> None:
         """Blocking is fine here: vLLM builds the tier before serving. An
-        engine that does not answer is served without; one reached over the
+        KV server that does not answer is served without; one reached over the
         wrong transport, or whose certificate fails, refuses the start: it
         will not answer any better later (tls.py)."""
         url = self._link.url
@@ -182,7 +182,7 @@ class NetworkTier(SecondaryTierManager):
                 held = namespace_share(self._link.seed.client, self._ns, self._info, report)
             except LINK_ERRORS as exc:  # gone since the check: a line, never a failed start
                 self._link.node_down(self._link.seed, exc, "counting the namespace's blocks")
-                held = "its blocks not counted: the engine stopped answering"
+                held = "its blocks not counted: the KV server stopped answering"
         at = f"{url} ({report.summary()}), namespace {self._ns.hex()}"
         self._reports.started("KV offloading: network tier", at, [held, self._signing()])
 
@@ -191,15 +191,15 @@ class NetworkTier(SecondaryTierManager):
         if self._keys is None:
             return (
                 'values unsigned by the user\'s choice ("unsigned": true): anyone who can '
-                "write to the engine can plant KV this server serves"
+                "write to the KV server can plant KV this server serves"
             )
         return "values " + self._keys.keys().describe()
 
     def _check_again(self, node) -> None:
         """The watch thread, when a gone node answers (it may be another
-        engine now) or joins a cluster's map. Only warned of: the server is
+        KV server now) or joins a cluster's map. Only warned of: the server is
         serving by now. The namespace's descriptor is written again where it
-        lives, if that is this node (a new engine has none)."""
+        lives, if that is this node (a new KV server has none)."""
         problem = check_again(self._link, node)
         if problem is not None:
             logger.warning("network KV tier: %s", problem)
@@ -208,14 +208,14 @@ class NetworkTier(SecondaryTierManager):
 
     def _descriptor_node(self):
         """The node that holds the namespace's descriptor: the node of its
-        key's slot (the engine itself when it is not a cluster)."""
+        key's slot (the KV server itself when it is not a cluster)."""
         return self._link.node_of(descriptor_name(self._ns))
 
     # -- lookups (scheduler thread, no I/O) -----------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if not self._link.up:
-            return LookupResult.MISS  # no request waits for a gone engine
+            return LookupResult.MISS  # no request waits for a gone KV server
         found = self._probes.lookup(key, req_context)
         if found is None:
             return LookupResult.RETRY  # asked at this step's end
@@ -295,7 +295,7 @@ class NetworkTier(SecondaryTierManager):
             for reason in done.failed.values():
                 reports.store_failed(reason)
             reports.event(list(done.moved), removed=False)
-        # A bad value was deleted from the engine: no server can restore it.
+        # A bad value was deleted from the KV server: no server can restore it.
         reports.event(
             [k for k, why in done.failed.items() if why not in _QUIET | _NOT_THE_VALUE],
             removed=True,
@@ -313,7 +313,7 @@ class NetworkTier(SecondaryTierManager):
 
     def _report_bad(self, done: TransferDone) -> None:
         """Bad values counted; one warning per reason a minute for them and
-        for refusals and bugs (a gone or full engine has its episode's)."""
+        for refusals and bugs (a gone or full KV server has its episode's)."""
         reasons = collections.Counter(done.failed.values())
         for reason in reasons.keys() - _QUIET:
             args = (
@@ -368,7 +368,7 @@ def _key_source(settings: NetworkTierSettings) -> KeySource | None:
     )
 
 
-# Misses that are the engine's state, logged once per episode by the link.
+# Misses that are the KV server's state, logged once per episode by the link.
 _QUIET = frozenset(
     miss.value
     for miss in (

@@ -1,4 +1,4 @@
-"""TLS to the engine (``valkeys://``, ``rediss://``): the client's context,
+"""TLS to the KV server (``valkeys://``, ``rediss://``): the client's context,
 and what a failed connection means.
 
 Engine-core process (and ``vllm-uma kv-store``), on whichever thread opens
@@ -6,21 +6,21 @@ a connection (server_nodes.py's ``TlsConnection``). No valkey import here:
 the settings (API-server process) load the files through ``client_context``
 too, before the engine core starts.
 
-- The engine's certificate must verify against ``tls_ca_file`` (the
+- The KV server's certificate must verify against ``tls_ca_file`` (the
   system's CAs without it) and name the host as the url, or a cluster's
   map, names it. No setting turns either off: a certificate that is not
   checked lets anyone on the path read every prompt's KV and get the
   password, which is what TLS is asked for to prevent.
-- A client certificate (``tls_cert_file``, ``tls_key_file``) for an engine
+- A client certificate (``tls_cert_file``, ``tls_key_file``) for a KV server
   that asks for one: Redis and Valkey do by default (``tls-auth-clients yes``).
 - The context is built at each connection, as the password is read
   (credentials.py): a renewed certificate needs no restart.
 
 A failure is said with its reason and fix (``explain``). At start-up a
 link that fails the way a wrong transport does is probed
-(``wrong_transport``), so that a TLS url to a plain engine, or a plain url
+(``wrong_transport``), so that a TLS url to a plain KV server, or a plain url
 to a TLS port, refuses the start with the fix instead of a warning that
-the engine "did not answer" and a retry every 2 s forever.
+the KV server "did not answer" and a retry every 2 s forever.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ HOSTNAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDR
 
 
 class NoHandshake(OSError):
-    """The engine accepted the connection but did not answer the TLS
+    """The KV server accepted the connection but did not answer the TLS
     handshake within the connect timeout."""
 
 
@@ -82,20 +82,20 @@ def explain(exc: BaseException, settings: NetworkTierSettings, url: str) -> str 
         why = bad_cert.verify_message or str(bad_cert)
         if bad_cert.verify_code in HOSTNAME_MISMATCH:
             return (
-                f"the engine at {url} presented a certificate not valid for the host it was "
+                f"the KV server at {url} presented a certificate not valid for the host it was "
                 f"reached by ({why}): the certificate must name that host in its "
                 f"subjectAltName (an IP: entry for an address, as a cluster's map gives them). "
-                f"Reissue it, or name the engine in the url as its certificate does."
+                f"Reissue it, or name the KV server in the url as its certificate does."
             )
         return (
-            f"the engine at {url} presented a certificate that does not verify against "
+            f"the KV server at {url} presented a certificate that does not verify against "
             f"{ca} ({why}): set tls_ca_file to the PEM file of the CA that signed the "
-            f"engine's certificate."
+            f"KV server's certificate."
         )
     if _first(exc, NoHandshake) is not None:
         return (
-            f"the engine at {url} did not answer the TLS handshake in "
-            f"{settings.connect_timeout_s:g} s (connect_timeout_s): a plain engine on that "
+            f"the KV server at {url} did not answer the TLS handshake in "
+            f"{settings.connect_timeout_s:g} s (connect_timeout_s): a plain KV server on that "
             f"port waits for a command and never answers one. Name its TLS port "
             f"(tls-port), or use valkey:// if it has no TLS."
         )
@@ -107,24 +107,24 @@ def explain(exc: BaseException, settings: NetworkTierSettings, url: str) -> str 
         return _needs_client_cert(url, reason)
     if "WRONG_VERSION_NUMBER" in reason or "RECORD_LAYER" in reason:
         return (
-            f"the engine at {url} answered the TLS handshake with something that is not "
+            f"the KV server at {url} answered the TLS handshake with something that is not "
             f"TLS ({reason}): the port serves plain connections. Name its TLS port "
             f"(tls-port), or use valkey:// if it has no TLS."
         )
     maybe = ""
     if isinstance(tls_error, ssl.SSLEOFError) and settings.tls_cert_file is None:
-        maybe = " (an engine that asks for a client certificate closes so: tls_cert_file)"
+        maybe = " (a KV server that asks for a client certificate closes so: tls_cert_file)"
     return (
-        f"the TLS connection to the engine at {url} failed ({reason}){maybe}: check the "
-        f"engine's TLS settings against tls_ca_file={settings.tls_ca_file!r} and "
+        f"the TLS connection to the KV server at {url} failed ({reason}){maybe}: check the "
+        f"KV server's TLS settings against tls_ca_file={settings.tls_ca_file!r} and "
         f"tls_cert_file={settings.tls_cert_file!r}."
     )
 
 
 def _needs_client_cert(url: str, reason: str) -> str:
     return (
-        f"the engine at {url} refused the TLS connection ({reason}): it asks for a "
-        f"client certificate (tls-auth-clients yes, the engine's default). Set "
+        f"the KV server at {url} refused the TLS connection ({reason}): it asks for a "
+        f"client certificate (tls-auth-clients yes, the KV server's default). Set "
         f"tls_cert_file and tls_key_file to a certificate its tls-ca-cert-file signed."
     )
 
@@ -133,13 +133,13 @@ def wrong_transport(
     settings: NetworkTierSettings, host: str, port: int, url: str, exc: BaseException
 ) -> str | None:
     """At start-up, ``exc`` a failed link to ``host:port``: the reason to
-    refuse the start, or None for an engine that is merely gone (served
+    refuse the start, or None for a KV server that is merely gone (served
     without, retried)."""
     if settings.tls:
         if _first(exc, NoHandshake) is not None:
             if _speaks_plain(host, port, settings.connect_timeout_s):
                 return (
-                    f"the engine at {url} serves plain connections on port {port}, not TLS "
+                    f"the KV server at {url} serves plain connections on port {port}, not TLS "
                     f"(it answered a PING in the clear): name its TLS port (tls-port), or use "
                     f"valkey:// if it has no TLS."
                 )
@@ -152,7 +152,7 @@ def wrong_transport(
     if _closed(exc) and _speaks_tls(host, port, settings.connect_timeout_s):
         scheme = "rediss" if settings.scheme == "redis" else "valkeys"
         return (
-            f"the engine at {url} closed the connection on the first command: its port "
+            f"the KV server at {url} closed the connection on the first command: its port "
             f"{port} serves TLS only (it answered a TLS handshake). Use {scheme}:// in the "
             f"url, with tls_ca_file naming the CA of its certificate."
         )
@@ -160,16 +160,16 @@ def wrong_transport(
 
 
 def _closed(exc: BaseException) -> bool:
-    """The engine closed the connection, rather than not answering."""
+    """The KV server closed the connection, rather than not answering."""
     kinds = (ssl.SSLEOFError, ConnectionResetError, BrokenPipeError)
     return _first(exc, kinds) is not None or "closed by server" in str(exc)
 
 
 def _alert_after_handshake(settings: NetworkTierSettings, host: str, port: int) -> str | None:
-    """The TLS alert an engine sends once the handshake is done, if any.
+    """The TLS alert a KV server sends once the handshake is done, if any.
     TLS 1.3 refuses a missing client certificate only then, and a
     connection that had sent its first command may never read the alert
-    (the engine closes with bytes unread: a reset). This one sends nothing
+    (the KV server closes with bytes unread: a reset). This one sends nothing
     and reads, so the alert arrives before the close."""
     try:
         with socket.create_connection((host, port), timeout=settings.connect_timeout_s) as sock:
@@ -207,6 +207,6 @@ def _speaks_tls(host: str, port: int, timeout: float) -> bool:
             with context.wrap_socket(sock, server_hostname=host):
                 return True
     except ssl.SSLError as exc:
-        return "ALERT" in (exc.reason or "")  # the engine answered with a TLS alert
+        return "ALERT" in (exc.reason or "")  # the KV server answered with a TLS alert
     except OSError:
         return False

@@ -1,4 +1,4 @@
-"""One vLLM job's blocks moved between pool rows and the engine, pipelined.
+"""One vLLM job's blocks moved between pool rows and the KV server, pipelined.
 
 Runs on the network tier's transfer threads (engine-core process), the only
 place values cross the network while serving. A job is a prefix's blocks
@@ -14,10 +14,10 @@ A load has one deadline, a timeout from its submission (the request waits
 from then): every send and socket read of its round trips honours it
 (round_trips.py), and what is not back by then is a miss (``engine_slow``),
 recomputed. A store's round trips each have a timeout, so a store lasts at
-most a timeout per batch, and an engine that takes none of it costs one
+most a timeout per batch, and a KV server that takes none of it costs one
 timeout: it is down then, and the rest fail at once. A value is read only
 up to one block's value bytes: a longer one is refused unread (its
-connection dropped), counted as a bad value, and deleted from the engine.
+connection dropped), counted as a bad value, and deleted from the KV server.
 
 A function here never touches the tier's state: it says what happened in
 a ``TransferDone`` that the scheduler thread applies (tier.py), one per
@@ -25,7 +25,7 @@ job; one that raises (a bug) ends its job as misses all the same.
 
 The threads are the lower tier's (lower_tier/threads.py), two of them,
 ``uma-kv-net-{i}``: the first runs loads only, the other a load first
-whenever one waits, else a store. A store to a slow engine holds its
+whenever one waits, else a store. A store to a slow KV server holds its
 thread for up to a timeout per batch (round_trips.py), so a priority alone
 would let a load wait behind it; with a thread of its own, a load waits
 only for the loads before it, and its deadline runs from its submission:
@@ -68,7 +68,7 @@ class Miss(Enum):
     The KV server's three keep "engine" in their label values, the word this
     project used for the KV server before: dashboards and alerts match them."""
 
-    ABSENT = "absent"  # a load found no value: evicted by the engine, or never stored
+    ABSENT = "absent"  # a load found no value: evicted by the KV server, or never stored
     SERVER_DOWN = "engine_down"  # no answer in time, or the link is down
     SERVER_SLOW = "engine_slow"  # answers, but not all of a load by its deadline
     SERVER_FULL = "engine_full"  # a store refused with an OOM error
@@ -87,7 +87,7 @@ class Transfer:
     job_id: int
     is_load: bool
     keys: tuple[bytes, ...]
-    names: tuple[bytes, ...]  # the engine's key per block (value_format.py)
+    names: tuple[bytes, ...]  # the KV server's key per block (value_format.py)
     rows: tuple[memoryview, ...]  # the primary rows, pinned by vLLM until the result
     deadline: float | None = None  # time.monotonic(): a load's, from its submission
 
@@ -171,7 +171,7 @@ def load_blocks(
                 # No server of ours writes one: something else writes under our names.
                 done.bad.append(
                     f"{name.decode()}: {value}; deleted. Only this fleet's servers should write "
-                    f"to the engine: give it a password or an ACL user of its own"
+                    f"to the KV server: give it a password or an ACL user of its own"
                 )
                 bad_names.append(name)
             elif isinstance(value, Exception):

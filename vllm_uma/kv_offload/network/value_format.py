@@ -1,4 +1,4 @@
-"""What the network tier keeps in the engine: key names and values.
+"""What the network tier keeps in the KV server: key names and values.
 
 Used on the network tier's threads (engine-core process); nothing here
 touches the network. A value is byte for byte a disk-tier block file
@@ -50,7 +50,7 @@ from vllm_uma.kv_offload.network.key_names import NAME_PREFIX
 
 
 def value_name(namespace: bytes, key: bytes) -> bytes:
-    """The engine's key for block ``key`` of ``namespace``."""
+    """The KV server's key for block ``key`` of ``namespace``."""
     block_hash, group = get_offload_block_hash(key), get_offload_group_idx(key)
     return f"{NAME_PREFIX}{namespace.hex()}:{{{block_hash.hex()}}}:{group:x}".encode()
 
