@@ -107,6 +107,23 @@ def check_json_values(line: ServeLine) -> None:
             )
 
 
+def asks_disk_tier(line: ServeLine) -> bool:
+    """The line's kv_transfer_config names an fs tier (False for one that
+    does not parse: check_json_values refuses it)."""
+    try:
+        transfer = {} if line.kv_transfer_config is None else loads(line.kv_transfer_config)
+    except ValueError:
+        return False
+    extra = transfer.get("kv_connector_extra_config") if isinstance(transfer, dict) else None
+    if not isinstance(extra, dict):
+        return False
+    try:
+        fs_tier, _ = split_tiers(extra.get("secondary_tiers"))
+    except OffloadingConfigError:
+        return False
+    return fs_tier is not None
+
+
 def check_offloading(line: ServeLine, environ: Mapping[str, str]) -> None:
     """What the platform's ``translate`` refuses without a vLLM config, in its
     order and words; nothing when the line leaves any of it to vLLM."""

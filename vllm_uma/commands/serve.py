@@ -21,7 +21,8 @@ What this adds on top of ``vllm serve``:
   before vLLM or torch is imported (10-40 s here); any other start-up error
   is shortened to its message (set VLLM_LOGGING_LEVEL=DEBUG for the traceback);
 - ``/v1/uma/pins``: pin a prefix in the lower tiers with a time to live,
-  list and unpin (kv_offload/pins/, docs/sessions.md);
+  list and unpin (kv_offload/pins/, docs/sessions.md); ``--warm FILE``
+  pins a list of them once the server answers (pins/warm.py);
 - ``--api-key-file PATH``: vLLM's ``--api-key`` read from a file (a key on
   the command line is world-readable in /proc), required on every path but
   /health and /metrics (fleet/server_guard.py): how a fleet's servers take
@@ -40,11 +41,22 @@ from vllm_uma.commands import runtime_preload
 from vllm_uma.commands.argv import FlagValueMissing, given, take
 from vllm_uma.commands.engine_watch import EngineDeathWatch
 from vllm_uma.commands.preflight import PreflightError, check_model, check_port
-from vllm_uma.commands.preflight_config import check_json_values, check_offloading, plugin_active
+from vllm_uma.commands.preflight_config import (
+    asks_disk_tier,
+    check_json_values,
+    check_offloading,
+    plugin_active,
+)
 from vllm_uma.commands.preflight_int4 import check_int4
-from vllm_uma.commands.serve_line import read_serve_line
+from vllm_uma.commands.serve_line import ServeLine, read_serve_line
 from vllm_uma.fleet.api_key import ApiKeyError, read_key_file
 from vllm_uma.fleet.server_guard import KEY_FILE_ENV, GuardEveryPath
+from vllm_uma.kv_offload.pins.warm import (
+    WarmFileError,
+    loopback_url,
+    read_warm_file,
+    start_warm_up,
+)
 from vllm_uma.plugin import cpu_features
 from vllm_uma.plugin.uma_settings import NAMESPACE
 from vllm_uma.plugin.vllm_version import UnsupportedVllmError, require_supported_vllm
@@ -155,6 +167,14 @@ def build_parser():
         "and also on the paths vLLM's --api-key leaves open (/tokenize, /abort_requests, ...).",
     )
     parser.add_argument(
+        "--warm",
+        default=None,
+        metavar="FILE",
+        help="vllm-uma: once the server answers, pin the prefixes of FILE (a JSON list of "
+        "POST /v1/uma/pins bodies: name, prompt or messages or prompt_token_ids, ttl_s), "
+        "prefilling what no tier holds; needs a disk tier (docs/sessions.md).",
+    )
+    parser.add_argument(
         "--no-wire-weights",
         action="store_true",
         help="vllm-uma: do not lock the weights in RAM (mlock). Same as "
@@ -213,7 +233,34 @@ def preflight(
             read_key_file(key_file)
         except ApiKeyError as exc:
             raise PreflightError(str(exc)) from None
+    check_warm(argv, line, environ)
     return False
+
+
+def check_warm(argv: list[str], line: ServeLine, environ: Mapping[str, str]) -> None:
+    """``--warm FILE``: the file read and checked, and a disk tier asked for
+    (pins live in its ledger), where the line decides it."""
+    try:
+        path = take(list(argv), "--warm")
+    except FlagValueMissing:
+        return  # vLLM's parser says so, with the usage
+    if path is None:
+        return
+    try:
+        read_warm_file(path)
+    except WarmFileError as exc:
+        raise PreflightError(str(exc)) from None
+    if given(argv, "--uds"):
+        raise PreflightError(
+            "--warm pins through the server's own HTTP port, and --uds serves a Unix socket "
+            "only: drop one of them."
+        )
+    if line.decided_offloading and plugin_active(environ) and not asks_disk_tier(line):
+        raise PreflightError(
+            "--warm pins prefixes in the disk KV tier, and this line has none: add an fs tier, "
+            'e.g. --kv-offloading-size 1 --kv-transfer-config \'{"kv_connector_extra_config": '
+            '{"secondary_tiers": [{"type": "fs", "root_dir": "/path"}]}}\' (docs/sessions.md).'
+        )
 
 
 def apply_api_key_file(args: argparse.Namespace, environ) -> None:
@@ -259,6 +306,11 @@ def main(argv: list[str]) -> int:
         kv_events_endpoint.choose_endpoint(args, argv)
     except PreflightError as exc:
         return _fail(str(exc), EXIT_USAGE)
+    warm = vars(args).pop("warm", None)  # ours: vLLM's code never sees it
+    if warm is not None:
+        api_key = (args.api_key or [os.environ.get("VLLM_API_KEY")])[0]
+        url = loopback_url(args.host, args.port, bool(args.ssl_keyfile))
+        start_warm_up(read_warm_file(warm), url, api_key, get_logger(__name__))
     try:
         with EngineDeathWatch() as engine:
             command.validate(args)

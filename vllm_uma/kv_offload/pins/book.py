@@ -40,6 +40,10 @@ class PinNotFound(PinError):
     """No live pin of that name."""
 
 
+class PinOverBudget(PinError):
+    """The pin would take pins over a tier's budget."""
+
+
 @dataclass(frozen=True)
 class PinBudget:
     """What pins may hold: a share of the disk tier's cap and of the pool."""
@@ -164,7 +168,7 @@ def _check_budget(db, namespace, name, blocks, block_bytes, budget: PinBudget, n
             (now,),
         ).fetchone()[0]
         if total > limit:
-            raise PinError(
+            raise PinOverBudget(
                 f"pin {name!r} refused: its {blocks} blocks ({size}) would bring the disk "
                 f"tier's pinned blocks to {human_size(total)}, over the pin budget of "
                 f"{human_size(limit)} (pin_share {budget.share:g} of the {cap} cap). Unpin a "
@@ -179,7 +183,7 @@ def _check_budget(db, namespace, name, blocks, block_bytes, budget: PinBudget, n
             (namespace, now),
         ).fetchone()[0]
         if count > rows:
-            raise PinError(
+            raise PinOverBudget(
                 f"pin {name!r} refused: its {blocks} blocks ({size}) would bring this model's "
                 f"pinned blocks to {count}, over the host pool's pin budget of {rows} blocks "
                 f"(pin_share {budget.share:g} of its {budget.pool_rows} rows). Unpin a prefix "

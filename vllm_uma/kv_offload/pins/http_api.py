@@ -151,7 +151,7 @@ class PinRoutes:
                 block_bytes=facts["block_bytes"], tokens=facts["tokens"], ttl_s=ttl_s,
                 budget=budget,
             )  # fmt: skip
-        except book.PinError as exc:
+        except book.PinOverBudget as exc:
             logger.warning("Pin refused: %s", exc)
             raise ApiError(409, str(exc)) from None
         seconds = time.monotonic() - started
