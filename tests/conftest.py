@@ -29,7 +29,7 @@ VENV_BIN = Path(sys.executable).parent
 # End-to-end modules, costliest first (seconds of server start-ups and
 # traffic, measured on a 2-core machine); the rest keep their order after.
 COSTLIEST_FIRST = [
-    # Seven server starts, the engine's faults, two families' references:
+    # Seven server starts, the KV server's faults, two families' references:
     # 216-250 s alone, the longest module since issue 24.
     "tests/e2e/test_model_zoo.py",
     "tests/e2e/test_serve.py",

@@ -122,7 +122,7 @@ def test_the_valkey_tier_settings_are_parsed():
 
 
 def test_a_valkey_tier_without_a_secret_is_refused_before_vllm_loads():
-    # Unsigned values would let anyone who writes to the engine steer answers.
+    # Unsigned values would let anyone who writes to the KV server steer answers.
     tier = {"type": "valkey", "url": "valkey://host:6379/0"}
     message = refusal(offloading([tier]))
     assert message.startswith("the valkey tier has no secret to sign its values with")
