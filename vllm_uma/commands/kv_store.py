@@ -25,6 +25,7 @@ from pathlib import Path
 from vllm_uma.commands import kv_store_pins
 from vllm_uma.kv_offload.disk import admin
 from vllm_uma.kv_offload.pins.book import PinError
+from vllm_uma.kv_offload.pins.bundle import BundleError
 from vllm_uma.log import human_size
 
 PROG = "vllm-uma kv-store"
@@ -134,6 +135,6 @@ def main(argv: list[str]) -> int:
         files, nbytes = admin.clear(args.root)
         print(f"deleted {files} block files, {human_size(nbytes)}")
         return 0
-    except (admin.StoreError, PinError) as exc:
+    except (admin.StoreError, PinError, BundleError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

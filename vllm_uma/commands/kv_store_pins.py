@@ -21,9 +21,11 @@ from pathlib import Path
 from vllm_uma.kv_offload.disk import admin
 from vllm_uma.kv_offload.disk.layout import NOINDEX
 from vllm_uma.kv_offload.pins import book
+from vllm_uma.kv_offload.pins.bundle_export import export_pin
+from vllm_uma.kv_offload.pins.bundle_import import StoreLimits, import_bundle
 from vllm_uma.log import human_size
 
-COMMANDS = ("pins", "unpin")
+COMMANDS = ("pins", "unpin", "export", "import")
 
 
 def add_parsers(commands) -> None:
@@ -33,6 +35,30 @@ def add_parsers(commands) -> None:
     unpin.add_argument(
         "--namespace", metavar="HEX", help="which model's pin, if several have that name"
     )
+    export = commands.add_parser(
+        "export", help="write a pin's blocks on disk (its longest prefix) as a bundle directory"
+    )
+    export.add_argument("name", help="the pin's name (from `pins`)")
+    export.add_argument("out_dir", type=Path, help="the bundle directory to make (must not exist)")
+    export.add_argument(
+        "--namespace", metavar="HEX", help="which model's pin, if several have that name"
+    )
+    imp = commands.add_parser(
+        "import", help="check a bundle, write its blocks into this store and pin them"
+    )
+    imp.add_argument("bundle", type=Path, help="a directory `export` wrote")
+    imp.add_argument(
+        "--ttl-s", type=float, metavar="S", help="the pin lives S s (default: what was left of it)"
+    )
+    imp.add_argument(
+        "--max-size-gib", type=float, metavar="G",
+        help="the store's cap, as its servers' fs tier has it (0: none; default: 10%% of the "
+        "volume, a server's default)",
+    )  # fmt: skip
+    imp.add_argument(
+        "--pin-share", type=float, metavar="F",
+        help="the share of the cap pins may hold, as the servers' fs tier has it (default 0.5)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     prints it)."""
     if args.command == "pins":
         return _pins(args.root)
+    if args.command == "export":
+        return _export(args.root, args.name, args.out_dir, namespace_arg(args.namespace))
+    if args.command == "import":
+        limits = StoreLimits.of(args.root, args.max_size_gib, args.pin_share)
+        return _import(args.root, args.bundle, limits, args.ttl_s)
     return _unpin(args.root, args.name, namespace_arg(args.namespace))
 
 
@@ -92,4 +123,30 @@ def _unpin(root: Path, name: str, namespace: bytes | None) -> int:
         ledger.close()
     for p in gone:
         print(f"unpinned {p.name!r} (namespace {p.namespace.hex()}, {p.blocks} blocks)")
+    return 0
+
+
+def _export(root: Path, name: str, out_dir: Path, namespace: bytes | None) -> int:
+    done = export_pin(root, name, out_dir, namespace)
+    m = done.manifest
+    size = human_size(sum(b.size for b in m.blocks))
+    print(
+        f"exported pin {name!r} (model {m.model}, namespace {m.namespace.hex()}): "
+        f"{len(m.blocks)} of its {len(m.pin.keys)} blocks, {size}, to {out_dir}"
+    )
+    if done.stopped is not None:
+        print(f"only a prefix: it stops where the disk does, at {done.stopped}")
+    return 0
+
+
+def _import(root: Path, bundle: Path, limits: StoreLimits, ttl_s: float | None) -> int:
+    done = import_bundle(root, bundle, limits, ttl_s)
+    m, pin = done.manifest, done.pin
+    cap = "no cap" if limits.cap_bytes is None else human_size(limits.cap_bytes)
+    print(
+        f"imported pin {pin.name!r} (model {m.model}, namespace {m.namespace.hex()}): "
+        f"{done.written} blocks written, {done.already} already in the store, "
+        f"{pin.blocks_on_disk} of its {pin.blocks} blocks on disk; cap {cap} "
+        f"({limits.cap_reason}); {expiry(pin.expires, time.time())}"
+    )
     return 0
