@@ -31,6 +31,10 @@ Where each part runs and what crosses:
   pool's cache policy (pool_policy.py), which skips them when vLLM's
   prepare_store evicts; the memory release keeps them too.
 - ``vllm-uma kv-store ROOT pins|unpin`` read and change the same tables
-  (commands/kv_store.py); ``serve --warm FILE`` posts a list of pins to the
-  server's own API once it answers (warm.py).
+  (commands/kv_store_pins.py); ``... export|import`` carry a pin's blocks
+  to another store as one checked directory (bundle.py: the format and
+  checks; bundle_export.py, bundle_import.py: the writing, an import
+  storing each block as the disk tier does).
+- ``serve --warm FILE`` posts a list of pins to the server's own API once
+  it answers (warm.py).
 """

@@ -76,7 +76,7 @@ def export_pin(root: Path, name: str, out_dir: Path, namespace: bytes | None = N
             f"which an import needs to tell which model the blocks are for: start a server of "
             f"that model on {root} once (it writes the file), then export again."
         )
-    ttl_s = None if pin.expires is None else max(1.0, pin.expires - time.time())
+    ttl_s = None if pin.expires is None else round(max(1.0, pin.expires - time.time()), 1)
     try:
         os.mkdir(partial, 0o700)
     except OSError as exc:  # no parent directory; or another export made it just now
