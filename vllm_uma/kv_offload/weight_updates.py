@@ -55,9 +55,6 @@ from vllm_uma.plugin import vllm_contract
 vllm_contract.require(__name__)
 
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
-# Worker methods that change the weights in place (vllm/v1/worker/gpu_worker.py,
-# inherited by vLLM CPU's worker and ours).
-WEIGHT_CHANGING_METHODS = ("reload_weights", "reset_weights", "update_config")
 # The fix a refusal names where the tiers were configured as vLLM takes them.
 TURN_OFF_TIERS = "remove 'secondary_tiers' (the disk and network tiers)"
 
