@@ -36,18 +36,16 @@ empties while the router, on another host, still lists the URLs.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import socket
-import stat
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from vllm_uma.kv_offload.disk.layout import write_private_json
+from vllm_uma.kv_offload.disk.layout import read_json_file, write_private_json
 
 SUFFIX = ".json"
 MACHINE_ID = Path("/etc/machine-id")
@@ -149,12 +147,8 @@ class WorkerRecord:
 def read_record(path: Path) -> Record | None:
     """The record at ``path``; None for anything else (not a regular file,
     not a record): a damaged record is skipped, never a reason to stop."""
+    data = read_json_file(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            data = json.load(f)
         if not isinstance(data["urls"], list):
             return None
         urls = tuple(str(url) for url in data["urls"])
@@ -166,5 +160,5 @@ def read_record(path: Path) -> Record | None:
             float(data["started"]),
             urls,
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None

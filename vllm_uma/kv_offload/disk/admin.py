@@ -21,7 +21,6 @@ namespace: model, dtypes, layout) and the block files' sizes and mtimes
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import stat
@@ -32,7 +31,13 @@ from pathlib import Path
 
 from vllm_uma.kv_offload.disk.block_file import BadBlock, is_temp_name, key_from_name
 from vllm_uma.kv_offload.disk.block_read import declared_payload_bytes, read_block
-from vllm_uma.kv_offload.disk.layout import NAMESPACE_FILE, NOINDEX, BlockRef, Layout
+from vllm_uma.kv_offload.disk.layout import (
+    NAMESPACE_FILE,
+    NOINDEX,
+    BlockRef,
+    Layout,
+    read_json_file,
+)
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.ledger.db import LEDGER_FILE, LedgerError
 
@@ -143,15 +148,7 @@ def walk(ns: str, ns_dir: Path, summary: NamespaceSummary | None = None) -> Iter
 
 
 def read_info(ns_dir: Path) -> dict | None:
-    try:
-        fd = os.open(ns_dir / NAMESPACE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd) as f:
-            info = json.load(f)
-    except (OSError, ValueError):
-        return None
+    info = read_json_file(ns_dir / NAMESPACE_FILE)
     return info if isinstance(info, dict) else None
 
 

@@ -211,6 +211,20 @@ def _tighten(dir_fd: int) -> None:
         os.fchmod(dir_fd, 0o700)
 
 
+def read_json_file(path: Path) -> Any:
+    """The JSON in the regular file ``path``; None if it cannot be read or
+    parsed. Not followed if a link, not waited on if a FIFO: whoever can
+    write the directory cannot make the reader open another file or hang."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def write_private_json(path: Path, info: Any, *, dir_fd: int | None = None) -> None:
     """Write ``info`` as ``path`` (0600), atomically: a temp file the start-up
     scan knows as a leftover, renamed into place. With ``dir_fd`` (a handle

@@ -32,13 +32,12 @@ import hashlib
 import json
 import mmap
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from blake3 import blake3
 
-from vllm_uma.kv_offload.disk.layout import write_private_json
+from vllm_uma.kv_offload.disk.layout import read_json_file, write_private_json
 from vllm_uma.kv_offload.disk.progress import Progress
 from vllm_uma.log import get_logger
 
@@ -186,15 +185,8 @@ def _cached(cache: dict, path: Path, st) -> bool:
 
 
 def _load_cache(path: Path) -> dict[str, list]:
-    try:
-        # Not followed if a link, not waited on if a FIFO: only a cache.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return {}
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}  # missing or damaged: recompute, it is only a cache
+    data = read_json_file(path)
+    # Missing or damaged: recompute, it is only a cache.
     return data if isinstance(data, dict) else {}
 
 
