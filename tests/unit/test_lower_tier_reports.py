@@ -77,7 +77,7 @@ def test_the_tiers_metric_names_and_help_are_what_users_saw_before_the_skeleton(
     assert "vllm:kv_offload_network_bad_values" in network
     # The shared counters come first, in the order they always had.
     assert list(disk)[:5] == list(disk_metrics.NAMES.moved_definitions())
-    assert len(disk) == 13 and len(network) == 11
+    assert len(disk) == 15 and len(network) == 11  # disk: + the two pinned gauges (pins/)
 
 
 def test_counts_go_under_the_tiers_names_and_reasons():

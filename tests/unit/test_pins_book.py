@@ -147,3 +147,14 @@ def test_a_name_in_two_namespaces_needs_the_namespace_to_unpin(ledger):
     (gone,) = book.unpin(ledger, "system", OTHER)
     assert gone.namespace == OTHER
     assert [p.namespace for p in book.pins(ledger)] == [NS]
+
+
+def test_pinned_blocks_on_disk_are_counted_for_the_metric(ledger):
+    stored(ledger, 0, 100)
+    stored(ledger, 1, 100)
+    stored(ledger, 2, 100, ns=OTHER)
+    pin(ledger, "doc", [0, 5])  # block 5 not stored yet
+    pin(ledger, "same", [0])  # counted once
+    pin(ledger, "theirs", [2], ns=OTHER)
+    assert book.pinned_on_disk(ledger, NS) == (1, 10)
+    assert book.pinned_on_disk(ledger, OTHER) == (1, 10)

@@ -9,6 +9,7 @@ import argparse
 import types
 
 import pytest
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -21,6 +22,7 @@ from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
 from vllm_uma.kv_offload.disk.settings import DiskTierSettings
 from vllm_uma.kv_offload.pins import book
 from vllm_uma.kv_offload.pins.http_api import PinRoutes
+from vllm_uma.kv_offload.pins.metrics import WARM_UP_HEADER
 from vllm_uma.kv_offload.pool_size import PoolSize
 from vllm_uma.plugin import settings_plan
 from vllm_uma.plugin.uma_settings import UmaSettings
@@ -56,7 +58,7 @@ def store(tmp_path):
     ledger.close()
 
 
-def client_for(root, monkeypatch, api_key=None, cap=100 * BLOCK, seen=None):
+def client_for(root, monkeypatch, api_key=None, cap=100 * BLOCK, seen=None, registry=None):
     seen = [] if seen is None else seen
 
     async def completions(request: Request):
@@ -85,7 +87,7 @@ def client_for(root, monkeypatch, api_key=None, cap=100 * BLOCK, seen=None):
     app.state.args = argparse.Namespace(
         api_key=None if api_key is None else [api_key], served_model_name=["m"], model="/m"
     )
-    app.add_middleware(PinRoutes)
+    app.add_middleware(PinRoutes, registry=registry or CollectorRegistry())
     return TestClient(app), seen
 
 
@@ -110,13 +112,26 @@ def test_a_pin_runs_the_prompt_through_vllm_and_lands_in_the_ledger(store, monke
 
 def test_a_pin_over_budget_is_409_with_the_numbers(store, monkeypatch):
     root, ledger = store
-    client, _ = client_for(root, monkeypatch, cap=10 * BLOCK)  # 5 blocks for pins
+    registry = CollectorRegistry()
+    client, _ = client_for(root, monkeypatch, cap=10 * BLOCK, registry=registry)  # 5 blocks
     assert client.post("/v1/uma/pins", json={"name": "a", "prompt": "x" * 40}).status_code == 200
     refused = client.post("/v1/uma/pins", json={"name": "b", "prompt": "y" * 20})
     assert refused.status_code == 409
     error = refused.json()["error"]
     assert error["type"] == "ConflictError" and "budget of 4.9 KiB" in error["message"]
     assert [p.name for p in book.pins(ledger)] == ["a"]
+    warm = client.post(
+        "/v1/uma/pins", json={"name": "w", "prompt": "z" * 10}, headers={WARM_UP_HEADER: "1"}
+    )
+    assert warm.status_code == 200
+
+    def count(name, **labels):
+        return registry.get_sample_value(f"vllm:kv_offload_{name}_total", labels)
+
+    assert count("pin_requests", outcome="pinned", via="api") == 1
+    assert count("pin_requests", outcome="over_budget", via="api") == 1
+    assert count("pin_requests", outcome="pinned", via="warm_up") == 1
+    assert count("pinned_prompt_tokens", via="api") == 32 * 4 + 5
 
 
 @pytest.mark.parametrize(

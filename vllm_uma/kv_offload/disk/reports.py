@@ -35,6 +35,8 @@ PEER_CHANGES = NAMES.prefix + "peer_changes"
 LOADS_GIVEN_UP = NAMES.prefix + "loads_given_up"
 USED_BYTES = NAMES.prefix + "used_bytes"
 CAP_BYTES = NAMES.prefix + "cap_bytes"
+PINNED_BLOCKS = NAMES.prefix + "pinned_blocks"
+PINNED_BYTES = NAMES.prefix + "pinned_bytes"
 
 
 def definitions() -> dict[str, OffloadingMetricMetadata]:
@@ -72,6 +74,11 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
             "Bytes of block files under root_dir, all namespaces and servers (the ledger's count)."
         ),
         CAP_BYTES: gauge("The disk tier's cap in bytes (0: no cap)."),
+        PINNED_BLOCKS: gauge(
+            "Block files of this server's namespace on disk that live pins hold "
+            "(docs/sessions.md); read from the shared ledger every second."
+        ),
+        PINNED_BYTES: gauge("Bytes of those pinned block files."),
     }
 
 

@@ -272,6 +272,9 @@ class DiskTier(SecondaryTierManager):
 
     def get_stats(self):
         self._reports.stats.gauge(m.USED_BYTES, self._done.used_bytes)
+        pinned_blocks, pinned_bytes = self._feed.pinned_on_disk
+        self._reports.stats.gauge(m.PINNED_BLOCKS, pinned_blocks)
+        self._reports.stats.gauge(m.PINNED_BYTES, pinned_bytes)
         return self._reports.stats.take()
 
     @property

@@ -229,6 +229,22 @@ def live_keys(ledger: LedgerDB, namespace: bytes, now: float | None = None) -> f
     return frozenset(key for (key,) in rows)
 
 
+def pinned_on_disk(ledger: LedgerDB, namespace: bytes, now: float | None = None) -> tuple[int, int]:
+    """Blocks of ``namespace`` on disk that live pins hold, and their bytes."""
+    now = time.time() if now is None else now
+    row = (
+        ledger.read()
+        .execute(
+            "SELECT count(*), coalesce(sum(b.size), 0) FROM blocks b WHERE b.ns=? AND b.state=? "
+            "AND EXISTS (SELECT 1 FROM pin_blocks pb JOIN pins p ON p.ns=pb.ns AND p.name=pb.name "
+            f"WHERE pb.ns=b.ns AND pb.key=b.key AND {_LIVE})",
+            (namespace, BlockState.PRESENT, now),
+        )
+        .fetchone()
+    )
+    return row[0], row[1]
+
+
 def prune_expired(ledger: LedgerDB, now: float | None = None) -> int:
     """Remove the pins whose time is up; how many."""
     with ledger.transaction() as db:

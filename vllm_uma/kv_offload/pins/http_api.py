@@ -19,7 +19,8 @@ endpoint in-process (asgi_call.py) with ``max_tokens: 1``: what no tier
 holds is prefilled and stored down the tiers (the warm-up), what one holds
 is restored; the engine answers with the prompt's full-block keys
 (request_keys.py), and the pin is written to the ledger (book.py) off the
-event loop, its budget checked in the same transaction. Errors are vLLM's
+event loop, its budget checked in the same transaction. Counted on vLLM's
+/metrics (pins/metrics.py). Errors are vLLM's
 shape, ``{"error": {"message", "type", "code"}}``: 400 for a bad request,
 404 for an unknown pin, 409 for a pin the budget refuses.
 """
@@ -39,6 +40,7 @@ from vllm_uma.kv_offload.disk.layout import NOINDEX
 from vllm_uma.kv_offload.disk.ledger.db import LedgerDB
 from vllm_uma.kv_offload.pins import book
 from vllm_uma.kv_offload.pins.asgi_call import post_json
+from vllm_uma.kv_offload.pins.metrics import VIA_API, VIA_WARM_UP, WARM_UP_HEADER, PinMetrics
 from vllm_uma.kv_offload.pins.request_keys import PIN_PARAM
 from vllm_uma.log import get_logger, human_size
 
@@ -59,10 +61,17 @@ class ApiError(Exception):
 class PinRoutes:
     """Pure ASGI middleware: ``/v1/uma/pins`` here, every other path on."""
 
-    def __init__(self, app):
+    def __init__(self, app, registry=None):
+        """``registry``: where the counters go (pins/metrics.py); None: the
+        one vLLM's /metrics serves in this process."""
         self.app = app
         self._handler = None
         self._ledger: LedgerDB | None = None
+        if registry is None:
+            from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+            registry = get_prometheus_registry()
+        self._metrics = PinMetrics(registry)
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
@@ -129,6 +138,24 @@ class PinRoutes:
         )
 
     async def _pin(self, scope, disk, body: Any) -> tuple[int, Any]:
+        headers = dict(scope.get("headers", ()))
+        via = VIA_WARM_UP if headers.get(WARM_UP_HEADER.encode()) == b"1" else VIA_API
+        try:
+            status, reply = await self._make_pin(scope, disk, body, via)
+        except ApiError as exc:
+            outcome = "over_budget" if exc.status == 409 else "refused"
+            self._metrics.requests.labels(outcome=outcome, via=via).inc()
+            raise
+        except book.PinError:
+            self._metrics.requests.labels(outcome="refused", via=via).inc()
+            raise
+        outcome = "pinned" if status == 200 else "refused"
+        self._metrics.requests.labels(outcome=outcome, via=via).inc()
+        if status == 200:
+            self._metrics.tokens.labels(via=via).inc(reply["tokens"])
+        return status, reply
+
+    async def _make_pin(self, scope, disk, body: Any, via: str) -> tuple[int, Any]:
         request = _pin_request(body)
         name = book.check_name(request.get("name"))
         ttl_s = book.check_ttl(request.get("ttl_s"))
@@ -156,9 +183,11 @@ class PinRoutes:
             raise ApiError(409, str(exc)) from None
         seconds = time.monotonic() - started
         logger.info(
-            "Pinned %r: %d tokens, %d blocks (%s), %s, in %.1f s (prefill or restore included).",
+            "Pinned %r: %d tokens, %d blocks (%s), %s, in %.1f s (prefill or restore "
+            "included)%s.",
             name, made.tokens, made.blocks, human_size(made.bytes),
             "until unpinned" if ttl_s is None else f"for {ttl_s:g} s", seconds,
+            ", a warm-up" if via == VIA_WARM_UP else "",
         )  # fmt: skip
         usage = reply.get("usage") or {}
         return 200, {

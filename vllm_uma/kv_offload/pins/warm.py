@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from vllm_uma.kv_offload.pins import book
+from vllm_uma.kv_offload.pins.metrics import WARM_UP_HEADER
 
 KNOWN_KEYS = frozenset({"name", "ttl_s", "model", "prompt", "messages", "prompt_token_ids"})
 PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
@@ -100,7 +101,9 @@ def start_warm_up(entries: list[dict], url: str, api_key: str | None, logger) ->
 def _warm_up(entries: list[dict], url: str, api_key: str | None, logger) -> None:
     import requests
 
-    headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+    headers = {WARM_UP_HEADER: "1"}  # counted apart (pins/metrics.py)
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
     # The server's own certificate, on loopback: there is nothing to verify
     # it against here (the CA is the user's), and nothing leaves the host.
     verify = not url.startswith("https")

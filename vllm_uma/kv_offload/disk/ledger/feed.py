@@ -79,6 +79,7 @@ class LedgerFeed:
         self._last_prune = time.monotonic()
         self._failed = False
         self.pinned: frozenset[bytes] = frozenset()
+        self.pinned_on_disk: tuple[int, int] = (0, 0)  # blocks, bytes (a metric)
         self._pins_read = -PINS_EVERY_S
         self._thread = threading.Thread(target=self._run, name="uma-kv-ledger", daemon=True)
         self._thread.start()
@@ -107,6 +108,7 @@ class LedgerFeed:
                 if time.monotonic() - self._pins_read >= PINS_EVERY_S:
                     self._pins_read = time.monotonic()
                     self.pinned = book.live_keys(self._ledger, self._ns)
+                    self.pinned_on_disk = book.pinned_on_disk(self._ledger, self._ns)
                 if time.monotonic() - self._last_prune > _PRUNE_EVERY_S:
                     self._last_prune = time.monotonic()
                     self._ledger.prune_changes(CHANGES_KEPT_S)
