@@ -16,6 +16,7 @@ fields) is in tools/harness/server.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -212,20 +213,15 @@ class Server:
             # mid-teardown (vLLM 0.32 restores SIG_DFL before its teardown),
             # before the disk tier has written its pending blocks.
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
         while _group_alive(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # what did not stop in time
-        except ProcessLookupError:
-            pass
-        try:
+        # Still there: stuck in the kernel; SIGKILLed, the kernel ends it when it can.
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the kernel: SIGKILLed, the kernel ends it when it can
         self._log.close()
 
 

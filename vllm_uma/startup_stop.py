@@ -41,6 +41,7 @@ keep vLLM's behaviour: only ``vllm-uma serve`` marks its process
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -131,8 +132,6 @@ def kill_tree(proc: psutil.Process) -> None:
     except psutil.Error:
         tree = [proc]
     for each in tree:
-        try:
+        with contextlib.suppress(psutil.Error):  # gone already
             each.kill()
-        except psutil.Error:
-            pass  # gone already
     psutil.wait_procs(tree, timeout=5)
