@@ -255,6 +255,8 @@ def test_the_tiered_spec_builds_the_disk_tier_then_the_network_tier(
             manager = built._build_manager()
             try:
                 assert [t.tier_type for t in manager.secondary_tiers] == types
+                # Pins live in the disk tier's ledger: kept alive in the KV server beside it only.
+                assert (manager.secondary_tiers[-1]._pins is not None) == (disk_tier is not None)
             finally:
                 manager.shutdown()
         # The network tier alone keeps the weights' fingerprint with the models.

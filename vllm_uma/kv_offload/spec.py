@@ -243,6 +243,8 @@ class UmaTieredOffloadingSpec(HostPoolWorkerMixin, TieringOffloadingSpec):
             raise
         if offload.disk is not None:
             disk_tier = tiers[0]
+            if offload.network is not None:  # pins kept alive in the KV server too
+                tiers[1].keep_pinned(disk_tier.pinned_keys)
             if not primary.keep_pinned(disk_tier.is_pinned):
                 logger.info(
                     "KV offloading: cache policy %r is not one of vLLM's (lru, arc): pinned "

@@ -158,6 +158,11 @@ class DiskTier(SecondaryTierManager):
         last read, at most a second old): the host pool keeps it too."""
         return key in self._feed.pinned
 
+    def pinned_keys(self) -> frozenset[bytes]:
+        """The keys live pins of our namespace hold, as the feed last read
+        them (replaced whole: any thread may read it without a lock)."""
+        return self._feed.pinned
+
     @property
     def pin_facts(self) -> tuple[bytes, int]:
         """What a pin records of this tier: its namespace and the bytes of

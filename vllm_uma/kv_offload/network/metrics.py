@@ -25,6 +25,10 @@ LOAD_MISSES = NAMES.prefix + "load_missed_blocks"
 # before: dashboards and alerts scrape it by that name.
 SERVER_UP = NAMES.prefix + "engine_up"
 REFUSED_NODES = NAMES.prefix + "refused_nodes"
+# Pinned blocks kept alive in the KV server (pin_refresh.py).
+PINNED_BLOCKS = NAMES.prefix + "pinned_blocks"
+PINNED_MISSING = NAMES.prefix + "pinned_missing_blocks"
+PIN_REFRESHES = NAMES.prefix + "pin_refreshes"
 
 
 def definitions() -> dict[str, OffloadingMetricMetadata]:
@@ -61,5 +65,19 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         REFUSED_NODES: gauge(
             "Primaries the cluster's map names at addresses the tier does not trust "
             "(cluster_allowed_hosts): never connected to, their slots' blocks are misses."
+        ),
+        PINNED_BLOCKS: gauge(
+            "Blocks of live pins of this server's namespace that the KV server held at the "
+            "last pin refresh (TOUCH found them, and renewed their place in its LRU)."
+        ),
+        PINNED_MISSING: gauge(
+            "Blocks of live pins that the last pin refresh did not find in the KV server: "
+            "evicted, not stored there yet, or their node did not answer (restored from "
+            "disk, or recomputed, when asked)."
+        ),
+        PIN_REFRESHES: counter(
+            "Pin refreshes sent: a TOUCH of every pinned block of this server's namespace "
+            "in the KV server, every 5 s (PIN_REFRESH_S) while pins live (with a disk tier, "
+            "which holds them)."
         ),
     }

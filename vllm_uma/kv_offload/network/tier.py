@@ -12,7 +12,10 @@ method on the scheduler thread, and none may block on the network:
   MGETs (transfers.py); a load has one deadline, a timeout from its
   submission;
 - ``get_finished_jobs`` applies what came back, on the scheduler thread, and
-  returns exactly one JobResult per job.
+  returns exactly one JobResult per job;
+- beside a disk tier (whose ledger holds pins), the pinned blocks of the
+  namespace are touched every few seconds on the same threads, so that the
+  KV server's LRU keeps them (pin_refresh.py, ``keep_pinned``).
 
 What crosses: keys and the primary tier's rows (the L2 host pool, which
 vLLM keeps pinned until the job's JobResult), values (value_format.py: a
@@ -52,6 +55,12 @@ from vllm_uma.kv_offload.mac_keys import KeySource
 from vllm_uma.kv_offload.network import metrics as m
 from vllm_uma.kv_offload.network.key_names import descriptor_name
 from vllm_uma.kv_offload.network.node_checks import check_again, check_at_start
+from vllm_uma.kv_offload.network.pin_refresh import (
+    PIN_REFRESH_S,
+    PinnedKeys,
+    PinRefresher,
+    PinsRefreshed,
+)
 from vllm_uma.kv_offload.network.probes import ServerProbes
 from vllm_uma.kv_offload.network.server_check import (
     ServerRefused,
@@ -111,6 +120,7 @@ class NetworkTier(SecondaryTierManager):
         namespace_info: dict[str, Any] | None = None,
         backpressure_detector=None,
         retry_interval_s: float = RETRY_INTERVAL_S,
+        pin_refresh_s: float = PIN_REFRESH_S,
     ):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
@@ -136,11 +146,13 @@ class NetworkTier(SecondaryTierManager):
             self._link.close()
             raise
         self._probes = ServerProbes(self._link, self._name, tier_type)
-        self._done: queue.SimpleQueue[TransferDone] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[TransferDone | PinsRefreshed] = queue.SimpleQueue()
         self._move = functools.partial(run_transfer, self._link, namespace_id, self._keys)
         self._threads = start_transfer_threads(self._done)
         self._jobs: JobBook[Job] = JobBook()
         self._recent: collections.OrderedDict[OffloadKey, None] = collections.OrderedDict()
+        self._pin_refresh_s = pin_refresh_s
+        self._pins: PinRefresher | None = None  # with a disk tier only (keep_pinned)
         self._closed = False
 
     def _name(self, key: OffloadKey) -> bytes:
@@ -267,10 +279,24 @@ class NetworkTier(SecondaryTierManager):
         )
         self._threads.submit(Priority.LOAD if is_load else Priority.STORE, self._move, transfer)
 
+    # -- pins ------------------------------------------------------------------
+
+    def keep_pinned(self, pinned_keys: PinnedKeys) -> None:
+        """Keep the blocks ``pinned_keys()`` names (the disk tier's: pins
+        live in its ledger) alive in the KV server: touched every
+        ``pin_refresh_s`` on the transfer threads (pin_refresh.py)."""
+        if self._pins is None and not self._closed:
+            self._pins = PinRefresher(
+                self._link, self._threads, pinned_keys, self._name, self._pin_refresh_s
+            )
+
     # -- completion (scheduler thread) -----------------------------------------
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         for done in drain(self._done):
+            if isinstance(done, PinsRefreshed):
+                done.report(self._reports)
+                continue
             job = self._jobs[done.job_id]
             self._apply(done)
             job.failed.extend(done.failed)
@@ -346,6 +372,8 @@ class NetworkTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
+        if self._pins is not None:
+            self._pins.stop(timeout_s=1.0)  # a refresh queued now ends without a round trip
         stuck = self._threads.shutdown().stuck_threads
         self.get_finished_jobs()  # none comes after this; the counts are kept
         self._probes.shutdown()

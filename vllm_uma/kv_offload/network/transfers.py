@@ -119,15 +119,22 @@ def start_transfer_threads(
         num_threads,
         done,
         failed=_failed_by_bug,
-        dropped=lambda transfer: failed_all(transfer, Miss.SERVER_DOWN),
+        dropped=_dropped,
         load_only=1,
     )
 
 
-def _failed_by_bug(transfer: Transfer, exc: Exception) -> TransferDone:
+# A pin refresh (pin_refresh.py) shares the threads: it has no job to end.
+def _failed_by_bug(transfer: Transfer, exc: Exception) -> TransferDone | None:
+    if not isinstance(transfer, Transfer):
+        return None
     done = failed_all(transfer, Miss.ERROR)
     done.bad.append(f"{type(exc).__name__}: {exc}")
     return done
+
+
+def _dropped(transfer: Transfer) -> TransferDone | None:
+    return failed_all(transfer, Miss.SERVER_DOWN) if isinstance(transfer, Transfer) else None
 
 
 def run_transfer(
