@@ -6,6 +6,7 @@ connector reports (the real engine: tests/e2e/test_pins.py)."""
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import types
 
 import pytest
@@ -173,3 +174,19 @@ def test_with_an_api_key_the_routes_need_it(store, monkeypatch):
         headers={"Authorization": "Bearer s3cret"},
     )
     assert made.status_code == 200
+
+
+def test_a_ledger_that_cannot_be_used_is_503_and_changes_nothing(store, monkeypatch):
+    root, ledger = store
+    client, _ = client_for(root, monkeypatch)
+    # Another process holds the ledger's write lock past the busy timeout.
+    monkeypatch.setattr("vllm_uma.kv_offload.disk.ledger.db.BUSY_TIMEOUT_S", 0.05)
+    blocker = sqlite3.connect(root / NOINDEX / "ledger.sqlite3", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        reply = client.post("/v1/uma/pins", json={"name": "a", "prompt": "x" * 50})
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert reply.status_code == 503 and "ledger could not be used" in reply.text
+    assert book.pins(ledger) == []

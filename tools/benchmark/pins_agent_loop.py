@@ -36,7 +36,7 @@ from pathlib import Path
 import requests
 
 from tools.benchmark.lib import client, servers
-from tools.benchmark.lib.prompts import MODEL, document
+from tools.benchmark.lib.prompts import MODEL, text
 from tools.benchmark.lib.report import Column, Table, write_json
 from vllm_uma.plugin import precision
 from vllm_uma.plugin.block_size import DEFAULT_BLOCK_TOKENS
@@ -47,7 +47,7 @@ KV_PER_TOKEN_BF16 = 23_040
 TIER_SCALE = 2.2  # the pool and the disk cap, in system prompts
 TRAFFIC_SCALE = 1.3  # eviction traffic a turn, in system prompts
 TRAFFIC_TOKENS = 2_000  # one traffic request
-MAX_MODEL_LEN = 10_240
+MAX_MODEL_LEN = 8192  # the default model's own limit
 
 
 def kv_per_token(dtype: str) -> int:
@@ -109,10 +109,10 @@ def main() -> int:
     )
     ap.add_argument("--out", type=Path, default=REPO / "bench-out" / "pins_agent_loop.json")
     args = ap.parse_args()
-    if not 2 * DEFAULT_BLOCK_TOKENS <= args.system_tokens <= MAX_MODEL_LEN - 200:
-        ap.error(f"--system-tokens {args.system_tokens}: from 64 to {MAX_MODEL_LEN - 200}")
-    pinned_prompt = document(1, args.system_tokens)
-    free_prompt = document(2, args.system_tokens)
+    if not 2 * DEFAULT_BLOCK_TOKENS <= args.system_tokens <= MAX_MODEL_LEN - 64:
+        ap.error(f"--system-tokens {args.system_tokens}: from 64 to {MAX_MODEL_LEN - 64}")
+    pinned_prompt = text(1, args.system_tokens)
+    free_prompt = text(2, args.system_tokens)
     traffic_per_turn = max(1, round(TRAFFIC_SCALE * args.system_tokens / TRAFFIC_TOKENS))
     rows: list[dict] = []
     with (
@@ -142,7 +142,7 @@ def main() -> int:
             )
             for turn in range(1, args.turns + 1):
                 for j in range(traffic_per_turn):
-                    timed(url, document(1000 + turn * 100 + j, TRAFFIC_TOKENS))
+                    timed(url, text(1000 + turn * 100 + j, TRAFFIC_TOKENS))
                 rows.append({"turn": turn, "agent": "pinned",
                              **timed(url, pinned_prompt + turn_text(turn))})  # fmt: skip
                 rows.append({"turn": turn, "agent": "unpinned",

@@ -212,10 +212,9 @@ def unpin(ledger: LedgerDB, name: str, namespace: bytes | None = None) -> list[P
 
 
 def pins(ledger: LedgerDB, namespace: bytes | None = None) -> list[Pin]:
-    """The live pins (of one namespace, or all), oldest first."""
-    now = time.time()
-    with ledger.transaction() as db:
-        return _pins(db, now, namespace)
+    """The live pins (of one namespace, or all), oldest first (one read: no
+    write lock, so listing never waits for, nor delays, a server's store)."""
+    return _pins(ledger.read(), time.time(), namespace)
 
 
 def live_keys(ledger: LedgerDB, namespace: bytes, now: float | None = None) -> frozenset[bytes]:

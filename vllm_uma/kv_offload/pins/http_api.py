@@ -1,8 +1,8 @@
 """API server process: ``/v1/uma/pins``, the pins API of ``vllm-uma serve``.
 
 An ASGI middleware (``vllm-uma serve`` adds it with vLLM's own
-``--middleware`` when a disk tier is on), so the routes sit beside vLLM's
-without touching its router. Behind vLLM's API key: with ``--api-key`` (or
+``--middleware``; without a disk tier its routes answer 400 with the
+reason), so the routes sit beside vLLM's without touching its router. Behind vLLM's API key: with ``--api-key`` (or
 ``$VLLM_API_KEY``) the routes are wrapped in vLLM's own
 AuthenticationMiddleware, as every ``/v1`` path is; ``--api-key-file``'s
 guard (fleet/server_guard.py) sits outside this one.
@@ -22,7 +22,8 @@ is restored; the engine answers with the prompt's full-block keys
 event loop, its budget checked in the same transaction. Counted on vLLM's
 /metrics (pins/metrics.py). Errors are vLLM's
 shape, ``{"error": {"message", "type", "code"}}``: 400 for a bad request,
-404 for an unknown pin, 409 for a pin the budget refuses.
+404 for an unknown pin, 409 for a pin the budget refuses, 503 when the
+store's ledger cannot be used now (nothing changed: try again).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,10 @@ class PinRoutes:
         except book.PinError as exc:
             status = 404 if isinstance(exc, book.PinNotFound) else 400
             reply = _error(status, str(exc))
+        except sqlite3.Error as exc:
+            # Busy past its timeout, a full disk: nothing was changed (one
+            # transaction), and the client may try again.
+            status, reply = 503, _error(503, f"the store's ledger could not be used ({exc})")
         body = json.dumps(reply).encode()
         await send(
             {
@@ -284,7 +290,13 @@ def _described(pin: book.Pin, now: float, root) -> dict:
 
 
 def _error(status: int, message: str) -> dict:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError"}
+    kind = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        405: "MethodNotAllowed",
+        409: "ConflictError",
+        503: "ServiceUnavailableError",
+    }
     return {
         "error": {
             "message": message,
