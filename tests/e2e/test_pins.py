@@ -18,7 +18,8 @@ tokens nearly fills (pin_share 0.9), a host pool that holds it too:
 - the pin is exported as a bundle (``vllm-uma kv-store ROOT export``) and
   imported into a fresh store of a third server, as another host would
   (``import``, while it runs): it restores every full block with the
-  reference tokens; the same bundle is refused by a store of another model
+  reference tokens; that server also warms a greeting from ``--warm FILE``
+  once it answers /health; the same bundle is refused by a store of another model
   (Gemma 3's), with the reason and nothing written;
 - the pin is unpinned at the end, for every server.
 """
@@ -59,6 +60,7 @@ def text(tag: str, words: int) -> str:
 
 SYSTEM = text("System prompt of the agent", 4_000)  # about 8,000 tokens
 CONTROL = text("Control document", 1_000)
+GREETING = text("Warm greeting", 150)  # about 300 tokens: 9 blocks
 # About 2,000 tokens a request, two at a time: shorter prompts cost less
 # attention per token, and two in flight keep both cores busy.
 TRAFFIC_WORDS = 1_000
@@ -156,11 +158,18 @@ def pinned(vllm_uma_exe, default_model_dir, gemma_model_dir, tmp_path_factory):
         # Carry the session: a bundle into a fresh store on "another host".
         bundle = work / "system.bundle"
         seen["export"] = kv_store(vllm_uma_exe, root, "export", "system", bundle)
-        c = start(vllm_uma_exe, server_args(other_host), logs["c"])
+        # It also warms a greeting at start (serve --warm), after /health.
+        warm = work / "warm.json"
+        warm.write_text(json.dumps([{"name": "greeting", "prompt": GREETING, "ttl_s": 600}]))
+        c = start(vllm_uma_exe, [*server_args(other_host), "--warm", str(warm)], logs["c"])
         seen["import"] = kv_store(
             vllm_uma_exe, other_host, "import", bundle, "--max-size-gib", CAP_GIB,
             "--pin-share", 0.9,
         )  # fmt: skip
+        deadline = time.monotonic() + 180
+        while "Warm-up done" not in c.log() and time.monotonic() < deadline:
+            time.sleep(1)
+        seen["c_log"] = c.log()
         seen["c_pins"] = pins(c)
         seen["c_system"] = tokens_of(c, SYSTEM)
         seen["c_disk"] = metric(metrics(c), DISK_TOKENS, 'source="disk"')
@@ -223,12 +232,20 @@ def test_the_same_traffic_without_a_pin_recomputes_the_prompt(pinned):
 def test_a_bundle_carries_the_pin_to_another_hosts_store(pinned):
     assert pinned["export"].returncode == 0, pinned["export"].stderr
     assert pinned["import"].returncode == 0, pinned["import"].stderr
-    (theirs,) = pinned["c_pins"]
-    assert theirs["name"] == "system" and theirs["blocks"] == pinned["pin"]["blocks"]
+    theirs = {p["name"]: p for p in pinned["c_pins"]}["system"]
+    assert theirs["blocks"] == pinned["pin"]["blocks"]
     assert theirs["blocks_on_disk"] == theirs["blocks"]
     _, l1_hit = pinned["reference"]
     assert pinned["c_system"] == l1_hit
     assert pinned["c_disk"] == pinned["pin"]["tokens"] // BLOCK_TOKENS * BLOCK_TOKENS
+
+
+def test_serve_warm_pins_its_file_after_health(pinned):
+    log = pinned["c_log"]
+    assert "Warm-up 1/1: 'greeting' pinned" in log and "Warm-up done: 1 of 1" in log
+    greeting = {p["name"]: p for p in pinned["c_pins"]}["greeting"]
+    assert greeting["blocks"] == greeting["tokens"] // BLOCK_TOKENS > 0
+    assert 0 < greeting["ttl_s"] <= 600
 
 
 def test_a_bundle_of_another_model_is_refused_and_nothing_is_written(pinned):
