@@ -34,7 +34,10 @@ Where each part runs and what crosses:
   (commands/kv_store_pins.py); ``... export|import`` carry a pin's blocks
   to another store as one checked directory (bundle.py: the format and
   checks; bundle_export.py, bundle_import.py: the writing, an import
-  storing each block as the disk tier does).
+  storing each block as the disk tier does). The HTTP API does the same
+  on the server's own store, a bundle as one tar: ``GET
+  /v1/uma/pins/NAME/bundle`` and ``POST /v1/uma/pins/import``
+  (http_bundles.py; bundle_tar.py the tar, http_stream.py the streaming).
 - ``serve --warm FILE`` posts a list of pins to the server's own API once
   it answers (warm.py).
 """

@@ -150,8 +150,8 @@ def _pin(ledger: Ledger, manifest: Manifest, limits: StoreLimits, ttl_s: float |
             ttl_s=bundled.ttl_s if ttl_s is None else ttl_s,
             budget=book.PinBudget(limits.pin_share, limits.cap_bytes),
         )  # fmt: skip
-    except book.PinError as exc:
-        raise book.PinError(f"{exc} Nothing was written.") from None
+    except book.PinError as exc:  # its kind kept: the HTTP API answers 409 for a budget's
+        raise type(exc)(f"{exc} Nothing was written.") from None
 
 
 def _write_blocks(

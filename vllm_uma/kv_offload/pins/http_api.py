@@ -13,6 +13,8 @@ guard (fleet/server_guard.py) sits outside this one.
     GET    /v1/uma/pins          the live pins of the store, all models
     DELETE /v1/uma/pins/NAME     unpin (``?namespace=HEX`` if two models
                                   have a pin of that name)
+    GET    /v1/uma/pins/NAME/bundle   a pin's blocks as a tar; POST
+           /v1/uma/pins/import        one in (http_bundles.py)
 
 A POST runs the prompt through vLLM's completions (or, for messages, chat)
 endpoint in-process (asgi_call.py) with ``max_tokens: 1``: what no tier
@@ -22,8 +24,9 @@ is restored; the engine answers with the prompt's full-block keys
 event loop, its budget checked in the same transaction. Counted on vLLM's
 /metrics (pins/metrics.py). Errors are vLLM's
 shape, ``{"error": {"message", "type", "code"}}``: 400 for a bad request,
-404 for an unknown pin, 409 for a pin the budget refuses, 503 when the
-store's ledger cannot be used now (nothing changed: try again).
+404 for an unknown pin, 409 for a pin the budget refuses, 413 for a
+bundle too large, 503 when the store's ledger cannot be used now
+(nothing changed: try again).
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ class PinRoutes:
 
             registry = get_prometheus_registry()
         self._metrics = PinMetrics(registry)
+        # Imported here: http_bundles.py uses this module's errors and helpers.
+        from vllm_uma.kv_offload.pins.http_bundles import BundleRoutes
+
+        self._bundles = BundleRoutes(app)
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
@@ -105,6 +112,9 @@ class PinRoutes:
             # Busy past its timeout, a full disk: nothing was changed (one
             # transaction), and the client may try again.
             status, reply = 503, _error(503, f"the store's ledger could not be used ({exc})")
+        if callable(reply):  # a bundle's tar, streamed (http_bundles.py)
+            await reply(send)
+            return
         body = json.dumps(reply).encode()
         await send(
             {
@@ -121,6 +131,8 @@ class PinRoutes:
     async def _answer(self, scope, receive) -> tuple[int, Any]:
         method, path = scope["method"], scope["path"]
         disk = _disk_settings(scope["app"])
+        if self._bundles.handles(method, path):  # GET .../NAME/bundle, POST .../import
+            return await self._bundles.answer(scope, receive, disk)
         if path == PREFIX and method == "POST":
             return await self._pin(scope, disk, await _json_body(receive))
         if path == PREFIX and method == "GET":
@@ -295,6 +307,7 @@ def _error(status: int, message: str) -> dict:
         404: "NotFoundError",
         405: "MethodNotAllowed",
         409: "ConflictError",
+        413: "PayloadTooLargeError",
         503: "ServiceUnavailableError",
     }
     return {
