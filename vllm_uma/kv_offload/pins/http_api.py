@@ -2,10 +2,11 @@
 
 An ASGI middleware (``vllm-uma serve`` adds it with vLLM's own
 ``--middleware``; without a disk tier its routes answer 400 with the
-reason), so the routes sit beside vLLM's without touching its router. Behind vLLM's API key: with ``--api-key`` (or
-``$VLLM_API_KEY``) the routes are wrapped in vLLM's own
-AuthenticationMiddleware, as every ``/v1`` path is; ``--api-key-file``'s
-guard (fleet/server_guard.py) sits outside this one.
+reason), so the routes sit beside vLLM's without touching its router.
+Behind vLLM's API key: with ``--api-key`` (or ``$VLLM_API_KEY``) the
+routes are wrapped in vLLM's own AuthenticationMiddleware, as every
+``/v1`` path is; ``--api-key-file``'s guard (fleet/server_guard.py) sits
+outside this one.
 
     POST   /v1/uma/pins          {"name", one of "prompt" | "messages" |
                                   "prompt_token_ids", "ttl_s" (null: until
