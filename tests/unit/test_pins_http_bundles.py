@@ -11,6 +11,7 @@ import io
 import os
 import tarfile
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -326,3 +327,17 @@ def test_leftovers_of_gone_processes_are_removed(source, monkeypatch):
         (base / name / "bundle").mkdir(parents=True)
     assert exported(source, monkeypatch)
     assert scratch(source) == [alive]
+
+
+def test_a_bundle_larger_than_the_free_space_is_413_before_its_blocks(source, target, monkeypatch):
+    body = exported(source, monkeypatch)
+    before = state(target)
+    real = os.statvfs
+    monkeypatch.setattr(
+        os, "statvfs", lambda p: types.SimpleNamespace(f_bavail=1, f_frsize=4096, f_blocks=9)
+    )
+    put = Server(target, monkeypatch).request("POST", IMPORT_URL, content=body, headers=TAR)
+    monkeypatch.setattr(os, "statvfs", real)
+    assert put.status_code == 413, put.text
+    assert "4.0 KiB free on the store's volume" in put.json()["error"]["message"]
+    assert state(target) == before and scratch(target) == []
