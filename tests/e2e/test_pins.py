@@ -15,12 +15,13 @@ tokens nearly fills (pin_share 0.9), a host pool that holds it too:
   unpinned control prompt restores nothing (its blocks were evicted) and is
   recomputed;
 - a pin over the budget is refused with its numbers (409);
-- the pin is exported as a bundle (``vllm-uma kv-store ROOT export``) and
-  imported into a fresh store of a third server, as another host would
-  (``import``, while it runs): it restores every full block with the
-  reference tokens; that server also warms a greeting from ``--warm FILE``
+- the pin is exported as a bundle over HTTP (GET /v1/uma/pins/system/bundle)
+  and imported into a fresh store of a third server, as another host would
+  (POST /v1/uma/pins/import, while it runs): it restores every full block
+  with the reference tokens; that server also warms a greeting from ``--warm FILE``
   once it answers /health; the same bundle is refused by a store of another model
-  (Gemma 3's), with the reason and nothing written;
+  (Gemma 3's) through ``vllm-uma kv-store ROOT export`` and ``import``,
+  with the reason and nothing written;
 - the pin is unpinned at the end, for every server.
 """
 
@@ -162,10 +163,16 @@ def pinned(vllm_uma_exe, default_model_dir, gemma_model_dir, tmp_path_factory):
         warm = work / "warm.json"
         warm.write_text(json.dumps([{"name": "greeting", "prompt": GREETING, "ttl_s": 600}]))
         c = start(vllm_uma_exe, [*server_args(other_host), "--warm", str(warm)], logs["c"])
-        seen["import"] = kv_store(
-            vllm_uma_exe, other_host, "import", bundle, "--max-size-gib", CAP_GIB,
-            "--pin-share", 0.9,
-        )  # fmt: skip
+        # Over HTTP: B streams the pin's bundle, C takes it into its store
+        # (C asks its own engine for its namespace first).
+        tar = requests.get(f"{b.url}/v1/uma/pins/system/bundle", timeout=300)
+        seen["http_export"] = (tar.status_code, len(tar.content))
+        seen["import"] = requests.post(
+            f"{c.url}/v1/uma/pins/import",
+            data=tar.content,
+            headers={"Content-Type": "application/x-tar"},
+            timeout=300,
+        )
         deadline = time.monotonic() + 180
         while "Warm-up done" not in c.log() and time.monotonic() < deadline:
             time.sleep(1)
@@ -231,7 +238,10 @@ def test_the_same_traffic_without_a_pin_recomputes_the_prompt(pinned):
 
 def test_a_bundle_carries_the_pin_to_another_hosts_store(pinned):
     assert pinned["export"].returncode == 0, pinned["export"].stderr
-    assert pinned["import"].returncode == 0, pinned["import"].stderr
+    status, size = pinned["http_export"]
+    assert status == 200 and size > pinned["pin"]["bytes"]
+    assert pinned["import"].status_code == 200, pinned["import"].text
+    assert pinned["import"].json()["blocks_written"] == pinned["pin"]["blocks"]
     theirs = {p["name"]: p for p in pinned["c_pins"]}["system"]
     assert theirs["blocks"] == pinned["pin"]["blocks"]
     assert theirs["blocks_on_disk"] == theirs["blocks"]
