@@ -198,7 +198,7 @@ class PinRoutes:
                 budget=budget,
             )  # fmt: skip
         except book.PinOverBudget as exc:
-            logger.warning("Pin refused: %s", exc)
+            logger.warning("Pins API: %s", exc)
             raise ApiError(409, str(exc)) from None
         seconds = time.monotonic() - started
         logger.info(
