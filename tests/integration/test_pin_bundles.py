@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.disk_tier_kit import FILE, NS, OTHER_NS, Jobs, Primary, key, make_tier
+from tests.unit.pins_bundle_kit import state
 from vllm_uma.commands import main as cli
 from vllm_uma.kv_offload.disk.layout import BlockRef, Layout
 from vllm_uma.kv_offload.disk.ledger.blocks import Ledger
@@ -75,25 +76,6 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 def block_path(root: Path, k: bytes, ns: bytes = NS) -> Path:
     return Layout(root).path(BlockRef(ns, k))
-
-
-def state(root: Path) -> tuple:
-    """What an import may change: every file under .noindex but the
-    ledger's, the ledger's block rows and pins."""
-    noindex = root / ".noindex"
-    files = sorted(
-        (str(p.relative_to(noindex)), p.read_bytes())
-        for p in noindex.rglob("*")
-        if p.is_file() and not p.name.startswith("ledger.sqlite3")
-    )
-    db = sqlite3.connect(noindex / "ledger.sqlite3")
-    rows = db.execute("SELECT ns, key, size, state FROM blocks ORDER BY ns, key").fetchall()
-    pins = (
-        db.execute("SELECT ns, name FROM pins").fetchall()
-        + db.execute("SELECT * FROM pin_blocks").fetchall()
-    )
-    db.close()
-    return files, rows, pins
 
 
 def exported(capsys, source: Path, out: Path) -> dict:

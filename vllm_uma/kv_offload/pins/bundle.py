@@ -283,3 +283,13 @@ def check_bundle(bundle: Path) -> Manifest:
     for block in manifest.blocks:
         read_block(bundle, manifest, block)
     return manifest
+
+
+def write_synced(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (a write may take part of it), then fsync:
+    an export's file and an import's block alike are whole on disk before
+    they are renamed in."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)

@@ -35,6 +35,7 @@ from vllm_uma.kv_offload.pins.bundle import (
     BundlePin,
     Manifest,
     read_file,
+    write_synced,
 )
 
 PARTIAL = ".partial"
@@ -174,10 +175,7 @@ def _read_stored(layout: Layout, ref: BlockRef, size: int) -> bytes:
 def _write_synced(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        write_synced(fd, data)
     finally:
         os.close(fd)
 

@@ -51,7 +51,13 @@ from vllm_uma.kv_offload.disk.settings import (
     pin_share,
 )
 from vllm_uma.kv_offload.pins import book
-from vllm_uma.kv_offload.pins.bundle import BundleError, Manifest, check_bundle, read_block
+from vllm_uma.kv_offload.pins.bundle import (
+    BundleError,
+    Manifest,
+    check_bundle,
+    read_block,
+    write_synced,
+)
 from vllm_uma.log import human_size
 
 
@@ -222,10 +228,7 @@ def _write_file(name: str, data: bytes, dir_fd: int) -> None:
     fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | SAFE_OPEN, 0o600, dir_fd=dir_fd)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            write_synced(fd, data)
         finally:
             os.close(fd)
         os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
