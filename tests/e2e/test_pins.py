@@ -61,6 +61,8 @@ def text(tag: str, words: int) -> str:
 
 SYSTEM = text("System prompt of the agent", 4_000)  # about 8,000 tokens
 CONTROL = text("Control document", 1_000)
+# Never the control prompt: a refused pin still stores its prompt's blocks.
+OVER_BUDGET = text("Another long document", 1_000)
 GREETING = text("Warm greeting", 150)  # about 300 tokens: 9 blocks
 # About 2,000 tokens a request, two at a time: shorter prompts cost less
 # attention per token, and two in flight keep both cores busy.
@@ -132,6 +134,13 @@ def pinned(vllm_uma_exe, default_model_dir, gemma_model_dir, tmp_path_factory):
         seen["pin"] = made.json()
         assert made.status_code == 200, seen["pin"]
         seen["pin_on_disk"] = wait_on_disk(a, "system")
+        # Over the budget: refused, though its prompt was prefilled and
+        # stored (the warm-up runs first); before the traffic, which evicts it.
+        seen["over_budget"] = requests.post(
+            f"{a.url}/v1/uma/pins",
+            json={"name": "more", "prompt": OVER_BUDGET, "ttl_s": 60},
+            timeout=300,
+        )
         tokens_of(a, CONTROL)
         # Traffic: other prompts, ten times the disk cap in block files.
         per_request = (2 * TRAFFIC_WORDS) // BLOCK_TOKENS * BLOCK_FILE_BYTES
@@ -141,11 +150,6 @@ def pinned(vllm_uma_exe, default_model_dir, gemma_model_dir, tmp_path_factory):
             prompts = [text(f"Traffic {i}", TRAFFIC_WORDS) for i in range(requests_needed)]
             list(pool.map(lambda p: tokens_of(a, p, max_tokens=1), prompts))
         seen["traffic"] = (requests_needed, time.monotonic() - started)
-        seen["over_budget"] = requests.post(
-            f"{a.url}/v1/uma/pins",
-            json={"name": "more", "prompt": CONTROL, "ttl_s": 60},
-            timeout=300,
-        )
         seen["a_pins"] = pins(a)
         seen["a_metrics"] = metrics(a)
         # A second server on the store sees the pin; then the first stops.
