@@ -28,6 +28,7 @@ from tools.harness.certificates import Certificates
 from tools.harness.tls_server import TlsKvServer
 from tools.harness.valkey_cluster import Cluster
 from tools.harness.valkey_server import KvServer, KvServerError
+from vllm_uma.kv_offload.network.pin_refresh import PIN_REFRESH_S
 from vllm_uma.kv_offload.network.settings import parse_network_tier
 from vllm_uma.kv_offload.network.tier import NetworkTier
 
@@ -64,6 +65,7 @@ def make_tier(
     ns: bytes,
     kv_events: bool = False,
     namespace_info: dict | None = None,
+    pin_refresh_s: float = PIN_REFRESH_S,
     **settings,
 ) -> NetworkTier:
     config = parse_network_tier(signed({"type": "valkey", "url": kv_server.url, **settings}))
@@ -76,6 +78,7 @@ def make_tier(
         namespace_id=ns,
         namespace_info=namespace_info,
         retry_interval_s=0.1,
+        pin_refresh_s=pin_refresh_s,
     )
 
 

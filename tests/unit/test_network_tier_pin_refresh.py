@@ -38,14 +38,15 @@ class Link:
 
 
 def recorded_round_trips(monkeypatch, reply=lambda name: 1) -> list:
-    """each_key replaced: records (names, commands, deadline), answers ``reply(name)``."""
+    """each_slot replaced: records (names, verb, deadline); each name is a
+    slot of its own (a cluster's), answered ``reply(name)``."""
     calls = []
 
-    def each_key(link, names, commands, what, deadline=None):
-        calls.append((list(names), list(commands), deadline))
-        return [reply(name) for name in names]
+    def each_slot(link, names, verb, what, deadline):
+        calls.append((list(names), verb, deadline))
+        return [(1, reply(name)) for name in names]
 
-    monkeypatch.setattr(round_trips, "each_key", each_key)
+    monkeypatch.setattr(round_trips, "each_slot", each_slot)
     return calls
 
 
@@ -53,14 +54,15 @@ def names(count: int) -> tuple[bytes, ...]:
     return tuple(value_name(NS, key(i)) for i in range(count))
 
 
-def test_a_refresh_is_one_touch_per_name_a_batch_per_round_trip(monkeypatch):
+def test_a_refresh_touches_every_name_a_batch_per_round_trip(monkeypatch):
     calls = recorded_round_trips(monkeypatch)
     monkeypatch.setattr(pin_refresh, "REFRESH_BATCH", 4)
     all_names = names(10)
     deadline = time.monotonic() + 60
     done = touch_all(Link(), all_names, deadline)
     assert [len(batch) for batch, _, _ in calls] == [4, 4, 2]
-    assert [c for _, commands, _ in calls for c in commands] == [("TOUCH", n) for n in all_names]
+    assert [n for batch, _, _ in calls for n in batch] == list(all_names)
+    assert {verb for _, verb, _ in calls} == {"TOUCH"}
     assert {d for _, _, d in calls} == {deadline}  # every round trip ends by the next refresh
     assert done == PinsRefreshed(10, 10, reached=True)
 
@@ -98,24 +100,26 @@ def reports() -> TierReports:
 
 def test_a_refresh_sets_the_gauges_and_counts_one(monkeypatch):
     tier = reports()
-    PinsRefreshed(5, 3, reached=True).report(tier)
+    PinsRefreshed(5, 3, reached=True).report(tier, block_bytes=100)
     stats = counters(tier.stats.take())
     assert stats[(m.PINNED_BLOCKS, ())] == 3 and stats[(m.PINNED_MISSING, ())] == 2
+    assert stats[(m.PINNED_BYTES, ())] == 300
     assert stats[(m.PIN_REFRESHES, ())] == 1
     # Nothing reached: the gauges say so, no refresh counted.
-    PinsRefreshed(5, 0, reached=False).report(tier)
+    PinsRefreshed(5, 0, reached=False).report(tier, block_bytes=100)
     stats = counters(tier.stats.take())
     assert stats[(m.PINNED_BLOCKS, ())] == 0 and stats[(m.PINNED_MISSING, ())] == 5
     assert (m.PIN_REFRESHES, ()) not in stats
     # The last pin gone: zeros, no refresh counted.
-    PinsRefreshed(0, 0, reached=True).report(tier)
+    PinsRefreshed(0, 0, reached=True).report(tier, block_bytes=100)
     stats = counters(tier.stats.take())
     assert stats[(m.PINNED_MISSING, ())] == 0 and (m.PIN_REFRESHES, ()) not in stats
 
 
 def test_the_metrics_are_defined_and_say_the_interval():
     definitions = m.definitions()
-    assert {m.PINNED_BLOCKS, m.PINNED_MISSING, m.PIN_REFRESHES} <= definitions.keys()
+    ours = {m.PINNED_BLOCKS, m.PINNED_BYTES, m.PINNED_MISSING, m.PIN_REFRESHES}
+    assert ours <= definitions.keys()
     help_text = definitions[m.PIN_REFRESHES].documentation
     assert f"every {PIN_REFRESH_S:.0f} s (PIN_REFRESH_S)" in help_text
 
@@ -185,7 +189,7 @@ def test_a_refresh_that_raises_is_a_result_never_a_dead_thread(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(round_trips, "each_key", broken)
+    monkeypatch.setattr(round_trips, "each_slot", broken)
     refresher = PinRefresher(Link(), Threads(), frozenset, bytes, every_s=60)
     try:
         done = refresher.run(Refresh(names(2)))

@@ -27,6 +27,7 @@ SERVER_UP = NAMES.prefix + "engine_up"
 REFUSED_NODES = NAMES.prefix + "refused_nodes"
 # Pinned blocks kept alive in the KV server (pin_refresh.py).
 PINNED_BLOCKS = NAMES.prefix + "pinned_blocks"
+PINNED_BYTES = NAMES.prefix + "pinned_bytes"
 PINNED_MISSING = NAMES.prefix + "pinned_missing_blocks"
 PIN_REFRESHES = NAMES.prefix + "pin_refreshes"
 
@@ -70,6 +71,7 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
             "Blocks of live pins of this server's namespace that the KV server held at the "
             "last pin refresh (TOUCH found them, and renewed their place in its LRU)."
         ),
+        PINNED_BYTES: gauge("Payload bytes of those blocks."),
         PINNED_MISSING: gauge(
             "Blocks of live pins that the last pin refresh did not find in the KV server: "
             "evicted, not stored there yet, or their node did not answer (restored from "
@@ -77,7 +79,7 @@ def definitions() -> dict[str, OffloadingMetricMetadata]:
         ),
         PIN_REFRESHES: counter(
             "Pin refreshes sent: a TOUCH of every pinned block of this server's namespace "
-            "in the KV server, every 5 s (PIN_REFRESH_S) while pins live (with a disk tier, "
+            "in the KV server, every 2 s (PIN_REFRESH_S) while pins live (with a disk tier, "
             "which holds them)."
         ),
     }

@@ -78,6 +78,27 @@ def each_key(
     return out
 
 
+def each_slot(
+    link: ServerLink, names: Sequence[bytes], verb: str, what: str, deadline: float | None
+) -> list[tuple[int, object]]:
+    """``verb`` over each slot's names as one command (a multi-key command
+    stays within one slot in a cluster; a standalone KV server is one
+    slot), one round trip per node. Per command: how many names it named,
+    and its reply (a small one: an integer, or an exception as in
+    ``each_key``)."""
+    routes = link.route(names)
+    plan = {
+        node: [(verb, *(names[i] for i in group)) for group in groups]
+        for node, groups in routes.items()
+    }
+    replies = _round_trip(link, plan, what, deadline, SMALL_REPLY_BYTES, _small_replies)
+    return [
+        (len(group), reply)
+        for node, groups in routes.items()
+        for group, reply in zip(groups, replies[node], strict=True)
+    ]
+
+
 def mget(
     link: ServerLink, names: Sequence[bytes], what: str, value_bytes: int, deadline: float | None
 ) -> list:

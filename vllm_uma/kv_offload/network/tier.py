@@ -295,7 +295,7 @@ class NetworkTier(SecondaryTierManager):
     def get_finished_jobs(self) -> Iterable[JobResult]:
         for done in drain(self._done):
             if isinstance(done, PinsRefreshed):
-                done.report(self._reports)
+                done.report(self._reports, self.block_size_bytes)
                 continue
             job = self._jobs[done.job_id]
             self._apply(done)
