@@ -19,7 +19,8 @@ Where each part runs and what crosses:
   (asgi_call.py) with ``max_tokens: 1`` and ``kv_transfer_params:
   {"vllm_uma_pin": true}``: vLLM tokenizes, applies the chat template,
   hashes the blocks and prefills what no tier holds (the warm-up), and the
-  blocks are stored down the tiers as any request's are.
+  blocks are stored down the tiers as any request's are. The requests'
+  keys, checks and errors: api_requests.py; the counters: metrics.py.
 - **Engine-core process, scheduler side** (connector.py): for such a
   request, ``request_finished`` returns the request's full-block offload
   keys, the namespace and the block size in the response's
@@ -27,9 +28,11 @@ Where each part runs and what crosses:
   (one transaction, the budget checked inside it), off the event loop.
   Nothing of the scheduler thread waits on the ledger.
 - **Engine-core process, the feed thread** (disk/ledger/feed.py) reads the
-  live pinned keys of its namespace now and then and hands them to the host
+  live pinned keys of its namespace every second and hands them to the host
   pool's cache policy (pool_policy.py), which skips them when vLLM's
-  prepare_store evicts; the memory release keeps them too.
+  prepare_store evicts; the memory release keeps them too. Beside a disk
+  tier, the network tier TOUCHes them on the KV server every 2 s so its
+  LRU keeps them (network/pin_refresh.py).
 - ``vllm-uma kv-store ROOT pins|unpin`` read and change the same tables
   (commands/kv_store_pins.py); ``... export|import`` carry a pin's blocks
   to another store as one checked directory (bundle.py: the format and

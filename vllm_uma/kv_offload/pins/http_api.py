@@ -45,23 +45,22 @@ from vllm_uma.kv_offload.disk import admin
 from vllm_uma.kv_offload.disk.layout import NOINDEX
 from vllm_uma.kv_offload.disk.ledger.db import LedgerDB
 from vllm_uma.kv_offload.pins import book
+from vllm_uma.kv_offload.pins.api_requests import (
+    PREFIX,
+    ApiError,
+    disk_settings,
+    error_body,
+    json_body,
+    namespace_arg,
+    pin_request,
+    warm_request,
+)
 from vllm_uma.kv_offload.pins.asgi_call import post_json
 from vllm_uma.kv_offload.pins.metrics import VIA_API, VIA_WARM_UP, WARM_UP_HEADER, PinMetrics
 from vllm_uma.kv_offload.pins.request_keys import PIN_PARAM
 from vllm_uma.log import get_logger, human_size
 
 logger = get_logger(__name__)
-
-PREFIX = "/v1/uma/pins"
-PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
-KNOWN_KEYS = frozenset({"name", "ttl_s", "model", *PROMPT_KEYS})
-MAX_BODY = 16 << 20  # a 32k-token prompt as JSON is well under 1 MiB
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class PinRoutes:
@@ -105,14 +104,14 @@ class PinRoutes:
         try:
             status, reply = await self._answer(scope, receive)
         except ApiError as exc:
-            status, reply = exc.status, _error(exc.status, str(exc))
+            status, reply = exc.status, error_body(exc.status, str(exc))
         except book.PinError as exc:
             status = 404 if isinstance(exc, book.PinNotFound) else 400
-            reply = _error(status, str(exc))
+            reply = error_body(status, str(exc))
         except sqlite3.Error as exc:
             # Busy past its timeout, a full disk: nothing was changed (one
             # transaction), and the client may try again.
-            status, reply = 503, _error(503, f"the store's ledger could not be used ({exc})")
+            status, reply = 503, error_body(503, f"the store's ledger could not be used ({exc})")
         if callable(reply):  # a bundle's tar, streamed (http_bundles.py)
             await reply(send)
             return
@@ -131,11 +130,11 @@ class PinRoutes:
 
     async def _answer(self, scope, receive) -> tuple[int, Any]:
         method, path = scope["method"], scope["path"]
-        disk = _disk_settings(scope["app"])
+        disk = disk_settings(scope["app"])
         if self._bundles.handles(method, path):  # GET .../NAME/bundle, POST .../import
             return await self._bundles.answer(scope, receive, disk)
         if path == PREFIX and method == "POST":
-            return await self._pin(scope, disk, await _json_body(receive))
+            return await self._pin(scope, disk, await json_body(receive))
         if path == PREFIX and method == "GET":
             pins = await asyncio.to_thread(book.pins, self._ledger_of(disk))
             now = time.time()
@@ -147,7 +146,7 @@ class PinRoutes:
         if path.startswith(PREFIX + "/") and method == "DELETE":
             name = unquote(path[len(PREFIX) + 1 :])
             query = parse_qs(scope.get("query_string", b"").decode())
-            namespace = _namespace_arg(query.get("namespace", [None])[0])
+            namespace = namespace_arg(query.get("namespace", [None])[0])
             gone = await asyncio.to_thread(book.unpin, self._ledger_of(disk), name, namespace)
             logger.info("Unpinned %r (namespace %s).", name, gone[0].namespace.hex())
             return 200, {"unpinned": [p.as_json(time.time()) for p in gone]}
@@ -175,12 +174,12 @@ class PinRoutes:
         return status, reply
 
     async def _make_pin(self, scope, disk, body: Any, via: str) -> tuple[int, Any]:
-        request = _pin_request(body)
+        request = pin_request(body)
         name = book.check_name(request.get("name"))
         ttl_s = book.check_ttl(request.get("ttl_s"))
         vllm_app = scope["app"]
         started = time.monotonic()
-        status, reply = await post_json(self.app, scope, *_warm_request(vllm_app, request))
+        status, reply = await post_json(self.app, scope, *warm_request(vllm_app, request))
         if status != 200:
             return status, reply  # vLLM's own error: a bad prompt, an unknown model
         facts = (reply.get("kv_transfer_params") or {}).get(PIN_PARAM)
@@ -221,100 +220,6 @@ class PinRoutes:
         return self._ledger
 
 
-def _disk_settings(vllm_app):
-    from vllm_uma.plugin.settings_plan import SettingsPlanError, read_plan
-
-    try:
-        plan = read_plan(vllm_app.state.vllm_config)
-    except SettingsPlanError as exc:
-        raise ApiError(400, f"pins need the vllm-uma platform: {exc}") from None
-    disk = None if plan.offload is None else plan.offload.disk
-    if disk is None:
-        raise ApiError(
-            400,
-            "pins live in the disk KV tier's ledger, and this server has none: serve with an "
-            "fs tier in 'secondary_tiers' (docs/sessions.md).",
-        )
-    return disk
-
-
-async def _json_body(receive) -> Any:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ApiError(400, "the client went away before the body was read")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise ApiError(400, f"the body is over {human_size(MAX_BODY)}")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            break
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError as exc:
-        raise ApiError(400, f"the body is not JSON ({exc})") from None
-
-
-def _pin_request(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise ApiError(
-            400, f"the body must be a JSON object with a name and a prompt, not {body!r:.80}"
-        )
-    unknown = sorted(set(body) - KNOWN_KEYS)
-    if unknown:
-        raise ApiError(400, f"unknown key(s) {unknown}; the known keys are {sorted(KNOWN_KEYS)}.")
-    given = [key for key in PROMPT_KEYS if body.get(key) is not None]
-    if len(given) != 1:
-        raise ApiError(
-            400,
-            f"give exactly one of {list(PROMPT_KEYS)} (the prefix to pin); got {given or 'none'}.",
-        )
-    return body
-
-
-def _warm_request(vllm_app, request: dict) -> tuple[str, dict]:
-    """vLLM's endpoint and body for the prompt: one token out, the pin asked."""
-    args = vllm_app.state.args
-    model = request.get("model") or (args.served_model_name or [args.model])[0]
-    common = {"model": model, "max_tokens": 1, "kv_transfer_params": {PIN_PARAM: True}}
-    if request.get("messages") is not None:
-        return "/v1/chat/completions", {**common, "messages": request["messages"]}
-    prompt = request.get("prompt")
-    return "/v1/completions", {
-        **common,
-        "prompt": request["prompt_token_ids"] if prompt is None else prompt,
-    }
-
-
-def _namespace_arg(value: str | None) -> bytes | None:
-    if value is None:
-        return None
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        raise ApiError(400, f"namespace={value!r} is not hex (GET {PREFIX} shows them)") from None
-
-
 def _described(pin: book.Pin, now: float, root) -> dict:
     info = admin.read_info(Path(root) / NOINDEX / pin.namespace.hex())
     return {**pin.as_json(now), "model": (info or {}).get("model")}
-
-
-def _error(status: int, message: str) -> dict:
-    kind = {
-        400: "BadRequestError",
-        404: "NotFoundError",
-        405: "MethodNotAllowed",
-        409: "ConflictError",
-        413: "PayloadTooLargeError",
-        503: "ServiceUnavailableError",
-    }
-    return {
-        "error": {
-            "message": message,
-            "type": kind.get(status, "InternalServerError"),
-            "code": status,
-        }
-    }

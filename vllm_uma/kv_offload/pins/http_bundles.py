@@ -56,11 +56,11 @@ from urllib.parse import parse_qs, unquote
 from vllm_uma.kv_offload.disk import admin
 from vllm_uma.kv_offload.disk.block_file import pid_is_alive
 from vllm_uma.kv_offload.pins import book, bundle_tar
+from vllm_uma.kv_offload.pins.api_requests import PREFIX, ApiError, namespace_arg, warm_request
 from vllm_uma.kv_offload.pins.asgi_call import post_json
 from vllm_uma.kv_offload.pins.bundle import BundleError, Manifest
 from vllm_uma.kv_offload.pins.bundle_export import export_pin
 from vllm_uma.kv_offload.pins.bundle_import import StoreLimits, check_namespace, import_bundle
-from vllm_uma.kv_offload.pins.http_api import PREFIX, ApiError, _namespace_arg, _warm_request
 from vllm_uma.kv_offload.pins.http_stream import AsgiBody, Scratch, TarReply
 from vllm_uma.kv_offload.pins.request_keys import PIN_PARAM
 from vllm_uma.log import get_logger, human_size
@@ -95,7 +95,7 @@ class BundleRoutes:
         root = Path(disk.root_dir)
         if scope["method"] == "GET":
             name = book.check_name(unquote(scope["path"][len(PREFIX) + 1 : -len(BUNDLE)]))
-            namespace = _namespace_arg(query.get("namespace", [None])[0])
+            namespace = namespace_arg(query.get("namespace", [None])[0])
             work = functools.partial(self._export, receive, root, name, namespace)
         else:
             work = functools.partial(self._import, scope, receive, disk, _ttl_arg(query))
@@ -169,7 +169,7 @@ class BundleRoutes:
     async def _ask_engine(self, scope) -> bytes | None:
         """The namespace this server's engine stores under, or None if it
         cannot say (logged)."""
-        path, body = _warm_request(scope["app"], {"prompt": PROBE_PROMPT})
+        path, body = warm_request(scope["app"], {"prompt": PROBE_PROMPT})
         status, reply = await post_json(self.app, scope, path, body)
         try:
             self._namespace = bytes.fromhex(reply["kv_transfer_params"][PIN_PARAM]["namespace"])

@@ -25,10 +25,9 @@ import time
 from typing import Any
 
 from vllm_uma.kv_offload.pins import book
+from vllm_uma.kv_offload.pins.api_requests import KNOWN_KEYS, PROMPT_KEYS
 from vllm_uma.kv_offload.pins.metrics import WARM_UP_HEADER
 
-KNOWN_KEYS = frozenset({"name", "ttl_s", "model", "prompt", "messages", "prompt_token_ids"})
-PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
 MAX_FILE_BYTES = 64 << 20
 READY_WAIT_S = 3600.0  # a first start that compiles takes minutes, never an hour
 PIN_TIMEOUT_S = 1800.0  # one 30k-token prefill on a slow CPU
