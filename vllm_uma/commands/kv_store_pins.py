@@ -75,12 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def namespace_arg(value: str | None) -> bytes | None:
-    if value is None:
-        return None
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        raise book.PinError(f"namespace={value!r} is not hex (`pins` shows them)") from None
+    return book.namespace_arg(value, "`pins`")
 
 
 def _pins(root: Path) -> int:

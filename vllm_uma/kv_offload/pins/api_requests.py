@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from vllm_uma.kv_offload.pins import book
 from vllm_uma.kv_offload.pins.request_keys import PIN_PARAM
 from vllm_uma.log import human_size
 
@@ -99,12 +100,7 @@ def warm_request(vllm_app, request: dict) -> tuple[str, dict]:
 
 
 def namespace_arg(value: str | None) -> bytes | None:
-    if value is None:
-        return None
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        raise ApiError(400, f"namespace={value!r} is not hex (GET {PREFIX} shows them)") from None
+    return book.namespace_arg(value, f"GET {PREFIX}")
 
 
 def error_body(status: int, message: str) -> dict:

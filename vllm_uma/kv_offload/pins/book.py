@@ -99,6 +99,17 @@ def check_name(name) -> str:
     return name
 
 
+def namespace_arg(value: str | None, listed_by: str) -> bytes | None:
+    """A namespace given as hex (None: not given); ``listed_by`` names
+    where the user finds them, for the error."""
+    if value is None:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise PinError(f"namespace={value!r} is not hex ({listed_by} shows them)") from None
+
+
 def check_ttl(ttl_s) -> float | None:
     """Seconds a pin lives; None (or absent): until unpinned."""
     if ttl_s is None:
