@@ -59,6 +59,11 @@ from vllm_uma.kv_offload.pins.asgi_call import post_json
 from vllm_uma.kv_offload.pins.metrics import VIA_API, VIA_WARM_UP, WARM_UP_HEADER, PinMetrics
 from vllm_uma.kv_offload.pins.request_keys import PIN_PARAM
 from vllm_uma.log import get_logger, human_size
+from vllm_uma.plugin import vllm_contract
+
+# vLLM internals used here, checked now (as text: nothing of vLLM is
+# imported until a request comes): plugin/vllm_contract/.
+vllm_contract.require(__name__)
 
 logger = get_logger(__name__)
 

@@ -59,7 +59,32 @@ def _extra_keys(module: str, *keys: str) -> tuple[Text, ...]:
     )
 
 
+PIN_ROUTES = ("vllm_uma.kv_offload.pins.http_api",)
+
 ENTRIES = (
+    # -- kv_offload/pins/http_api.py: the pins routes in vLLM's API server
+    # (read as text: the module imports them only when a request comes)
+    Text(
+        "vllm.entrypoints.serve.middleware.authenticate",
+        "",
+        PIN_ROUTES,
+        "wraps our routes: the same API-key check as every /v1 path",
+        text="def __init__(self, app: ASGIApp, tokens: list[str]) -> None:",
+    ),
+    Text(
+        "vllm.v1.metrics.prometheus",
+        "",
+        PIN_ROUTES,
+        "the registry vLLM's /metrics serves: our pin counters go there",
+        text="def get_prometheus_registry() -> CollectorRegistry:",
+    ),
+    Text(
+        "vllm.entrypoints.launchers.api_server.app_state",
+        "",
+        PIN_ROUTES,
+        "app.state.args (the API key, the served name) and app.state.vllm_config (our plan)",
+        text="state.args = args",
+    ),
     # -- plugin/worker.py: UmaWorker skips CPUWorker.__init__
     SkippedInit(
         CPU_WORKER,
